@@ -1,0 +1,94 @@
+"""Process-group and device set-up: the only module that names a device type.
+
+Everything else receives a ``World`` and runs unchanged on CPU (gloo) and CUDA (NCCL).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from adaqp.config import CommConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def synchronize(self) -> None:
+        """Waits for queued device work, so wall-clock timings mean something."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_distributed(
+    comm: CommConfig,
+    init_method: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> World:
+    """Joins (or, outside torchrun, creates a one-rank) process group.
+
+    Under torchrun the rank and world size come from the environment; tests pass
+    ``init_method`` (e.g. a ``file://`` rendezvous), ``rank`` and ``world_size``.
+    """
+    env = os.environ
+    if rank is None:
+        rank = int(env.get("RANK", 0))
+        world_size = int(env.get("WORLD_SIZE", 1))
+    local_rank = int(env.get("LOCAL_RANK", rank))
+    local_world_size = int(env.get("LOCAL_WORLD_SIZE", world_size))
+
+    want_cuda = comm.device == "cuda" or (comm.device == "auto" and torch.cuda.is_available())
+    if want_cuda and not torch.cuda.is_available():
+        raise RuntimeError("comm.device = cuda but no CUDA device is available")
+    if want_cuda:
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    backend = comm.backend if comm.backend != "auto" else ("nccl" if want_cuda else "gloo")
+
+    threads = comm.threads or max(1, (os.cpu_count() or 1) // max(local_world_size, 1))
+    torch.set_num_threads(threads)
+
+    if init_method is None and "MASTER_ADDR" not in env:
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend,
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=comm.timeout_s),
+        )
+    logger.debug("rank %d/%d on %s (%s), %d threads", rank, world_size, device, backend, threads)
+    return World(rank, world_size, local_rank, local_world_size, device, backend)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,216 @@
+"""Entry point: ``torchrun --nproc-per-node P -m adaqp.train --config FILE [flags]``.
+
+Flags: ``--config FILE``, ``--mode NAME``, ``--epochs N``, ``--seed N``, ``--out DIR`` and
+repeatable ``--set section.key=value``. Rank 0 partitions the graph if the partition
+directory is missing while the others wait; each rank then loads only its own part.
+Rank 0 writes ``config.json``, ``metrics.jsonl`` and ``summary.json`` to the output
+directory and prints a one-line result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from adaqp.config import Config, ConfigError, load_config
+from adaqp.local_graph import LocalGraph
+from adaqp.metrics import EpochRecord, RunWriter, Summary
+from adaqp.partition_format import PartitionError, check_matches, load_part, read_metadata
+from adaqp.runtime import World, init_distributed, shutdown
+from adaqp.trainer import Trainer, progress_enabled
+
+logger = logging.getLogger("adaqp.train")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="adaqp.train", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", help="TOML config file (see configs/)")
+    parser.add_argument("--mode", help="halo exchange mode (vanilla)")
+    parser.add_argument("--epochs", type=int, help="training epochs")
+    parser.add_argument("--seed", type=int, help="seed for weights and dropout")
+    parser.add_argument("--out", help="output directory for config/metrics/summary")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="config override, repeatable (e.g. --set model.hidden=256)",
+    )
+    return parser.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    overrides = list(args.set)
+    for flag, key in (
+        ("mode", "comm.mode"),
+        ("epochs", "train.epochs"),
+        ("seed", "train.seed"),
+        ("out", "metrics.out"),
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    return load_config(args.config, overrides)
+
+
+def partition_dir(config: Config, world_size: int) -> Path:
+    if config.partition.dir:
+        return Path(config.partition.dir)
+    spec = json.dumps(config.data.spec(), sort_keys=True).encode()
+    tag = hashlib.blake2b(spec, digest_size=4).hexdigest()
+    name = f"{config.data.dataset}-{tag}-{config.partition.method}-p{world_size}"
+    return Path("partitions") / name
+
+
+def output_dir(config: Config, world_size: int) -> Path:
+    if config.metrics.out:
+        return Path(config.metrics.out)
+    name = f"{config.data.dataset}-{config.model.name}-{config.comm.mode}-p{world_size}"
+    return Path("results") / "runs" / name
+
+
+def prepare_partition(config: Config, world: World, part_dir: Path) -> dict:
+    """Rank 0 makes the partition if needed; every rank then checks it matches the run."""
+    failed = torch.zeros(1)
+    if world.is_main:
+        from partition.build import ensure_partition
+
+        try:
+            ensure_partition(config.data, config.partition, world.world_size, part_dir)
+        except Exception:
+            failed += 1
+            logger.exception("rank 0 could not prepare the partition at %s", part_dir)
+    # The others wait here (bounded by the process-group timeout) while rank 0 works.
+    dist.all_reduce(failed)
+    if failed.item():
+        raise PartitionError(f"rank 0 could not prepare the partition at {part_dir}; see its log")
+    meta = read_metadata(part_dir)
+    check_matches(
+        meta,
+        part_dir,
+        spec=config.data.spec(),
+        num_parts=world.world_size,
+        method=config.partition.method,
+        seed=config.partition.seed,
+        balance_train=config.partition.balance_train,
+    )
+    return meta
+
+
+def run(
+    config: Config,
+    init_method: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> Summary:
+    """Runs one training job on this process's rank; returns its summary."""
+    world = init_distributed(config.comm, init_method, rank, world_size)
+    try:
+        part_dir = partition_dir(config, world.world_size)
+        meta = prepare_partition(config, world, part_dir)
+        graph = LocalGraph.from_part(load_part(part_dir, world.rank, meta), world.device)
+        trainer = Trainer(config, graph, meta, world)
+        out = output_dir(config, world.world_size)
+        writer = RunWriter(out, enabled=world.is_main)
+        writer.write_config(
+            {**config.to_dict(), "world_size": world.world_size, "partition_dir": str(part_dir)}
+        )
+        bar = _progress_bar(config, world)
+        try:
+            summary = trainer.fit(writer, on_epoch=bar)
+        finally:
+            writer.close()
+            if bar is not None:
+                bar.close()
+        summary = dataclasses.replace(summary, partition_dir=str(part_dir))
+        writer.write_summary(summary)
+        return summary
+    finally:
+        shutdown()
+
+
+class _Progress:
+    """tqdm on a terminal; otherwise a log line every tenth of the run."""
+
+    def __init__(self, config: Config, world: World):
+        self.total = config.train.epochs
+        self.bar = None
+        if progress_enabled(config, world):
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, desc="train", unit="epoch", dynamic_ncols=True)
+        self.every = max(1, self.total // 10)
+
+    def __call__(self, record: EpochRecord) -> None:
+        val = f"{record.val_acc:.4f}" if record.val_acc is not None else "-"
+        if self.bar is not None:
+            self.bar.set_postfix(
+                loss=f"{record.train_loss:.4f}",
+                val=val,
+                epoch_s=f"{record.epoch_time_s:.3f}",
+                refresh=False,
+            )
+            self.bar.update(1)
+        elif record.epoch % self.every == 0 or record.epoch == self.total:
+            logger.info(
+                "epoch %d/%d loss %.4f val %s epoch %.3fs comm %.3fs",
+                record.epoch,
+                self.total,
+                record.train_loss,
+                val,
+                record.epoch_time_s,
+                record.comm_time_s,
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _progress_bar(config: Config, world: World) -> _Progress | None:
+    return _Progress(config, world) if world.is_main else None
+
+
+def setup_logging(rank: int) -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+
+    setup_logging(int(os.environ.get("RANK", 0)))
+    try:
+        config = config_from_args(parse_args(argv))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        summary = run(config)
+    except (PartitionError, FileNotFoundError, ValueError) as exc:
+        logger.error("%s", exc)
+        return 1
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(
+            f"{summary.dataset} {summary.model} {summary.mode} P={summary.world_size}: "
+            f"test acc {summary.test_acc:.4f} (best val {summary.best_val_acc:.4f} at epoch "
+            f"{summary.best_epoch}), final loss {summary.final_train_loss:.4f}, "
+            f"epoch {summary.epoch_time_s * 1000:.1f} ms, comm {summary.comm_time_s * 1000:.1f} "
+            f"ms, halo {summary.halo_bytes_per_epoch / 1e6:.2f} MB/epoch"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
