@@ -190,10 +190,14 @@ def _field_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+class _Override(str):
+    """Text from ``--set``: parsed by the field's type (a TOML string is never parsed)."""
+
+
 def _coerce(value: Any, kind: Any, key: str) -> Any:
     """Checks a TOML value (or parses an override string) against a field's type."""
-    if isinstance(value, str) and kind is not str:
-        value = _parse_scalar(value, kind, key)
+    if isinstance(value, _Override):
+        value = str(value) if kind is str else _parse_scalar(value, kind, key)
     if kind is bool:
         _check(isinstance(value, bool), key, f"expected true or false, got {value!r}")
     elif kind is int:
@@ -286,7 +290,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for item in overrides or []:
         key, sep, value = item.partition("=")
         _check(bool(sep), item, "overrides look like section.key=value")
-        _set_path(tree, key.strip(), value.strip())
+        _set_path(tree, key.strip(), _Override(value.strip()))
     return _build(Config, tree, "")
 
 

@@ -1,0 +1,106 @@
+"""Spawns real gloo worker processes for multi-process tests.
+
+``run_workers(fn, world_size, tmp_path, *args)`` starts ``world_size`` processes (spawn
+context) that call ``fn(rank, world_size, init_method, *args)`` and rendezvous through a
+file in ``tmp_path``. It fails the test on a hang (with every process killed), on a
+signal, on a non-zero exit, and shows each failing child's traceback. ``fn`` returns a
+dict of numpy arrays (or nothing), saved without pickle and returned to the test.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+
+def _entry(fn, rank: int, world_size: int, init_method: str, out_dir: str, args) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+    out = Path(out_dir)
+    try:
+        result = fn(rank, world_size, init_method, *args)
+        if result:
+            np.savez(out / f"result-{rank}.npz", **result)
+    except BaseException:
+        (out / f"error-{rank}.txt").write_text(traceback.format_exc())
+        raise SystemExit(1) from None
+
+
+def _spawn(fn, world_size: int, tmp_path: Path, args, timeout: float):
+    """Starts the ranks, joins them by a shared deadline, kills any still alive.
+
+    Returns (exit codes, ranks that hung, output dir).
+    """
+    ctx = mp.get_context("spawn")
+    out_dir = tmp_path / f"workers-{time.monotonic_ns()}"
+    out_dir.mkdir(parents=True)
+    init_method = f"file://{out_dir / 'rendezvous'}"
+    procs = [
+        ctx.Process(target=_entry, args=(fn, rank, world_size, init_method, str(out_dir), args))
+        for rank in range(world_size)
+    ]
+    for proc in procs:
+        proc.start()
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    hung = [rank for rank, proc in enumerate(procs) if proc.is_alive()]
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    return [proc.exitcode for proc in procs], hung, out_dir
+
+
+def _tracebacks(out_dir: Path, world_size: int) -> list[str]:
+    texts = []
+    for rank in range(world_size):
+        path = out_dir / f"error-{rank}.txt"
+        texts.append(path.read_text() if path.exists() else "")
+    return texts
+
+
+def run_workers(
+    fn, world_size: int, tmp_path: Path, *args: Any, timeout: float = 180.0
+) -> list[dict[str, np.ndarray]]:
+    """Runs ``fn`` on ``world_size`` ranks; returns each rank's result dict."""
+    codes, hung, out_dir = _spawn(fn, world_size, tmp_path, args, timeout)
+    errors = "\n".join(
+        f"--- rank {rank} ---\n{text}"
+        for rank, text in enumerate(_tracebacks(out_dir, world_size))
+        if text
+    )
+    if hung:
+        pytest.fail(f"ranks {hung} hung past {timeout:.0f}s\n{errors}")
+    if any(code != 0 for code in codes):
+        pytest.fail(f"worker exit codes {codes}\n{errors}")
+    results = []
+    for rank in range(world_size):
+        path = out_dir / f"result-{rank}.npz"
+        if path.exists():
+            with np.load(path, allow_pickle=False) as data:
+                results.append({k: data[k] for k in data.files})
+        else:
+            results.append({})
+    return results
+
+
+def expect_worker_failure(
+    fn, world_size: int, tmp_path: Path, *args: Any, timeout: float = 120.0
+) -> list[str]:
+    """Runs ``fn`` expecting every rank to fail; returns the tracebacks (rank order)."""
+    codes, hung, out_dir = _spawn(fn, world_size, tmp_path, args, timeout)
+    if hung:
+        pytest.fail(f"ranks {hung} hung past {timeout:.0f}s instead of failing")
+    for rank, code in enumerate(codes):
+        assert code != 0, f"rank {rank} exited 0 but was expected to fail"
+    return _tracebacks(out_dir, world_size)

@@ -1,0 +1,90 @@
+"""Config loading: files, overrides, and errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from adaqp.config import ConfigError, load_config
+
+CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.toml"))
+
+
+def test_defaults_and_overrides():
+    config = load_config(
+        None,
+        [
+            "model.layers=3",
+            "model.hidden=256",
+            "model.dropout=0",
+            "train.lr=0.005",
+            "model.layernorm=true",
+            "data.dataset=citeseer",
+        ],
+    )
+    assert (config.model.layers, config.model.hidden, config.model.dropout) == (3, 256, 0.0)
+    assert config.train.lr == 0.005 and config.model.layernorm is True
+    assert config.data.dataset == "citeseer"
+    assert config.comm.mode == "vanilla"
+
+
+def test_nested_synthetic_override():
+    config = load_config(None, ["data.dataset=synthetic", "data.synthetic.num_nodes=1234"])
+    assert config.data.synthetic.num_nodes == 1234
+    assert config.data.spec()["synthetic"]["num_nodes"] == 1234
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_shipped_configs_load(path):
+    config = load_config(path)
+    assert config.data.dataset in path.stem
+
+
+def test_shipped_configs_exist():
+    names = {p.stem for p in CONFIGS}
+    assert {
+        "cora-gcn",
+        "cora-sage",
+        "citeseer-gcn",
+        "synthetic-gcn",
+        "synthetic-sage",
+        "ogbn-arxiv-gcn",
+        "ogbn-products-sage",
+    } <= names
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("model.hiddden=3", "model.hiddden"),
+        ("modle.hidden=3", "modle"),
+        ("model.hidden=abc", "model.hidden"),
+        ("model.hidden=1.5", "model.hidden"),
+        ("model.dropout=2", "model.dropout"),
+        ("model.layernorm=maybe", "model.layernorm"),
+        ("comm.mode=turbo", "comm.mode"),
+        ("data.synthetic.num_nodes=-5", "data.synthetic"),
+        ("train.epochs", "train.epochs"),
+    ],
+)
+def test_bad_overrides_name_the_key(override, named):
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        load_config(None, [override])
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[model]\nhidden = = 3\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+    typo = tmp_path / "typo.toml"
+    typo.write_text('[model]\nname = "gcn"\nlayer = 3\n')
+    with pytest.raises(ConfigError, match=r"model\.layer: unknown key"):
+        load_config(typo)
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text('[train]\nepochs = "ten"\n')
+    with pytest.raises(ConfigError, match=r"train\.epochs: expected an integer"):
+        load_config(wrong)

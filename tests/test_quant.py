@@ -1,0 +1,460 @@
+"""Tests for adaqp.quant: stochastic per-row quantization, bit packing, mixed-width buffers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaqp import quant as Q
+from adaqp.quant import (
+    SUPPORTED_BITS,
+    QuantizedRows,
+    dequantize,
+    dequantize_mixed,
+    message_bytes,
+    mixed_buffer_bytes,
+    pack,
+    packed_row_bytes,
+    quantize,
+    quantize_mixed,
+    unpack,
+)
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _gen(seed: int, device: str = "cpu") -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _levels(bits: int) -> int:
+    return (1 << bits) - 1
+
+
+def _test_rows(device: str = "cpu") -> torch.Tensor:
+    """[5, 16] rows at assorted scales and offsets, incl. an offset where float32 rounding bites."""
+    g = _gen(1234)
+    base = torch.randn(5, 16, generator=g, dtype=torch.float64)
+    scale = torch.tensor([1.0, 1e-3, 50.0, 0.3, 2.0], dtype=torch.float64)[:, None]
+    offset = torch.tensor([0.0, 1.0, -20.0, 100.0, 0.5], dtype=torch.float64)[:, None]
+    return (base * scale + offset).to(torch.float32).to(device)
+
+
+def _grid_fraction(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 step [R] and fractional grid position f [R, D] of float32 rows x."""
+    x64 = x.double()
+    m = x.amin(1).double()
+    step = ((x.amax(1) - x.amin(1)) / _levels(bits)).double()  # the float32 step, widened
+    t = (x64 - m[:, None]) / step[:, None]
+    return step, t - t.floor()
+
+
+# --------------------------------------------------------------------------- sizes and packing
+
+
+def test_byte_counts_are_exact():
+    assert [packed_row_bytes(9, b) for b in SUPPORTED_BITS] == [2, 3, 5, 9]
+    assert [packed_row_bytes(0, b) for b in SUPPORTED_BITS] == [0, 0, 0, 0]
+    assert packed_row_bytes(16, 1) == 2 and packed_row_bytes(17, 1) == 3
+    assert message_bytes(10, 9, 2) == 10 * (3 + 8)
+    assert message_bytes(0, 9, 2) == 0
+    x = torch.randn(7, 33)
+    for bits in SUPPORTED_BITS:
+        q = quantize(x, bits, _gen(0))
+        actual = q.packed.numel() + q.minimum.numel() * 4 + q.maximum.numel() * 4
+        assert q.packed.shape == (7, packed_row_bytes(33, bits))
+        assert q.nbytes == message_bytes(7, 33, bits) == actual
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bits", SUPPORTED_BITS)
+@pytest.mark.parametrize("dim", [1, 3, 7, 9, 33])
+def test_pack_unpack_round_trip(device: str, bits: int, dim: int):
+    g = _gen(dim * 10 + bits, device)
+    codes = torch.randint(
+        0, _levels(bits) + 1, (6, dim), generator=g, dtype=torch.uint8, device=device
+    )
+    packed = pack(codes, bits)
+    assert packed.dtype == torch.uint8
+    assert packed.shape == (6, packed_row_bytes(dim, bits))
+    assert torch.equal(unpack(packed, bits, dim), codes)
+    # Rows are independently addressable: a row packs to the same bytes on its own.
+    for r in (0, 5):
+        assert torch.equal(pack(codes[r : r + 1], bits)[0], packed[r])
+
+
+def test_pack_bit_order_and_padding():
+    # First code in the least significant bits; the unused tail of the last byte is zero.
+    codes = torch.tensor([[1, 2, 3, 0, 1]], dtype=torch.uint8)
+    assert pack(codes, 2).tolist() == [[1 | 2 << 2 | 3 << 4 | 0 << 6, 1]]
+    assert pack(torch.tensor([[1, 0, 1]], dtype=torch.uint8), 1).tolist() == [[0b101]]
+    assert pack(torch.tensor([[0xA, 0x5, 0xF]], dtype=torch.uint8), 4).tolist() == [[0x5A, 0x0F]]
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def _mean_error_ok(mean_err: torch.Tensor, step: torch.Tensor, f: torch.Tensor, n: int) -> bool:
+    """Per element |mean error| <= 5 standard errors (+ float32 slack), and the pooled z < 4."""
+    se = step[:, None] * torch.sqrt(f * (1 - f) / n)
+    slack = 1e-5 * step[:, None] + 1e-6  # float32 rounding of t and of m + q*step
+    per_element = bool((mean_err.abs() <= 5 * se + slack).all())
+    pooled_se = torch.sqrt((se**2).sum())
+    pooled = bool(mean_err.sum().abs() <= 4 * pooled_se + slack.sum())
+    return per_element and pooled
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bits", SUPPORTED_BITS)
+def test_unbiased(device: str, bits: int):
+    x = _test_rows(device)
+    rows, dim = x.shape
+    n = 2000
+    # Rows are quantized independently, so n stacked copies are n independent draws.
+    xhat = dequantize(quantize(x.repeat(n, 1), bits, _gen(bits, device))).view(n, rows, dim)
+    mean_err = (xhat.double() - x.double()).mean(0).cpu()
+    step, f = _grid_fraction(x.cpu(), bits)
+    assert _mean_error_ok(mean_err, step, f, n)
+    if bits == 2:
+        # The criterion has teeth: deterministic round-to-nearest is biased and must fail it.
+        nearest = (
+            x.cpu().amin(1, keepdim=True)
+            + ((x.cpu().double() - x.cpu().amin(1, keepdim=True).double()) / step[:, None]).round()
+            * step[:, None]
+        )
+        assert not _mean_error_ok(nearest - x.cpu().double(), step, f, n)
+
+
+@pytest.mark.parametrize("bits", SUPPORTED_BITS)
+def test_variance_matches_analytic_and_bound(bits: int):
+    levels = _levels(bits)
+    g = _gen(99)
+    random_rows = torch.randn(3, 32, generator=g)
+    # Worst case: every interior element halfway between grid points (f = 1/2), step 1.
+    half = torch.cat([torch.tensor([0.0, float(levels)]), torch.full((30,), 0.5)])
+    half[2:] += torch.arange(30) % levels  # (k + 1/2), still in [0, L]
+    x = torch.cat([random_rows, half[None]])
+    rows, dim = x.shape
+    n = 4000
+    xhat = dequantize(quantize(x.repeat(n, 1), bits, _gen(7 + bits))).view(n, rows, dim).double()
+    empirical = xhat.var(0, unbiased=True).sum(1)  # [R] total variance per row
+
+    step, f = _grid_fraction(x, bits)
+    p = f * (1 - f)
+    analytic = step**2 * p.sum(1)
+    # Exact variance of the unbiased sample variance, (mu4 - sigma^4 (n - 3) / (n - 1)) / n, of a
+    # step-scaled Bernoulli(f) per element, summed over the row's independent elements.
+    mu4 = step[:, None] ** 4 * p * (1 - 3 * p)
+    sigma4 = (step[:, None] ** 2 * p) ** 2
+    sd = torch.sqrt(((mu4 - sigma4 * (n - 3) / (n - 1)) / n).sum(1))
+    slack = 1e-6 * step**2 * dim
+    assert torch.all((empirical - analytic).abs() <= 5 * sd + slack)
+    assert torch.all(empirical <= dim * step**2 / 4 + 5 * sd + slack)
+    # The half-grid row attains the bound for its 30 interior elements.
+    assert analytic[-1].item() == pytest.approx(30 * step[-1].item() ** 2 / 4)
+
+
+# --------------------------------------------------------------------------- bounds and clamping
+
+
+@pytest.mark.parametrize("bits", SUPPORTED_BITS)
+def test_reconstruction_within_row_range_and_one_step(bits: int):
+    g = _gen(5)
+    scale = torch.logspace(-6, 4, 64)[:, None]
+    offset = torch.randn(64, 1, generator=g) * 1e3
+    x = torch.randn(64, 45, generator=g) * scale + offset
+    q = quantize(x, bits, _gen(6))
+    xhat = dequantize(q)
+    lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
+    assert torch.equal(q.minimum, lo[:, 0]) and torch.equal(q.maximum, hi[:, 0])
+    assert bool((xhat >= lo).all()) and bool((xhat <= hi).all())  # exact, no tolerance
+    assert bool((unpack(q.packed, bits, 45) <= _levels(bits)).all())
+    # Stochastic rounding picks one of the two neighbouring grid points: error <= one step.
+    step = q.step[:, None].double()
+    assert bool(((xhat.double() - x.double()).abs() <= step * (1 + 1e-5) + 1e-6 * hi.abs()).all())
+
+
+def _overshooting_range(bits: int) -> tuple[float, float]:
+    """(m, M) in float32 for which t = (M - m) / ((M - m) / L) rounds above L."""
+    levels = _levels(bits)
+    m = torch.full((20000,), -0.75)
+    big = m + torch.linspace(0.01, 7.0, 20000)
+    t = (big - m) / ((big - m) / levels)
+    hits = (t > levels).nonzero()
+    assert hits.numel() > 0, "no float32 overshoot found; widen the search"
+    i = hits[0, 0]
+    return m[i].item(), big[i].item()
+
+
+@pytest.mark.parametrize("path", ["single", "mixed"])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_clamp_prevents_neighbour_corruption(bits: int, path: str, monkeypatch: pytest.MonkeyPatch):
+    m, big = _overshooting_range(bits)
+    # Alternate M (t > L after rounding) with m (code 0) so an L + 1 code at an M position
+    # would set a bit of the neighbouring m code (4 bits) or wrap to 0 (8 bits).
+    row = torch.tensor([big, m] * 8 + [big], dtype=torch.float32)
+    x = row.repeat(4, 1)
+    dim = x.shape[1]
+    assert ((x - m) / ((big - m) / _levels(bits)) > _levels(bits)).any()  # precondition
+
+    # u = 0 is a legal draw that rounds up whenever frac > 0: the worst case, deterministic.
+    calls = []
+
+    def zero_rand(*size, generator=None, dtype=None, device=None, **kw):
+        calls.append(size)
+        return torch.zeros(*size, dtype=dtype or torch.float32, device=device)
+
+    monkeypatch.setattr(torch, "rand", zero_rand)
+    if path == "single":
+        q = quantize(x, bits, _gen(0))
+    else:
+        # The adversarial rows share the buffer with rows at other widths.
+        bits_r = torch.tensor([bits, 1, bits, 2, bits, bits], dtype=torch.int8)
+        x = torch.cat([x[:1], torch.randn(1, dim), x[1:2], torch.randn(1, dim), x[2:]])
+        group = _parse_mixed(quantize_mixed(x, bits_r, _gen(0)), bits_r, dim)[bits]
+        x = x[bits_r == bits]
+        q = QuantizedRows(group.packed.clone(), group.minimum, group.maximum, bits, dim)
+    monkeypatch.undo()
+    assert calls, "quantization no longer draws through torch.rand; update this test"
+
+    codes = unpack(q.packed, bits, dim)
+    assert bool((codes <= _levels(bits)).all())
+    assert bool((codes[:, 0::2] == _levels(bits)).all()) and bool((codes[:, 1::2] == 0).all())
+    xhat = dequantize(q)
+    assert bool((xhat[:, 1::2] == m).all())  # neighbours untouched
+    assert torch.allclose(xhat[:, 0::2], torch.full_like(xhat[:, 0::2], big), rtol=1e-6, atol=0)
+
+
+def test_clamp_under_real_noise():
+    # Same adversarial rows with the real generator: ~1M elements at t = L + 2**-16 would round
+    # to 256 about 15 times without the clamp (wrapping to code 0).
+    m, big = _overshooting_range(8)
+    x = torch.tensor([big, m], dtype=torch.float32).repeat(8192, 64)
+    xhat = dequantize(quantize(x, 8, _gen(3)))
+    assert bool((xhat[:, 1::2] == m).all())
+    assert torch.allclose(xhat[:, 0::2], torch.full_like(xhat[:, 0::2], big), rtol=1e-6, atol=0)
+
+
+# --------------------------------------------------------------------------- edge cases
+
+
+@pytest.mark.parametrize("bits", SUPPORTED_BITS)
+def test_constant_rows_exact(bits: int):
+    x = torch.tensor([[3.5] * 9, [-2.0] * 9, [0.0] * 9, [1e-30] * 9])
+    q = quantize(x, bits, _gen(0))
+    assert bool((q.packed == 0).all()) and bool((q.step == 0).all())
+    assert torch.equal(dequantize(q), x)
+    single_column = torch.randn(6, 1)
+    assert torch.equal(dequantize(quantize(single_column, bits, _gen(0))), single_column)
+    mixed = torch.full((4,), bits, dtype=torch.int8)
+    assert torch.equal(dequantize_mixed(quantize_mixed(x, mixed, _gen(0)), mixed, 9), x)
+
+
+@pytest.mark.parametrize("bits", SUPPORTED_BITS)
+def test_empty_inputs(bits: int):
+    q = quantize(torch.empty(0, 7), bits)
+    assert q.packed.shape == (0, packed_row_bytes(7, bits)) and q.nbytes == 0
+    assert dequantize(q).shape == (0, 7)
+    q = quantize(torch.empty(3, 0), bits)
+    assert q.packed.shape == (3, 0) and q.nbytes == 24
+    assert dequantize(q).shape == (3, 0)
+    none = torch.empty(0, dtype=torch.int8)
+    buf = quantize_mixed(torch.empty(0, 5), none)
+    assert buf.numel() == 0 == mixed_buffer_bytes(none, 5)
+    assert dequantize_mixed(buf, none, 5).shape == (0, 5)
+    three = torch.tensor([1, 8, 2], dtype=torch.int8)
+    buf = quantize_mixed(torch.empty(3, 0), three)
+    assert buf.numel() == 24 == mixed_buffer_bytes(three, 0)
+    assert dequantize_mixed(buf, three, 0).shape == (3, 0)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_rejected(bad: float):
+    x = torch.randn(4, 5)
+    x[2, 3] = bad
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        quantize(x, 4)
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        quantize_mixed(x, torch.full((4,), 2, dtype=torch.int8))
+
+
+def test_out_of_float32_range_rejected():
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        quantize(torch.tensor([[0.0, 1e300]], dtype=torch.float64), 8)  # inf in float32
+    with pytest.raises(ValueError, match="overflows float32"):
+        quantize(torch.tensor([[-3e38, 3e38]]), 1)
+
+
+@pytest.mark.parametrize("bits", [0, 3, 5, 16, 32])
+def test_bad_bits_rejected(bits: int):
+    with pytest.raises(ValueError, match="unsupported bit width"):
+        quantize(torch.randn(2, 3), bits)
+    with pytest.raises(ValueError, match="unsupported bit width"):
+        packed_row_bytes(3, bits)
+    with pytest.raises(ValueError, match="unsupported bit width"):
+        pack(torch.zeros(2, 3, dtype=torch.uint8), bits)
+    bits_r = torch.tensor([2, bits], dtype=torch.int8)
+    with pytest.raises(ValueError, match="unsupported widths"):
+        quantize_mixed(torch.randn(2, 3), bits_r)
+    with pytest.raises(ValueError, match="unsupported widths"):
+        mixed_buffer_bytes(bits_r, 3)
+
+
+def test_bad_shapes_rejected():
+    with pytest.raises(ValueError):
+        quantize(torch.randn(5), 2)
+    with pytest.raises(ValueError):
+        quantize(torch.arange(6).view(2, 3), 2)
+    with pytest.raises(ValueError):
+        dequantize(quantize(torch.randn(2, 3), 2), out=torch.empty(3, 2))
+    with pytest.raises(ValueError):
+        quantize_mixed(torch.randn(2, 3), torch.tensor([2, 2, 2], dtype=torch.int8))
+    with pytest.raises(ValueError):
+        unpack(torch.zeros(2, 4, dtype=torch.uint8), 2, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_other_input_dtypes(dtype: torch.dtype):
+    x = torch.randn(8, 20, generator=_gen(2)).to(dtype)
+    q = quantize(x, 8, _gen(0))
+    assert q.minimum.dtype == torch.float32 and q.maximum.dtype == torch.float32
+    xhat = dequantize(q)
+    assert xhat.dtype == torch.float32
+    x32 = x.float()
+    assert bool(((xhat - x32).abs() <= q.step[:, None] * (1 + 1e-5)).all())
+
+
+def test_seeded_determinism():
+    x = torch.randn(50, 33, generator=_gen(8))
+    for bits in SUPPORTED_BITS:
+        a, b = quantize(x, bits, _gen(42)), quantize(x, bits, _gen(42))
+        assert torch.equal(a.packed, b.packed)
+        assert torch.equal(a.minimum, b.minimum) and torch.equal(a.maximum, b.maximum)
+        assert not torch.equal(a.packed, quantize(x, bits, _gen(43)).packed)
+    bits_r = torch.tensor(SUPPORTED_BITS, dtype=torch.int8).repeat(13)[:50]
+    assert torch.equal(quantize_mixed(x, bits_r, _gen(1)), quantize_mixed(x, bits_r, _gen(1)))
+
+
+def test_dequantize_into_out_slice():
+    x = torch.randn(6, 10, generator=_gen(4))
+    q = quantize(x, 4, _gen(0))
+    halo = torch.full((10, 10), -7.0)
+    result = dequantize(q, out=halo[2:8])
+    assert result.data_ptr() == halo[2:8].data_ptr()
+    assert torch.equal(halo[2:8], dequantize(q))
+    assert bool((halo[:2] == -7).all()) and bool((halo[8:] == -7).all())
+
+
+# --------------------------------------------------------------------------- mixed widths
+
+
+def _parse_mixed(buf: torch.Tensor, bits_r: torch.Tensor, dim: int) -> dict[int, QuantizedRows]:
+    """Split a mixed buffer by the documented layout into one QuantizedRows per width."""
+    rows = bits_r.numel()
+    minimum = buf[: 4 * rows].clone().view(torch.float32)
+    maximum = buf[4 * rows : 8 * rows].clone().view(torch.float32)
+    offset, groups = 8 * rows, {}
+    for bits in SUPPORTED_BITS:
+        idx = (bits_r == bits).nonzero().squeeze(1)
+        size = idx.numel() * packed_row_bytes(dim, bits)
+        packed = buf[offset : offset + size].view(idx.numel(), packed_row_bytes(dim, bits))
+        groups[bits] = QuantizedRows(packed, minimum[idx], maximum[idx], bits, dim)
+        offset += size
+    assert offset == buf.numel()
+    return groups
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mixed_round_trip_layout_and_order(device: str):
+    rows, dim = 41, 37
+    x = (torch.randn(rows, dim, generator=_gen(11)) * torch.logspace(-2, 2, rows)[:, None]).to(
+        device
+    )
+    bits_r = torch.tensor(SUPPORTED_BITS, dtype=torch.int8)[torch.randperm(rows) % 4].to(device)
+    buf = quantize_mixed(x, bits_r, _gen(12, device))
+    expected_size = 8 * rows + sum(
+        int((bits_r == b).sum()) * packed_row_bytes(dim, b) for b in SUPPORTED_BITS
+    )
+    assert buf.dtype == torch.uint8 and buf.numel() == mixed_buffer_bytes(bits_r, dim)
+    assert buf.numel() == expected_size
+
+    # Receive at an odd byte offset of a larger buffer, into a slice of a halo buffer.
+    recv = torch.zeros(buf.numel() + 3, dtype=torch.uint8, device=device)
+    recv[3:] = buf
+    halo = torch.full((rows + 4, dim), -9.0, device=device)
+    xhat = dequantize_mixed(recv[3:], bits_r, dim, out=halo[2 : rows + 2])
+    assert bool((halo[:2] == -9).all()) and bool((halo[rows + 2 :] == -9).all())
+
+    # Documented layout: each width's section decodes, via the single-width path, to the same
+    # values that dequantize_mixed put at those rows' original positions.
+    for bits, group in _parse_mixed(buf, bits_r, dim).items():
+        idx = (bits_r == bits).nonzero().squeeze(1)
+        assert torch.equal(group.minimum, x[idx].amin(1))
+        assert torch.equal(group.maximum, x[idx].amax(1))
+        assert torch.equal(dequantize(group), xhat[idx])
+
+    # Every row within [m, M] and within one of its own steps of the input.
+    step = (x.amax(1) - x.amin(1)) / (2 ** bits_r.float() - 1)
+    assert bool((xhat >= x.amin(1, keepdim=True)).all() and (xhat <= x.amax(1, keepdim=True)).all())
+    assert bool(((xhat - x).abs() <= step[:, None] * (1 + 1e-5)).all())
+
+
+def test_mixed_exact_on_grid_matches_per_width():
+    # Integer rows spanning [0, L_row] sit on their grid (step 1), so quantization is exact and
+    # mixed and per-width paths must agree with the input bit for bit.
+    bits_r = torch.tensor([8, 1, 4, 2, 2, 8, 1, 4], dtype=torch.int8)
+    g = _gen(21)
+    dim = 11
+    x = torch.stack(
+        [
+            torch.cat(
+                [
+                    torch.tensor([0.0, float(_levels(b))]),
+                    torch.randint(0, _levels(b) + 1, (dim - 2,), generator=g).float(),
+                ]
+            )
+            for b in bits_r.tolist()
+        ]
+    )
+    xhat = dequantize_mixed(quantize_mixed(x, bits_r, _gen(0)), bits_r, dim)
+    assert torch.equal(xhat, x)
+    for bits in SUPPORTED_BITS:
+        idx = (bits_r == bits).nonzero().squeeze(1)
+        assert torch.equal(dequantize(quantize(x[idx], bits, _gen(1))), x[idx])
+
+
+@pytest.mark.parametrize("bits", SUPPORTED_BITS)
+def test_mixed_uniform_width_matches_single_width(bits: int):
+    # With one width the buffer is exactly [minimum | maximum | packed] of quantize() drawn from
+    # the same generator state.
+    x = torch.randn(9, 13, generator=_gen(31))
+    bits_r = torch.full((9,), bits, dtype=torch.int8)
+    q = quantize(x, bits, _gen(5))
+    expected = torch.cat(
+        [q.minimum.view(torch.uint8), q.maximum.view(torch.uint8), q.packed.reshape(-1)]
+    )
+    send = torch.zeros(expected.numel() + 5, dtype=torch.uint8)
+    buf = quantize_mixed(x, bits_r, _gen(5), out=send[5:])
+    assert buf.data_ptr() == send[5:].data_ptr()
+    assert torch.equal(buf, expected) and bool((send[:5] == 0).all())
+
+
+def test_mixed_unbiased():
+    # Per-row levels in the mixed path: every width unbiased in the same buffer.
+    x = _test_rows()[:4]
+    bits_r = torch.tensor([1, 2, 4, 8], dtype=torch.int8)
+    n = 2000
+    xs, bs = x.repeat(n, 1), bits_r.repeat(n)
+    xhat = dequantize_mixed(quantize_mixed(xs, bs, _gen(77)), bs, x.shape[1]).view(n, 4, -1)
+    mean_err = (xhat.double() - x.double()).mean(0)
+    for r, bits in enumerate(bits_r.tolist()):
+        step, f = _grid_fraction(x[r : r + 1], bits)
+        assert _mean_error_ok(mean_err[r : r + 1], step, f, n)
+
+
+def test_mixed_size_matches_message_bytes():
+    bits_r = torch.tensor([2] * 5 + [8] * 3, dtype=torch.int8)
+    assert mixed_buffer_bytes(bits_r, 30) == message_bytes(5, 30, 2) + message_bytes(3, 30, 8)
+    assert mixed_buffer_bytes(bits_r.long(), 30) == mixed_buffer_bytes(bits_r, 30)
+    assert Q.row_step(torch.tensor([1.0]), torch.tensor([4.0]), 3).item() == 1.0
+    assert mixed_buffer_bytes(torch.tensor([1]), 9) == 8 + 2
