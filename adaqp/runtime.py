@@ -89,6 +89,11 @@ def init_distributed(
     return World(rank, world_size, local_rank, local_world_size, device, backend)
 
 
-def shutdown() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def shutdown(barrier: bool = True) -> None:
+    """Leaves the process group; by default after all ranks arrive, so that no rank
+    tears down its transport while a peer still talks to it."""
+    if not dist.is_initialized():
+        return
+    if barrier:
+        dist.barrier()
+    dist.destroy_process_group()

@@ -20,12 +20,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from adaqp.comm import ExchangeError
 from adaqp.config import Config, ConfigError, load_config
 from adaqp.local_graph import LocalGraph
 from adaqp.metrics import EpochRecord, RunWriter, Summary
 from adaqp.partition_format import PartitionError, check_matches, load_part, read_metadata
 from adaqp.runtime import World, init_distributed, shutdown
-from adaqp.trainer import Trainer, progress_enabled
+from adaqp.trainer import Trainer, TrainingError, progress_enabled
 
 logger = logging.getLogger("adaqp.train")
 
@@ -79,17 +80,19 @@ def output_dir(config: Config, world_size: int) -> Path:
 
 def prepare_partition(config: Config, world: World, part_dir: Path) -> dict:
     """Rank 0 makes the partition if needed; every rank then checks it matches the run."""
-    failed = torch.zeros(1)
+    error: Exception | None = None
     if world.is_main:
         from partition.build import ensure_partition
 
         try:
             ensure_partition(config.data, config.partition, world.world_size, part_dir)
-        except Exception:
-            failed += 1
-            logger.exception("rank 0 could not prepare the partition at %s", part_dir)
+        except Exception as exc:  # re-raised below, once the others know
+            error = exc
     # The others wait here (bounded by the process-group timeout) while rank 0 works.
+    failed = torch.tensor([float(error is not None)])
     dist.all_reduce(failed)
+    if error is not None:
+        raise error
     if failed.item():
         raise PartitionError(f"rank 0 could not prepare the partition at {part_dir}; see its log")
     meta = read_metadata(part_dir)
@@ -132,9 +135,11 @@ def run(
                 bar.close()
         summary = dataclasses.replace(summary, partition_dir=str(part_dir))
         writer.write_summary(summary)
-        return summary
-    finally:
-        shutdown()
+    except BaseException:
+        shutdown(barrier=False)  # a failing rank must not wait for healthy peers
+        raise
+    shutdown()
+    return summary
 
 
 class _Progress:
@@ -198,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         summary = run(config)
-    except (PartitionError, FileNotFoundError, ValueError) as exc:
+    except (PartitionError, FileNotFoundError, ValueError, TrainingError, ExchangeError) as exc:
         logger.error("%s", exc)
         return 1
     if int(os.environ.get("RANK", 0)) == 0:

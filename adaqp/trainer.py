@@ -31,6 +31,10 @@ from adaqp.runtime import World
 logger = logging.getLogger(__name__)
 
 
+class TrainingError(RuntimeError):
+    """A training step failed (often a dead or stuck peer); names the rank and epoch."""
+
+
 class Trainer:
     """Owns the model, optimiser, exchanger and counters of one rank.
 
@@ -184,7 +188,12 @@ class Trainer:
             self.allreduce_s = 0.0
             self.world.synchronize()
             t0 = time.perf_counter()
-            loss = self.train_step()
+            try:
+                loss = self.train_step()
+            except RuntimeError as exc:
+                raise TrainingError(
+                    f"rank {self.world.rank}: training step failed at epoch {epoch}: {exc}"
+                ) from exc
             self.world.synchronize()
             epoch_time = time.perf_counter() - t0
             comm_s, wait_s, allreduce_s, nbytes, by_tag = self._epoch_counters()
