@@ -1,0 +1,1 @@
+"""Benchmarks that write their figures to ``results/bench/`` (``python -m adaqp.bench``)."""

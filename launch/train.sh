@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Starts AdaQP training under torchrun, on one machine or many.
+#
+#   bash launch/train.sh [CONFIG] [train flags...]
+#   NPROC=4 bash launch/train.sh configs/cora-gcn.toml --mode vanilla --epochs 200
+#
+# Multi-node: run the same command on every host with NNODES, NODE_RANK, MASTER_ADDR
+# (host 0's address) and MASTER_PORT set; GLOO_SOCKET_IFNAME names the network interface.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+NPROC="${NPROC:-4}"
+NNODES="${NNODES:-1}"
+NODE_RANK="${NODE_RANK:-0}"
+MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
+MASTER_PORT="${MASTER_PORT:-29500}"
+CONFIG="${1:-configs/cora-gcn.toml}"
+[[ $# -gt 0 ]] && shift
+
+PY=python3
+[[ -x .venv/bin/python ]] && PY=.venv/bin/python
+# Keep P workers on few cores from thrashing; the trainer splits cores among local workers.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+
+if [[ "$NNODES" == "1" ]]; then
+  rdzv=(--standalone)
+else
+  rdzv=(--nnodes "$NNODES" --node-rank "$NODE_RANK" --rdzv-backend c10d
+        --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "${RDZV_ID:-adaqp}")
+fi
+exec "$PY" -m torch.distributed.run "${rdzv[@]}" --nproc-per-node "$NPROC" \
+  -m adaqp.train --config "$CONFIG" "$@"
