@@ -29,8 +29,12 @@ import tomllib
 
 from adaqp.datasets import SyntheticSpec
 
-MODES = ("vanilla",)
-"""Training modes this build knows; ``--mode`` picks one."""
+MODES = ("vanilla", "adaqp-q", "adaqp-p", "adaqp")
+"""Training modes: full precision and synchronous (vanilla), quantized messages (adaqp-q),
+central/marginal overlap (adaqp-p), or both (adaqp)."""
+
+QUANTIZED_MODES = ("adaqp-q", "adaqp")
+OVERLAP_MODES = ("adaqp-p", "adaqp")
 
 
 class ConfigError(ValueError):
@@ -149,6 +153,10 @@ class CommConfig:
     """Seconds any collective may wait before the run fails naming the rank and step."""
     threads: int = 0
     """Intra-op threads per worker; 0 shares the machine's cores among local workers."""
+    cache_input_halo: bool = True
+    """Fetch layer-0 halo features once at start-up (they never change; exact)."""
+    transform_first: bool = True
+    """GCN: exchange h·W instead of h when that narrows the rows (exact)."""
 
     def __post_init__(self) -> None:
         _check(
@@ -160,6 +168,50 @@ class CommConfig:
         _check(self.device in ("auto", "cpu", "cuda"), "comm.device", "must be auto, cpu or cuda")
         _check(self.timeout_s > 0, "comm.timeout_s", "must be positive")
         _check(self.threads >= 0, "comm.threads", "must be non-negative")
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    scheme: str = "adaptive"
+    """Bit-width scheme in quantized modes: adaptive (solver), uniform, or random."""
+    bits: int = 4
+    """Width of every message in the uniform scheme."""
+    initial_bits: int = 8
+    """Width used during the first assignment cycle of adaptive/random, while tracing."""
+    allowed_bits: tuple[int, ...] = (2, 4, 8)
+    """Widths the adaptive and random schemes may choose from."""
+    group_size: int = 100
+    """Messages per group that share one width (per channel, sorted by weight)."""
+    lam: float = 0.5
+    """Trade-off: 1 minimises variance only, 0 minimises predicted exchange time only."""
+    assign_cycle: int = 20
+    """Re-solve the bit widths every this many epochs."""
+    solver: str = "milp"
+    """Adaptive solver: milp (exact, SciPy HiGHS) or greedy."""
+    time_limit_s: float = 5.0
+    """Time limit of one MILP solve."""
+    seed: int = 0
+    """Seed of the stochastic rounding and of the random scheme."""
+
+    def __post_init__(self) -> None:
+        widths = (1, 2, 4, 8)
+        _check(
+            self.scheme in ("adaptive", "uniform", "random"),
+            "quant.scheme",
+            f"must be adaptive, uniform or random, not {self.scheme!r}",
+        )
+        _check(self.bits in widths, "quant.bits", f"must be one of {widths}, got {self.bits}")
+        _check(self.initial_bits in widths, "quant.initial_bits", f"must be one of {widths}")
+        _check(
+            len(self.allowed_bits) > 0 and all(b in widths for b in self.allowed_bits),
+            "quant.allowed_bits",
+            f"must be a non-empty list drawn from {widths}",
+        )
+        _check(self.group_size >= 1, "quant.group_size", "must be at least 1")
+        _check(0.0 <= self.lam <= 1.0, "quant.lam", f"must be in [0, 1], got {self.lam}")
+        _check(self.assign_cycle >= 1, "quant.assign_cycle", "must be at least 1")
+        _check(self.solver in ("milp", "greedy"), "quant.solver", "must be milp or greedy")
+        _check(self.time_limit_s > 0, "quant.time_limit_s", "must be positive")
 
 
 @dataclass(frozen=True)
@@ -177,6 +229,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     comm: CommConfig = field(default_factory=CommConfig)
+    quant: QuantConfig = field(default_factory=QuantConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -230,11 +283,12 @@ def _parse_scalar(text: str, kind: Any, key: str) -> Any:
         _check(lowered in ("true", "false", "1", "0"), key, f"expected true or false, got {text!r}")
         return lowered in ("true", "1")
     if isinstance(kind, types.GenericAlias) and kind.__origin__ is tuple:
-        return [p for p in text.split(",") if p.strip()]
+        text = text if text.lstrip().startswith("[") else f"[{text}]"
     try:
         parsed = tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
-        raise ConfigError(f"{key}: cannot parse {text!r} as {kind.__name__}") from None
+        name = getattr(kind, "__name__", str(kind))
+        raise ConfigError(f"{key}: cannot parse {text!r} as {name}") from None
     return parsed
 
 

@@ -1,11 +1,16 @@
 """Graph convolution layers over a partitioned graph.
 
 A layer never sees the partition: it calls ``propagate(h, layer)`` which returns the
-aggregation of the in-neighbours of every inner node, halo rows included. The halo
-exchange and the aggregation live together in one autograd function, so the backward
-pass returns halo gradients to their owners in the mirror order of the forward pass.
+aggregation of the in-neighbours of every inner node, halo rows included. If ``h``
+already holds the halo rows (``[I + H, D]``, the cached layer-0 input) no exchange runs.
+Otherwise the halo exchange and the aggregation live together in one autograd function,
+``_HaloAggregate``, which also owns the overlap: with ``overlap`` on, the central rows
+(no halo in-neighbour) are aggregated while the exchange is in flight, and the marginal
+rows after it lands; backward mirrors it, returning halo gradients to their owners while
+the central rows' gradients are computed.
 
-Shapes: I inner rows, H halo rows, S rows sent to peers, D features.
+Shapes: I inner rows (C central first, then M marginal), H halo rows, S rows sent to
+peers, D features.
 """
 
 from __future__ import annotations
@@ -22,25 +27,37 @@ class _HaloAggregate(torch.autograd.Function):
     """out = A @ [h ; halo(h)], where halo(h) are peers' rows fetched by the exchanger."""
 
     @staticmethod
-    def forward(
-        ctx, h_ID: torch.Tensor, adjacency: SparseAdjacency, exchanger: HaloExchanger, layer: int
-    ) -> torch.Tensor:
-        pending = exchanger.start(h_ID.detach(), tag=f"layer{layer}/forward")
-        halo_HD = pending.wait()
-        ctx.adjacency, ctx.exchanger, ctx.layer = adjacency, exchanger, layer
-        ctx.num_inner = h_ID.shape[0]
-        return torch.sparse.mm(adjacency.forward, torch.cat([h_ID.detach(), halo_HD]))
+    def forward(ctx, h_ID: torch.Tensor, prop: Propagation, layer: int) -> torch.Tensor:
+        ctx.prop, ctx.layer = prop, layer
+        h_ID = h_ID.detach()
+        pending = prop.exchanger.start(h_ID, tag=f"layer{layer}/forward")
+        if not prop.overlap:
+            return torch.sparse.mm(prop.adjacency.forward, torch.cat([h_ID, pending.wait()]))
+        # Central rows need no halo: computed while the exchange is in flight.
+        central_CD = torch.sparse.mm(prop.central.forward, h_ID)
+        marginal_MD = torch.sparse.mm(prop.marginal.forward, torch.cat([h_ID, pending.wait()]))
+        return torch.cat([central_CD, marginal_MD])
 
     @staticmethod
     def backward(ctx, grad_ID: torch.Tensor):
-        grad_all = torch.sparse.mm(ctx.adjacency.transpose, grad_ID.contiguous())
-        grad_inner = grad_all[: ctx.num_inner]
-        pending = ctx.exchanger.start_grad(
-            grad_all[ctx.num_inner :], tag=f"layer{ctx.layer}/backward"
-        )
+        prop = ctx.prop
+        grad_ID = grad_ID.contiguous()
+        num_inner = grad_ID.shape[0]
+        tag = f"layer{ctx.layer}/backward"
+        if not prop.overlap:
+            grad_all = torch.sparse.mm(prop.adjacency.transpose, grad_ID)
+            pending = prop.exchanger.start_grad(grad_all[num_inner:], tag=tag)
+            grad_inner = grad_all[:num_inner]
+        else:
+            num_central = prop.graph.num_central
+            grad_all = torch.sparse.mm(prop.marginal.transpose, grad_ID[num_central:])
+            pending = prop.exchanger.start_grad(grad_all[num_inner:], tag=tag)
+            # The central rows' gradient is computed while the halo gradients travel.
+            grad_inner = grad_all[:num_inner] + torch.sparse.mm(
+                prop.central.transpose, grad_ID[:num_central]
+            )
         grad_SD = pending.wait()
-        grad_inner = grad_inner.index_add(0, ctx.exchanger.send_idx, grad_SD)
-        return grad_inner, None, None, None
+        return grad_inner.index_add(0, prop.exchanger.send_idx, grad_SD), None, None
 
 
 class Propagation:
@@ -50,45 +67,84 @@ class Propagation:
         graph: this worker's local graph.
         norm: ``gcn`` or ``mean`` (see ``LocalGraph.adjacency``).
         exchanger: the halo transport; None for a single worker (no halo).
+        overlap: aggregate central rows while the exchange is in flight.
     """
 
-    def __init__(self, graph: LocalGraph, norm: str, exchanger: HaloExchanger | None):
+    def __init__(
+        self, graph: LocalGraph, norm: str, exchanger: HaloExchanger | None, overlap: bool = False
+    ):
         if exchanger is None and graph.num_halo:
             raise ValueError("a graph with halo nodes needs an exchanger")
         self.graph = graph
         self.norm = norm
         self.adjacency = graph.adjacency(norm)
         self.exchanger = exchanger
+        self.overlap = overlap and exchanger is not None
+        if self.overlap:
+            num_inner, num_central = graph.num_inner, graph.num_central
+            # Central rows read only inner columns: a [C, I] block.
+            central = self.adjacency.row_slice(0, num_central)
+            self.central = _narrow_columns(central, num_inner)
+            self.marginal = self.adjacency.row_slice(num_central, num_inner)
 
-    def __call__(self, h_ID: torch.Tensor, layer: int) -> torch.Tensor:
-        if self.exchanger is None:
-            return spmm(self.adjacency, h_ID)
-        # Eval passes run without autograd; the forward half of the function still runs.
-        return _HaloAggregate.apply(h_ID, self.adjacency, self.exchanger, layer)
+    def __call__(self, h_RD: torch.Tensor, layer: int) -> torch.Tensor:
+        graph = self.graph
+        if self.exchanger is None or h_RD.shape[0] == graph.num_inner + graph.num_halo:
+            return spmm(self.adjacency, h_RD)  # halo rows already present (or none)
+        return _HaloAggregate.apply(h_RD, self, layer)
+
+
+def _narrow_columns(block: SparseAdjacency, num_cols: int) -> SparseAdjacency:
+    f = block.forward
+    return SparseAdjacency.from_csr(
+        f.crow_indices().cpu().numpy(),
+        f.col_indices().cpu().numpy(),
+        f.values().cpu().numpy(),
+        (f.shape[0], num_cols),
+        f.device,
+    )
 
 
 class GCNConv(nn.Module):
-    """GCN layer: (D^-1/2 (A + I) D^-1/2 h) W + b."""
+    """GCN layer: (D^-1/2 (A + I) D^-1/2 h) W + b.
+
+    With ``transform_first`` the product runs as D^-1/2 (A + I) D^-1/2 (h W) + b: the same
+    result, but the exchanged rows are ``out_dim`` wide instead of ``in_dim``.
+    """
 
     norm = "gcn"
 
-    def __init__(self, in_dim: int, out_dim: int):
+    def __init__(self, in_dim: int, out_dim: int, transform_first: bool = False):
         super().__init__()
         self.linear = nn.Linear(in_dim, out_dim)
+        self.transform_first = transform_first
 
     def forward(self, h: torch.Tensor, propagate, layer: int) -> torch.Tensor:
+        if self.transform_first:
+            hw = nn.functional.linear(h, self.linear.weight)
+            return propagate(hw, layer) + self.linear.bias
         return self.linear(propagate(h, layer))
 
 
 class SAGEConv(nn.Module):
-    """GraphSAGE layer, mean aggregator with root weight: h W_root + mean(h_N) W_neigh + b."""
+    """GraphSAGE layer, mean aggregator with root weight: h W_root + mean(h_N) W_neigh + b.
+
+    With ``transform_first`` the neighbour term runs as mean((h W_neigh)_N), the same
+    result with ``out_dim``-wide exchanged rows.
+    """
 
     norm = "mean"
 
-    def __init__(self, in_dim: int, out_dim: int):
+    def __init__(self, in_dim: int, out_dim: int, transform_first: bool = False):
         super().__init__()
         self.root = nn.Linear(in_dim, out_dim)
         self.neigh = nn.Linear(in_dim, out_dim, bias=False)
+        self.transform_first = transform_first
 
     def forward(self, h: torch.Tensor, propagate, layer: int) -> torch.Tensor:
-        return self.root(h) + self.neigh(propagate(h, layer))
+        if self.transform_first:
+            agg = propagate(self.neigh(h), layer)
+            return self.root(h[: agg.shape[0]]) + agg
+        agg = propagate(h, layer)
+        # h may carry halo rows after the inner ones (cached input): the root term is inner.
+        return self.root(h[: agg.shape[0]]) + self.neigh(agg)

@@ -38,6 +38,18 @@ class EpochRecord:
     test_acc: float | None = None
     bytes_by_tag: dict[str, int] = field(default_factory=dict)
     """Halo bytes of all ranks by layer and direction (e.g. "layer1/forward")."""
+    quant_time_s: float = 0.0
+    """Time spent quantizing outgoing messages, mean over ranks."""
+    dequant_time_s: float = 0.0
+    """Time spent dequantizing received messages, mean over ranks."""
+    avg_bits: float = 32.0
+    """Bits per transmitted value in this epoch (32 for float32)."""
+    values_by_bits: dict[str, int] = field(default_factory=dict)
+    """Transmitted values (rows x width) of all ranks by bit width."""
+    assign_time_s: float = 0.0
+    """Bit-width re-assignment after this epoch (tracing exchange + solver), 0 if none."""
+    wall_time_s: float = 0.0
+    """Seconds since training started, at the end of this epoch's step."""
 
 
 @dataclass
@@ -70,6 +82,24 @@ class Summary:
     split_seed: int
     seed: int
     metric: str = "acc"
+    quant_time_s: float = 0.0
+    """Median per-epoch quantization time (mean over ranks)."""
+    dequant_time_s: float = 0.0
+    """Median per-epoch dequantization time (mean over ranks)."""
+    hidden_comm_fraction: float = 0.0
+    """Share of the exchange time hidden behind central compute: 1 - wait / exchange."""
+    halo_bytes_by_tag: dict[str, int] = field(default_factory=dict)
+    """Last epoch's halo bytes by layer and direction."""
+    bits_histogram: dict[str, int] = field(default_factory=dict)
+    """Last epoch's transmitted values by bit width."""
+    solver_time_s: float = 0.0
+    """Total time spent re-assigning bit widths."""
+    input_cache_bytes: int = 0
+    """Bytes sent once at start-up to cache the layer-0 halo inputs."""
+    cache_input_halo: bool = False
+    transform_first: bool = False
+    quant_scheme: str = ""
+    """Bit-width scheme of quantized modes (adaptive, uniform, random); empty otherwise."""
 
 
 def median_after_warmup(values: list[float], warmup: int) -> float:

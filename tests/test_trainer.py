@@ -27,10 +27,11 @@ EPOCHS = 5
 MODELS = ("gcn", "sage")
 
 
-def _config(model: str, part_dir: str):
+def _config(model: str, part_dir: str, extra: tuple[str, ...] = ()):
     return load_config(
         None,
         [
+            *extra,
             "data.dataset=cora",
             f"model.name={model}",
             "model.layers=3",
@@ -43,10 +44,12 @@ def _config(model: str, part_dir: str):
     )
 
 
-def _worker(rank: int, world_size: int, init_method: str, part_dir: str):
+def _worker(
+    rank: int, world_size: int, init_method: str, part_dir: str, extra: tuple[str, ...] = ()
+):
     result = {}
     for model in MODELS:
-        config = _config(model, part_dir)
+        config = _config(model, part_dir, extra)
         world = init_distributed(config.comm, init_method + model, rank, world_size)
         try:
             meta = read_metadata(part_dir)
@@ -138,13 +141,42 @@ def cora():
     return load_dataset("cora")
 
 
+EXACT_VARIANTS = {
+    "vanilla": ("comm.mode=vanilla",),
+    "vanilla-no-savings": (
+        "comm.mode=vanilla",
+        "comm.cache_input_halo=false",
+        "comm.transform_first=false",
+    ),
+    "adaqp-p": ("comm.mode=adaqp-p",),
+    "adaqp-p-no-savings": (
+        "comm.mode=adaqp-p",
+        "comm.cache_input_halo=false",
+        "comm.transform_first=false",
+    ),
+}
+
+
 @pytest.mark.distributed
-@pytest.mark.parametrize("world_size", [1, 2, 4])
-def test_vanilla_matches_single_process(world_size, cora, tmp_path):
+@pytest.mark.parametrize(
+    ("world_size", "variant"),
+    [
+        (1, "vanilla"),
+        (2, "vanilla"),
+        (4, "vanilla"),
+        (2, "vanilla-no-savings"),
+        (2, "adaqp-p"),
+        (4, "adaqp-p"),
+        (4, "adaqp-p-no-savings"),
+    ],
+)
+def test_exact_modes_match_single_process(world_size, variant, cora, tmp_path):
+    """Vanilla and overlap-only training equal whole-graph training, with and without the
+    exact savings (layer-0 halo cache, transform-first)."""
     part_dir = tmp_path / "parts"
     spec = _config("gcn", str(part_dir)).data.spec()
     make_partition(cora, part_dir, num_parts=world_size, spec=spec)
-    results = run_workers(_worker, world_size, tmp_path, str(part_dir))
+    results = run_workers(_worker, world_size, tmp_path, str(part_dir), EXACT_VARIANTS[variant])
 
     for model in MODELS:
         initial = results[0][f"{model}/initial"]
