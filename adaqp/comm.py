@@ -114,6 +114,7 @@ class PendingExchange:
                     f"rank {ex.rank}: halo exchange {self._tag} at {ex.step} failed or timed "
                     f"out after {ex.timeout_s:.0f}s (is a peer dead?): {exc}"
                 ) from exc
+            self._work = None  # no collective handle may outlive the process group
         landed = time.perf_counter()
         ex.stats.wait_s += landed - began
         ex.stats.exchange_s += landed - self._start

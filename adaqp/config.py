@@ -190,6 +190,10 @@ class QuantConfig:
     """Adaptive solver: milp (exact, SciPy HiGHS) or greedy."""
     time_limit_s: float = 5.0
     """Time limit of one MILP solve."""
+    cost_model: str = "auto"
+    """Exchange time model: shared (all transfers share one resource, as on one host),
+    sender (a rank's outgoing channels share its link), link (every pair has its own link;
+    the slowest sets the time), or auto (shared on one host, sender across hosts)."""
     seed: int = 0
     """Seed of the stochastic rounding and of the random scheme."""
 
@@ -212,6 +216,11 @@ class QuantConfig:
         _check(self.assign_cycle >= 1, "quant.assign_cycle", "must be at least 1")
         _check(self.solver in ("milp", "greedy"), "quant.solver", "must be milp or greedy")
         _check(self.time_limit_s > 0, "quant.time_limit_s", "must be positive")
+        _check(
+            self.cost_model in ("auto", "shared", "sender", "link"),
+            "quant.cost_model",
+            f"must be auto, shared, sender or link, not {self.cost_model!r}",
+        )
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,10 @@ class BitWidthPlanner:
         self.link_model = None
         self.forward_coef = None
         self.last_status: dict[str, str] = {}
+        self.cost_model = config.cost_model
+        if self.cost_model == "auto":
+            # One host: every transfer shares its memory bus; several: each rank's NIC.
+            self.cost_model = "shared" if world.local_world_size == p else "sender"
         if config.scheme == "adaptive":
             self.forward_coef = self._forward_coefficients(propagation)
             exchanger.stats.reset()
@@ -175,7 +179,7 @@ class BitWidthPlanner:
     def _weights(self, tag: str) -> np.ndarray:
         squared, cycles, dim = self.traces[tag]
         weights = (squared / cycles) * dim / 4.0
-        if tag.endswith("/forward"):
+        if tag.endswith("/forward") and self.forward_coef is not None:  # None: random scheme
             weights = weights * self.forward_coef
         return weights.numpy()
 
@@ -223,17 +227,26 @@ class BitWidthPlanner:
         cfg = self.config
         if cfg.scheme == "random":
             result = random_assignment(channels, dim, cfg.allowed_bits, cfg.seed + epoch)
+            widths = result.bits
         else:
+            solve_channels, link_model = channels, self.link_model
+            if self.cost_model != "link":
+                solve_channels, link_model, members = _merge(
+                    channels, self.link_model, shared=self.cost_model == "shared"
+                )
             result = solve_assignment(
-                channels,
+                solve_channels,
                 dim,
-                self.link_model,
+                link_model,
                 bits=cfg.allowed_bits,
                 group_size=cfg.group_size,
                 lam=cfg.lam,
                 method=cfg.solver,
                 time_limit_s=cfg.time_limit_s,
             )
+            widths = result.bits
+            if self.cost_model != "link":
+                widths = _split(result.bits, members, channels)
         self.last_status[tag] = result.status
         logger.info(
             "epoch %d %s: avg %.2f bits (%s, %s, %.3fs)",
@@ -244,7 +257,7 @@ class BitWidthPlanner:
             result.status,
             result.solve_time_s,
         )
-        return torch.from_numpy(np.concatenate([b.astype(np.uint8) for b in result.bits]))
+        return torch.from_numpy(np.concatenate([b.astype(np.uint8) for b in widths]))
 
     def _install(self, tags: list[str], flat: torch.Tensor) -> None:
         p, rank = self.world.world_size, self.world.rank
@@ -265,3 +278,41 @@ class BitWidthPlanner:
             self.exchanger.plans[tag] = BitPlan(
                 out_bits.to(torch.int8).to(device), in_bits.to(torch.int8).to(device)
             )
+
+
+def _merge(channels: list[Channel], links: LinkModel, shared: bool):
+    """Channels that share one link become one channel (their bytes add up).
+
+    ``shared``: every channel shares one resource (ranks on one host); otherwise each
+    sender's channels share its link. A merged channel is filed under ``(src, src + 1)``
+    with the median latency and bandwidth of the pairs it covers: each pair was profiled
+    alone, i.e. at the full rate of the shared link. Returns the merged channels, their
+    link model, and the member channels (in order) of each merged channel.
+    """
+    p = links.num_ranks
+    alpha, beta = np.zeros((p, p)), np.ones((p, p))
+    groups: dict[int, list[Channel]] = {}
+    for c in channels:
+        groups.setdefault(0 if shared else c.src, []).append(c)
+    merged, members = [], []
+    for src, group in sorted(groups.items()):
+        dst = (src + 1) % p
+        pairs = tuple(zip(*[(c.src, c.dst) for c in group], strict=True))
+        alpha[src, dst] = float(np.median(links.alpha_s[pairs]))
+        beta[src, dst] = float(np.median(links.beta_Bps[pairs]))
+        merged.append(Channel(src, dst, np.concatenate([c.weights for c in group])))
+        members.append(group)
+    return merged, LinkModel(alpha, beta), members
+
+
+def _split(
+    merged_bits: tuple[np.ndarray, ...], members: list[list[Channel]], channels: list[Channel]
+) -> list[np.ndarray]:
+    """Inverse of ``_merge`` for the widths: per original channel, in the original order."""
+    widths = {}
+    for bits, group in zip(merged_bits, members, strict=True):
+        offset = 0
+        for c in group:
+            widths[c.src, c.dst] = bits[offset : offset + c.num_messages]
+            offset += c.num_messages
+    return [widths[c.src, c.dst] for c in channels]

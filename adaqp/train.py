@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import hashlib
 import json
 import logging
@@ -138,6 +139,8 @@ def run(
     except BaseException:
         shutdown(barrier=False)  # a failing rank must not wait for healthy peers
         raise
+    del trainer, graph
+    gc.collect()  # release collective buffers and handles before the group goes away
     shutdown()
     return summary
 

@@ -196,3 +196,35 @@ def test_exact_modes_match_single_process(world_size, variant, cora, tmp_path):
             _close(r[f"{model}/weights"], ref["weights"], 1e-4, f"{model} weights, 5 epochs")
         # The comparison must be able to fail: training moved the weights a lot.
         assert np.abs(results[0][f"{model}/weights"] - initial).max() > 1e-3
+
+
+def _run_worker(rank: int, world_size: int, init_method: str, overrides: tuple[str, ...]):
+    from adaqp.train import run
+
+    summary = run(load_config(None, list(overrides)), init_method, rank, world_size)
+    return {
+        "test_acc": np.array(summary.test_acc),
+        "bytes": np.array(summary.halo_bytes_per_epoch),
+        "avg_bits": np.array(summary.avg_bits),
+    }
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_adaqp_on_cora_trains_within_one_point_of_vanilla(tmp_path):
+    """Same seed and split, 4 workers, 200 epochs of the Cora GCN config."""
+    results = {}
+    for mode in ("vanilla", "adaqp"):
+        overrides = (
+            "data.dataset=cora",
+            f"comm.mode={mode}",
+            "train.epochs=200",
+            f"partition.dir={tmp_path / 'parts'}",
+            f"metrics.out={tmp_path / mode}",
+        )
+        results[mode] = run_workers(_run_worker, 4, tmp_path, overrides, timeout=300)[0]
+    vanilla, adaqp = results["vanilla"], results["adaqp"]
+    assert float(vanilla["test_acc"]) >= 0.77
+    assert abs(float(adaqp["test_acc"]) - float(vanilla["test_acc"])) <= 0.01
+    assert float(adaqp["avg_bits"]) < 8  # the quantized run really was quantized
+    assert int(adaqp["bytes"]) < int(vanilla["bytes"]) / 2

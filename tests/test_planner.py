@@ -1,0 +1,143 @@
+"""Bit-width planning across ranks: one assignment for all, from the right statistics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from adaqp.assigner import Channel, LinkModel
+from adaqp.config import load_config
+from adaqp.datasets import load_dataset
+from adaqp.local_graph import LocalGraph
+from adaqp.partition_format import load_part, read_metadata
+from adaqp.planner import _merge, _split
+from adaqp.runtime import init_distributed, shutdown
+from adaqp.trainer import Trainer
+from partition.build import make_partition
+from tests.distributed import run_workers
+
+
+class _NullWriter:
+    def log_epoch(self, record) -> None:
+        pass
+
+
+def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, scheme: str):
+    config = load_config(
+        None,
+        [
+            "data.dataset=cora",
+            f"partition.dir={part_dir}",
+            "comm.mode=adaqp",
+            f"quant.scheme={scheme}",
+            "quant.assign_cycle=2",
+            "quant.group_size=10",
+            "train.epochs=4",
+            "model.hidden=32",
+            "model.layers=3",
+            "train.eval_every=0",
+        ],
+    )
+    world = init_distributed(config.comm, init_method, rank, world_size)
+    try:
+        meta = read_metadata(part_dir)
+        graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
+        trainer = Trainer(config, graph, meta, world)
+        summary = trainer.fit(_NullWriter())
+        out = {
+            "send_counts": np.array(graph.send_counts),
+            "recv_counts": np.array(graph.recv_counts),
+            "sent_ids": graph.global_ids[graph.send_idx.numpy()],
+            "avg_bits": np.array(summary.avg_bits),
+        }
+        if trainer.planner.forward_coef is not None:
+            out["forward_coef"] = trainer.planner.forward_coef.numpy()
+        for tag, plan in trainer.exchanger.plans.items():
+            out[f"{tag}/out"] = plan.out_bits.numpy()
+            out[f"{tag}/in"] = plan.in_bits.numpy()
+        return out
+    finally:
+        shutdown()
+
+
+@pytest.fixture(scope="module")
+def cora():
+    return load_dataset("cora")
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("scheme", ["adaptive", "random"])
+def test_every_rank_applies_the_same_assignment(scheme, cora, tmp_path):
+    world_size = 3
+    parts = tmp_path / "parts"
+    make_partition(
+        cora, parts, num_parts=world_size, spec=load_config(None, ["data.dataset=cora"]).data.spec()
+    )
+    results = run_workers(_plan_worker, world_size, tmp_path, str(parts), scheme)
+    tags = sorted(k[: -len("/out")] for k in results[0] if k.endswith("/out"))
+    assert "layer1/forward" in tags and "layer1/backward" in tags
+    widths = set()
+    for tag in tags:
+        key = "send_counts" if tag.endswith("/forward") else "recv_counts"
+        other = "recv_counts" if key == "send_counts" else "send_counts"
+        for p, rp in enumerate(results):
+            out_segments = np.split(rp[f"{tag}/out"], np.cumsum(rp[key])[:-1])
+            for q, rq in enumerate(results):
+                if p == q:
+                    continue
+                in_segments = np.split(rq[f"{tag}/in"], np.cumsum(rq[other])[:-1])
+                # What p sends q at which width is exactly what q expects from p.
+                np.testing.assert_array_equal(out_segments[q], in_segments[p])
+            widths |= set(np.unique(rp[f"{tag}/out"]).tolist())
+    assert widths <= {2, 4, 8}
+    assert len(widths) > 1, "the re-solve should move some messages off the initial 8 bits"
+    assert all(float(r["avg_bits"]) < 8 for r in results)
+
+
+@pytest.mark.distributed
+def test_forward_weights_use_receiver_squared_coefficients(cora, tmp_path):
+    world_size = 3
+    parts = tmp_path / "parts"
+    make_partition(
+        cora, parts, num_parts=world_size, spec=load_config(None, ["data.dataset=cora"]).data.spec()
+    )
+    results = run_workers(_plan_worker, world_size, tmp_path, str(parts), "adaptive")
+    owner = np.zeros(cora.num_nodes, dtype=np.int64)
+    for rank in range(world_size):
+        owner[load_part(parts, rank).global_ids] = rank
+    deg = np.diff(cora.indptr).astype(np.float64)
+    for rank, r in enumerate(results):
+        segments = np.split(np.arange(len(r["sent_ids"])), np.cumsum(r["send_counts"])[:-1])
+        for q, seg in enumerate(segments):
+            for i in seg:
+                v = int(r["sent_ids"][i])
+                # Edges v -> u into q's nodes (the graph is symmetric: u lists v as in-edge).
+                u = cora.indices[cora.indptr[v] : cora.indptr[v + 1]]
+                u = u[owner[u] == q]
+                expected = np.sum(1.0 / ((deg[u] + 1) * (deg[v] + 1)))
+                assert r["forward_coef"][i] == pytest.approx(expected, rel=1e-5)
+        assert rank != 0 or len(r["sent_ids"]) > 0
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_merge_and_split_round_trip(shared):
+    rng = np.random.default_rng(0)
+    channels = [
+        Channel(s, d, rng.random(int(rng.integers(0, 6))))
+        for s in range(3)
+        for d in range(3)
+        if s != d
+    ]
+    links = LinkModel(rng.random((3, 3)) * 1e-4, 1e8 + rng.random((3, 3)) * 1e9)
+    merged, model, members = _merge(channels, links, shared)
+    assert len(merged) == (1 if shared else 3)
+    assert sum(c.num_messages for c in merged) == sum(c.num_messages for c in channels)
+    fake = tuple(np.arange(c.num_messages, dtype=np.int64) + 100 * i for i, c in enumerate(merged))
+    split = _split(fake, members, channels)
+    for bits, c in zip(split, channels, strict=True):
+        assert len(bits) == c.num_messages
+    # Each merged channel's widths come back, in order, to its member channels.
+    for i, group in enumerate(members):
+        back = np.concatenate([split[channels.index(c)] for c in group])
+        np.testing.assert_array_equal(back, fake[i])
+    assert model.num_ranks == 3
