@@ -29,9 +29,10 @@ import tomllib
 
 from adaqp.datasets import SyntheticSpec
 
-MODES = ("vanilla", "adaqp-q", "adaqp-p", "adaqp")
+MODES = ("vanilla", "adaqp-q", "adaqp-p", "adaqp", "nocomm")
 """Training modes: full precision and synchronous (vanilla), quantized messages (adaqp-q),
-central/marginal overlap (adaqp-p), or both (adaqp)."""
+central/marginal overlap (adaqp-p), or both (adaqp). ``nocomm`` is benchmark-only: it
+skips the halo exchange (halo rows are zeros) to measure the compute-only epoch time."""
 
 QUANTIZED_MODES = ("adaqp-q", "adaqp")
 OVERLAP_MODES = ("adaqp-p", "adaqp")

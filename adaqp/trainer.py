@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from adaqp.comm import FULL_PRECISION_BITS, HaloExchanger
+from adaqp.comm import FULL_PRECISION_BITS, HaloExchanger, NoCommExchanger
 from adaqp.config import OVERLAP_MODES, QUANTIZED_MODES, Config
 from adaqp.layers import Propagation
 from adaqp.local_graph import LocalGraph
@@ -77,7 +77,8 @@ class Trainer:
 
         self.exchanger = None
         if distributed:
-            self.exchanger = HaloExchanger(
+            exchanger_type = NoCommExchanger if mode == "nocomm" else HaloExchanger
+            self.exchanger = exchanger_type(
                 world.rank,
                 graph.send_idx,
                 graph.send_counts,
@@ -90,6 +91,11 @@ class Trainer:
         )
         self.inputs = graph.features
         self.input_cache_bytes = 0
+        if mode == "nocomm":
+            logger.warning(
+                "mode nocomm skips the halo exchange: benchmark-only, the model "
+                "trained is not the graph's (accuracy is not comparable)"
+            )
         if cache_input:
             # Layer-0 inputs never change: fetch their halo rows once, in full precision.
             self.exchanger.step = "set-up (layer-0 halo cache)"

@@ -6,9 +6,9 @@ import argparse
 import logging
 import sys
 
-from adaqp.bench import aggregate
+from adaqp.bench import aggregate, modes
 
-BENCHMARKS = {"aggregate": aggregate}
+BENCHMARKS = {"aggregate": aggregate, "modes": modes}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,207 @@
+"""Modes side by side: vanilla, adaqp-q, adaqp-p, adaqp and uniform 2/4/8-bit quantization,
+several seeds each, every run a real ``torchrun`` job of the unchanged trainer.
+
+Writes ``results/bench/modes-<dataset>.json`` (every run's summary plus aggregates) and
+``results/bench/modes-<dataset>.md`` (the table). Byte and accuracy figures compare modes
+within one invocation; epoch times on a shared machine are indicative only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "vanilla": ("--mode", "vanilla"),
+    "adaqp-q": ("--mode", "adaqp-q"),
+    "adaqp-p": ("--mode", "adaqp-p"),
+    "adaqp": ("--mode", "adaqp"),
+    "uniform-2": ("--mode", "adaqp-q", "--set", "quant.scheme=uniform", "--set", "quant.bits=2"),
+    "uniform-4": ("--mode", "adaqp-q", "--set", "quant.scheme=uniform", "--set", "quant.bits=4"),
+    "uniform-8": ("--mode", "adaqp-q", "--set", "quant.scheme=uniform", "--set", "quant.bits=8"),
+}
+
+DATASETS: dict[str, tuple[str, tuple[str, ...]]] = {
+    # Cora and CiteSeer as in AdaQP's evaluation: 3 layers, hidden 256.
+    "cora": ("configs/cora-gcn.toml", ("model.layers=3", "model.hidden=256")),
+    "citeseer": ("configs/citeseer-gcn.toml", ("model.layers=3", "model.hidden=256")),
+    # A synthetic graph sized for a 2-core machine (the 1M-node config is for real hosts).
+    "synthetic": (
+        "configs/synthetic-gcn.toml",
+        (
+            "data.synthetic.num_nodes=20000",
+            "data.synthetic.avg_degree=10",
+            "data.synthetic.feature_dim=64",
+            "data.synthetic.num_classes=8",
+            "data.synthetic.feature_noise=2.0",
+            "train.eval_every=5",
+        ),
+    ),
+}
+
+SUMMARY_KEYS = (
+    "test_acc",
+    "best_val_acc",
+    "final_train_loss",
+    "halo_bytes_per_epoch",
+    "avg_bits",
+    "epoch_time_s",
+    "comm_time_s",
+    "comm_wait_s",
+    "quant_time_s",
+    "dequant_time_s",
+    "allreduce_time_s",
+    "hidden_comm_fraction",
+)
+
+
+def _run_one(dataset: str, variant: str, seed: int, args, out_dir: Path, part_dir: Path):
+    config, overrides = DATASETS[dataset]
+    run_dir = out_dir / f"{variant}-seed{seed}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(args.world_size),
+        "-m",
+        "adaqp.train",
+        "--config",
+        config,
+        "--seed",
+        str(seed),
+        "--out",
+        str(run_dir),
+        "--epochs",
+        str(args.epochs),
+        *VARIANTS[variant],
+    ]
+    for item in (*overrides, f"partition.dir={part_dir}", "metrics.progress=false", *args.set):
+        cmd += ["--set", item]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    started = time.perf_counter()
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, timeout=args.timeout, check=False
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{variant} seed {seed} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+        )
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["wall_s"] = time.perf_counter() - started
+    return summary
+
+
+def _aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out = {}
+    for key in SUMMARY_KEYS:
+        values = [float(r[key]) for r in runs]
+        out[key] = {
+            "mean": statistics.fmean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        }
+    return out
+
+
+def _table(dataset: str, results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
+    base = results["vanilla"]["aggregate"]
+    lines = [
+        f"# Modes on {dataset} ({meta['world_size']} workers, {meta['epochs']} epochs, "
+        f"seeds {meta['seeds']})",
+        "",
+        f"Settings: `{meta['config']}` with {', '.join(meta['overrides']) or 'no overrides'}.",
+        "Times are medians after warm-up, means over seeds, on a shared 2-core machine over "
+        "loopback: compare bytes and accuracy; read times as indicative only.",
+        "",
+        "| mode | test acc (mean ± std) | halo MB/epoch | vs vanilla | avg bits | epoch ms "
+        "| exchange ms | wait ms | quant+dequant ms | all-reduce ms | hidden |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, entry in results.items():
+        a = entry["aggregate"]
+        ratio = base["halo_bytes_per_epoch"]["mean"] / max(a["halo_bytes_per_epoch"]["mean"], 1)
+        lines.append(
+            f"| {name} | {a['test_acc']['mean']:.4f} ± {a['test_acc']['std']:.4f} "
+            f"| {a['halo_bytes_per_epoch']['mean'] / 1e6:.3f} | 1/{ratio:.1f} "
+            f"| {a['avg_bits']['mean']:.2f} | {1e3 * a['epoch_time_s']['mean']:.1f} "
+            f"| {1e3 * a['comm_time_s']['mean']:.1f} | {1e3 * a['comm_wait_s']['mean']:.1f} "
+            f"| {1e3 * (a['quant_time_s']['mean'] + a['dequant_time_s']['mean']):.1f} "
+            f"| {1e3 * a['allreduce_time_s']['mean']:.1f} "
+            f"| {100 * a['hidden_comm_fraction']['mean']:.0f}% |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", choices=sorted(DATASETS), default="cora")
+    parser.add_argument("--world-size", type=int, default=4)
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
+    parser.add_argument("--epochs", type=int, default=200)
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma-separated subset of {', '.join(VARIANTS)}",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="extra config override for every run",
+    )
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    parser.add_argument("--out-dir", type=Path, default=Path("results/bench"))
+
+
+def main(args: argparse.Namespace) -> int:
+    seeds = [int(s) for s in args.seeds.split(",")]
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown or "vanilla" not in variants:
+        raise SystemExit(f"variants must include vanilla and come from {list(VARIANTS)}")
+    runs_dir = Path("results/runs") / f"bench-modes-{args.dataset}"
+    part_dir = Path("partitions") / f"bench-{args.dataset}-p{args.world_size}"
+    results: dict[str, dict[str, Any]] = {}
+    total, done = len(variants) * len(seeds), 0
+    for variant in variants:
+        runs = []
+        for seed in seeds:
+            summary = _run_one(args.dataset, variant, seed, args, runs_dir, part_dir)
+            runs.append(summary)
+            done += 1
+            print(
+                f"[{done}/{total}] {variant} seed {seed}: test acc {summary['test_acc']:.4f}"
+                f", {summary['halo_bytes_per_epoch'] / 1e6:.3f} MB/epoch, "
+                f"{summary['avg_bits']:.2f} bits, {1e3 * summary['epoch_time_s']:.1f} ms/epoch"
+                f" ({summary['wall_s']:.0f}s)",
+                flush=True,
+            )
+        results[variant] = {"runs": runs, "aggregate": _aggregate(runs)}
+    config, overrides = DATASETS[args.dataset]
+    meta = {
+        "dataset": args.dataset,
+        "world_size": args.world_size,
+        "seeds": seeds,
+        "epochs": args.epochs,
+        "config": config,
+        "overrides": [*overrides, *args.set],
+    }
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / f"modes-{args.dataset}.json").write_text(
+        json.dumps({"meta": meta, "results": results}, indent=2) + "\n"
+    )
+    table = _table(args.dataset, results, meta)
+    (args.out_dir / f"modes-{args.dataset}.md").write_text(table)
+    print(table)
+    return 0
