@@ -17,6 +17,7 @@ this module creates (``10.213.<n>.0/24``); every run is bounded in time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -170,10 +171,8 @@ class EmulatedCluster:
             # Processes still inside would keep the namespace's network alive.
             pids = _ip("ip", "netns", "pids", ns, check=False).stdout.split()
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
             _ip("ip", "netns", "del", ns, check=False)
         self.namespaces = []
 
