@@ -6,19 +6,19 @@ import argparse
 import logging
 import sys
 
-from adaqp.bench import aggregate, modes
+from adaqp.bench import aggregate, cluster, modes
 
-BENCHMARKS = {"aggregate": aggregate, "modes": modes}
+BENCHMARKS = {"aggregate": aggregate, "modes": modes, "cluster": cluster}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m adaqp.bench", description=__doc__)
-    sub = parser.add_subparsers(dest="name", required=True)
+    sub = parser.add_subparsers(dest="benchmark", required=True)
     for name, module in BENCHMARKS.items():
         module.add_arguments(sub.add_parser(name, help=module.__doc__.split("\n")[0]))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    return BENCHMARKS[args.name].main(args)
+    return BENCHMARKS[args.benchmark].main(args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,284 @@
+"""Every mode side by side on the emulated cluster (root): where communication really costs.
+
+``python -m adaqp.bench cluster --name NAME [--hosts 4 --bandwidth 1gbit ...]`` builds one
+emulated cluster (``adaqp.cluster``), runs vanilla, adaqp-q, adaqp-p, adaqp and the
+compute-only ``nocomm`` reference over several seeds with the unchanged trainer, and writes
+to ``results/bench/<NAME>/``: ``cluster.json`` (every figure), ``cluster.md`` (the table)
+and three plots: ``breakdown.png`` (stacked epoch time per mode), ``time_to_accuracy.png``
+(validation accuracy against wall-clock time) and ``bytes_by_layer.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from adaqp.cluster import EmulatedCluster, LinkSpec
+
+logger = logging.getLogger(__name__)
+
+MODES = ("vanilla", "adaqp-q", "adaqp-p", "adaqp", "nocomm")
+
+WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
+    # Sized so that a 2-core machine computes an epoch in a fraction of a second.
+    "synthetic": (
+        "configs/synthetic-gcn.toml",
+        (
+            "data.synthetic.num_nodes=20000",
+            "data.synthetic.avg_degree=10",
+            "data.synthetic.feature_dim=64",
+            "data.synthetic.num_classes=8",
+            "data.synthetic.feature_noise=2.0",
+            "train.eval_every=1",
+        ),
+    ),
+    "cora": ("configs/cora-gcn.toml", ("model.layers=3", "model.hidden=256")),
+}
+
+
+def _read_run(run_dir: Path) -> dict[str, Any]:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {"summary": summary, "epochs": epochs}
+
+
+def _breakdown(summary: dict[str, Any]) -> dict[str, float]:
+    """Epoch time split into compute, exchange wait, (de)quantization and all-reduce."""
+    quant = summary["quant_time_s"] + summary["dequant_time_s"]
+    wait, allreduce = summary["comm_wait_s"], summary["allreduce_time_s"]
+    compute = max(summary["epoch_time_s"] - wait - quant - allreduce, 0.0)
+    return {"compute_s": compute, "wait_s": wait, "quant_s": quant, "allreduce_s": allreduce}
+
+
+def _time_to(epochs: list[dict[str, Any]], target: float) -> float | None:
+    for e in epochs:
+        if e["val_acc"] is not None and e["val_acc"] >= target:
+            return e["wall_time_s"]
+    return None
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
+
+
+def _aggregate(runs: dict[str, list[dict[str, Any]]], seeds: list[int]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    vanilla = runs["vanilla"]
+    for mode, mode_runs in runs.items():
+        summaries = [r["summary"] for r in mode_runs]
+        parts = [_breakdown(s) for s in summaries]
+        times = []
+        for run, base in zip(mode_runs, vanilla, strict=True):
+            target = base["epochs"][-1]["val_acc"]  # vanilla's final validation accuracy
+            times.append(_time_to(run["epochs"], target))
+        reached = [t for t in times if t is not None]
+        out[mode] = {
+            "epoch_time_s": _mean([s["epoch_time_s"] for s in summaries]),
+            "breakdown": {k: _mean([p[k] for p in parts]) for k in parts[0]},
+            "test_acc": _mean([s["test_acc"] for s in summaries]),
+            "test_acc_std": statistics.stdev([s["test_acc"] for s in summaries])
+            if len(summaries) > 1
+            else 0.0,
+            "halo_bytes_per_epoch": _mean([s["halo_bytes_per_epoch"] for s in summaries]),
+            "avg_bits": _mean([s["avg_bits"] for s in summaries]),
+            "hidden_comm_fraction": _mean([s["hidden_comm_fraction"] for s in summaries]),
+            "wait_share": _mean(
+                [p["wait_s"] / s["epoch_time_s"] for p, s in zip(parts, summaries, strict=True)]
+            ),
+            "time_to_vanilla_val_s": _mean(reached) if len(reached) == len(times) else None,
+            "runs_reaching_vanilla_val": len(reached),
+        }
+    base_epoch = out["vanilla"]["epoch_time_s"]
+    nocomm = out.get("nocomm", {}).get("epoch_time_s")
+    base_tta = out["vanilla"]["time_to_vanilla_val_s"]
+    for entry in out.values():
+        entry["speedup_over_vanilla"] = base_epoch / entry["epoch_time_s"]
+        entry["ratio_to_nocomm"] = entry["epoch_time_s"] / nocomm if nocomm else None
+        tta = entry["time_to_vanilla_val_s"]
+        entry["time_to_accuracy_ratio"] = tta / base_tta if tta and base_tta else None
+    return out
+
+
+def _table(name: str, meta: dict[str, Any], agg: dict[str, Any]) -> str:
+    def fmt(value, pattern: str) -> str:
+        return "n/a" if value is None else pattern.format(value)
+
+    lines = [
+        f"# {name}: {meta['hosts']} emulated hosts x {meta['procs_per_host']} worker, "
+        f"{meta['bandwidth']} links, {meta['epochs']} epochs, seeds {meta['seeds']}",
+        "",
+        f"Workload: `{meta['config']}` with {', '.join(meta['overrides'])}.",
+        "Epoch times are medians after warm-up, means over seeds; `nocomm` skips the halo "
+        "exchange (benchmark-only: its accuracy is not the graph's).",
+        "",
+        "| mode | epoch ms | compute | exchange wait | (de)quant | all-reduce | halo MB/epoch "
+        "| avg bits | test acc | speedup vs vanilla | ratio to nocomm | time to vanilla val |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for mode, a in agg.items():
+        b = a["breakdown"]
+        lines.append(
+            f"| {mode} | {1e3 * a['epoch_time_s']:.1f} | {1e3 * b['compute_s']:.1f} "
+            f"| {1e3 * b['wait_s']:.1f} | {1e3 * b['quant_s']:.1f} | {1e3 * b['allreduce_s']:.1f} "
+            f"| {a['halo_bytes_per_epoch'] / 1e6:.2f} | "
+            f"{a['avg_bits']:.2f} | {a['test_acc']:.4f} ± {a['test_acc_std']:.4f} "
+            f"| {a['speedup_over_vanilla']:.2f}x | {fmt(a['ratio_to_nocomm'], '{:.2f}x')} "
+            f"| {fmt(a['time_to_accuracy_ratio'], '{:.2f}x')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(out_dir: Path, runs: dict[str, list[dict[str, Any]]], agg: dict[str, Any]) -> None:
+    """Writes breakdown.png, time_to_accuracy.png and bytes_by_layer.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = list(agg)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bottom = [0.0] * len(modes)
+    for key, label in (
+        ("compute_s", "compute"),
+        ("wait_s", "exchange wait"),
+        ("quant_s", "(de)quantization"),
+        ("allreduce_s", "gradient all-reduce"),
+    ):
+        values = [1e3 * agg[m]["breakdown"][key] for m in modes]
+        ax.bar(modes, values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set_ylabel("epoch time (ms)")
+    ax.set_title("Epoch time breakdown")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "breakdown.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for mode in modes:
+        if mode == "nocomm":
+            continue  # its accuracy is not the graph's
+        epochs = runs[mode][0]["epochs"]
+        points = [(e["wall_time_s"], e["val_acc"]) for e in epochs if e["val_acc"] is not None]
+        ax.plot([p[0] for p in points], [p[1] for p in points], label=mode)
+    ax.set_xlabel("wall-clock time (s)")
+    ax.set_ylabel("validation accuracy")
+    ax.set_title("Time to accuracy (first seed)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "time_to_accuracy.png", dpi=120)
+    plt.close(fig)
+
+    tags = sorted({t for m in modes for t in runs[m][0]["summary"]["halo_bytes_by_tag"]})
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / max(len(modes), 1)
+    for i, mode in enumerate(modes):
+        by_tag = runs[mode][0]["summary"]["halo_bytes_by_tag"]
+        ax.bar(
+            [j + i * width for j in range(len(tags))],
+            [by_tag.get(t, 0) / 1e6 for t in tags],
+            width=width,
+            label=mode,
+        )
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(tags))], tags, rotation=20)
+    ax.set_ylabel("MB per epoch (all ranks)")
+    ax.set_title("Halo bytes per epoch by layer and direction")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "bytes_by_layer.png", dpi=120)
+    plt.close(fig)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--name", default="cluster-synthetic-1gbit")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="synthetic")
+    parser.add_argument("--hosts", type=int, default=4)
+    parser.add_argument("--procs-per-host", type=int, default=1)
+    parser.add_argument("--bandwidth", default="1gbit")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--epochs", type=int, default=100)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    parser.add_argument("--out-dir", type=Path, default=Path("results/bench"))
+
+
+def main(args: argparse.Namespace) -> int:
+    seeds = [int(s) for s in args.seeds.split(",")]
+    modes = [m for m in args.modes.split(",") if m]
+    if "vanilla" not in modes or set(modes) - set(MODES):
+        raise SystemExit(f"--modes must include vanilla and come from {MODES}")
+    config, overrides = WORKLOADS[args.workload]
+    overrides = (*overrides, *args.set)
+    out_dir = args.out_dir / args.name
+    runs_dir = Path("results/runs") / f"bench-{args.name}"
+    part_dir = Path("partitions") / f"bench-{args.name}"
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    total, done = len(modes) * len(seeds), 0
+    with EmulatedCluster(args.hosts, LinkSpec(bandwidth=args.bandwidth)) as cluster:
+        for mode in modes:
+            for seed in seeds:
+                run_dir = runs_dir / f"{mode}-seed{seed}"
+                train_args = [
+                    "--config",
+                    config,
+                    "--mode",
+                    mode,
+                    "--seed",
+                    str(seed),
+                    "--epochs",
+                    str(args.epochs),
+                    "--out",
+                    str(run_dir),
+                    "--set",
+                    f"partition.dir={part_dir}",
+                    "--set",
+                    "metrics.progress=false",
+                ]
+                for item in overrides:
+                    train_args += ["--set", item]
+                started = time.perf_counter()
+                cluster.launch(args.procs_per_host, train_args, run_dir / "logs", args.timeout)
+                runs[mode].append(_read_run(run_dir))
+                done += 1
+                s = runs[mode][-1]["summary"]
+                print(
+                    f"[{done}/{total}] {mode} seed {seed}: epoch "
+                    f"{1e3 * s['epoch_time_s']:.1f} ms (wait {1e3 * s['comm_wait_s']:.1f}), "
+                    f"{s['halo_bytes_per_epoch'] / 1e6:.2f} MB/epoch, test acc "
+                    f"{s['test_acc']:.4f} ({time.perf_counter() - started:.0f}s)",
+                    flush=True,
+                )
+    agg = _aggregate(runs, seeds)
+    meta = {
+        "name": args.name,
+        "hosts": args.hosts,
+        "procs_per_host": args.procs_per_host,
+        "bandwidth": args.bandwidth,
+        "seeds": seeds,
+        "epochs": args.epochs,
+        "config": config,
+        "overrides": list(overrides),
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "cluster.json").write_text(
+        json.dumps(
+            {
+                "meta": meta,
+                "aggregate": agg,
+                "runs": {m: [r["summary"] for r in rs] for m, rs in runs.items()},
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    table = _table(args.name, meta, agg)
+    (out_dir / "cluster.md").write_text(table)
+    plot(out_dir, runs, agg)
+    print(table)
+    return 0

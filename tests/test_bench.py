@@ -1,0 +1,68 @@
+"""Benchmark bookkeeping: aggregates, tables and plots from run records."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaqp.bench import cluster
+
+
+def _run(epoch_s, wait_s, val_curve, test_acc, nbytes, quant_s=0.0):
+    summary = {
+        "epoch_time_s": epoch_s,
+        "comm_wait_s": wait_s,
+        "quant_time_s": quant_s,
+        "dequant_time_s": 0.0,
+        "allreduce_time_s": 0.01,
+        "test_acc": test_acc,
+        "halo_bytes_per_epoch": nbytes,
+        "avg_bits": 32.0,
+        "hidden_comm_fraction": 0.0,
+        "halo_bytes_by_tag": {"layer1/forward": nbytes // 2, "layer1/backward": nbytes // 2},
+    }
+    epochs = [
+        {"epoch": i + 1, "val_acc": v, "wall_time_s": (i + 1) * epoch_s}
+        for i, v in enumerate(val_curve)
+    ]
+    return {"summary": summary, "epochs": epochs}
+
+
+@pytest.fixture
+def runs():
+    return {
+        "vanilla": [_run(1.0, 0.7, [0.5, 0.6, 0.7], 0.80, 1000)],
+        "adaqp": [_run(0.4, 0.1, [0.5, 0.7, 0.72], 0.79, 100, quant_s=0.05)],
+        "nocomm": [_run(0.3, 0.0, [0.4, 0.5, 0.6], 0.50, 0)],
+    }
+
+
+def test_aggregate_ratios_and_time_to_accuracy(runs):
+    agg = cluster._aggregate(runs, [0])
+    assert agg["adaqp"]["speedup_over_vanilla"] == pytest.approx(2.5)
+    assert agg["adaqp"]["ratio_to_nocomm"] == pytest.approx(0.4 / 0.3)
+    # Vanilla's final val 0.7 is reached by adaqp at epoch 2 (0.8 s) vs vanilla's 3.0 s.
+    assert agg["adaqp"]["time_to_vanilla_val_s"] == pytest.approx(0.8)
+    assert agg["adaqp"]["time_to_accuracy_ratio"] == pytest.approx(0.8 / 3.0)
+    assert agg["nocomm"]["time_to_vanilla_val_s"] is None
+    assert agg["vanilla"]["wait_share"] == pytest.approx(0.7)
+    b = agg["adaqp"]["breakdown"]
+    assert sum(b.values()) == pytest.approx(0.4)
+
+
+def test_table_and_plots_are_written(runs, tmp_path):
+    agg = cluster._aggregate(runs, [0])
+    meta = {
+        "hosts": 4,
+        "procs_per_host": 1,
+        "bandwidth": "1gbit",
+        "epochs": 3,
+        "seeds": [0],
+        "config": "c.toml",
+        "overrides": ["x=1"],
+    }
+    table = cluster._table("t", meta, agg)
+    assert "| adaqp | 400.0 |" in table and "2.50x" in table and "n/a" in table
+    pytest.importorskip("matplotlib")
+    cluster.plot(tmp_path, runs, agg)
+    for name in ("breakdown.png", "time_to_accuracy.png", "bytes_by_layer.png"):
+        assert (tmp_path / name).stat().st_size > 1000
