@@ -100,6 +100,8 @@ class Summary:
     transform_first: bool = False
     quant_scheme: str = ""
     """Bit-width scheme of quantized modes (adaptive, uniform, random); empty otherwise."""
+    peak_memory_mb: float = 0.0
+    """Largest peak memory of any rank (resident set on CPU, allocated memory on CUDA)."""
 
 
 def median_after_warmup(values: list[float], warmup: int) -> float:

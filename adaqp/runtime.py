@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
@@ -31,6 +32,12 @@ class World:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def peak_memory_bytes(self) -> int:
+        """Peak memory of this process: device memory on CUDA, resident set on CPU."""
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
     def synchronize(self) -> None:
         """Waits for queued device work, so wall-clock timings mean something."""

@@ -305,6 +305,8 @@ class Trainer:
 
         last = records[-1]
         exchange, wait = median("comm_time_s"), median("comm_wait_s")
+        peak = torch.tensor(float(self.world.peak_memory_bytes()), dtype=torch.float64)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         return Summary(
             mode=cfg.comm.mode,
             dataset=cfg.data.dataset,
@@ -339,6 +341,7 @@ class Trainer:
             or (cfg.comm.cache_input_halo and self.world.world_size > 1),
             transform_first=cfg.comm.transform_first,
             quant_scheme=cfg.quant.scheme if cfg.comm.mode in QUANTIZED_MODES else "",
+            peak_memory_mb=float(peak) / 2**20,
         )
 
 

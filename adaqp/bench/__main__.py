@@ -6,9 +6,9 @@ import argparse
 import logging
 import sys
 
-from adaqp.bench import aggregate, cluster, modes
+from adaqp.bench import aggregate, cluster, modes, scaling
 
-BENCHMARKS = {"aggregate": aggregate, "modes": modes, "cluster": cluster}
+BENCHMARKS = {"aggregate": aggregate, "modes": modes, "cluster": cluster, "scaling": scaling}
 
 
 def main(argv: list[str] | None = None) -> int:
