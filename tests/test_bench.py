@@ -43,6 +43,7 @@ def test_aggregate_ratios_and_time_to_accuracy(runs):
     # Vanilla's final val 0.7 is reached by adaqp at epoch 2 (0.8 s) vs vanilla's 3.0 s.
     assert agg["adaqp"]["time_to_vanilla_val_s"] == pytest.approx(0.8)
     assert agg["adaqp"]["time_to_accuracy_ratio"] == pytest.approx(0.8 / 3.0)
+    assert agg["adaqp"]["runs_reaching_vanilla_val"] == 1
     assert agg["nocomm"]["time_to_vanilla_val_s"] is None
     assert agg["vanilla"]["wait_share"] == pytest.approx(0.7)
     b = agg["adaqp"]["breakdown"]
@@ -59,6 +60,7 @@ def test_table_and_plots_are_written(runs, tmp_path):
         "seeds": [0],
         "config": "c.toml",
         "overrides": ["x=1"],
+        "tta_tolerance": 0.0,
     }
     table = cluster._table("t", meta, agg)
     assert "| adaqp | 400.0 |" in table and "2.50x" in table and "n/a" in table
