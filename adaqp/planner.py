@@ -115,9 +115,6 @@ class BitWidthPlanner:
         self.forward_coef = None
         self.last_status: dict[str, str] = {}
         self.cost_model = config.cost_model
-        if self.cost_model == "auto":
-            # One host: every transfer shares its memory bus; several: each rank's NIC.
-            self.cost_model = "shared" if world.local_world_size == p else "sender"
         if config.scheme == "adaptive":
             self.forward_coef = self._forward_coefficients(propagation)
             exchanger.stats.reset()

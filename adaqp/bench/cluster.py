@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from adaqp.bench import SMALL_SYNTHETIC
 from adaqp.cluster import EmulatedCluster, LinkSpec
 
 logger = logging.getLogger(__name__)
@@ -26,17 +27,7 @@ MODES = ("vanilla", "adaqp-q", "adaqp-p", "adaqp", "nocomm")
 
 WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
     # Sized so that a 2-core machine computes an epoch in a fraction of a second.
-    "synthetic": (
-        "configs/synthetic-gcn.toml",
-        (
-            "data.synthetic.num_nodes=20000",
-            "data.synthetic.avg_degree=10",
-            "data.synthetic.feature_dim=64",
-            "data.synthetic.num_classes=8",
-            "data.synthetic.feature_noise=2.0",
-            "train.eval_every=1",
-        ),
-    ),
+    "synthetic": ("configs/synthetic-gcn.toml", (*SMALL_SYNTHETIC, "train.eval_every=1")),
     "cora": ("configs/cora-gcn.toml", ("model.layers=3", "model.hidden=256")),
 }
 

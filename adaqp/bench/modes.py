@@ -11,13 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from adaqp.bench import SMALL_SYNTHETIC, torchrun_train
 
 logger = logging.getLogger(__name__)
 
@@ -36,17 +35,7 @@ DATASETS: dict[str, tuple[str, tuple[str, ...]]] = {
     "cora": ("configs/cora-gcn.toml", ("model.layers=3", "model.hidden=256")),
     "citeseer": ("configs/citeseer-gcn.toml", ("model.layers=3", "model.hidden=256")),
     # A synthetic graph sized for a 2-core machine (the 1M-node config is for real hosts).
-    "synthetic": (
-        "configs/synthetic-gcn.toml",
-        (
-            "data.synthetic.num_nodes=20000",
-            "data.synthetic.avg_degree=10",
-            "data.synthetic.feature_dim=64",
-            "data.synthetic.num_classes=8",
-            "data.synthetic.feature_noise=2.0",
-            "train.eval_every=5",
-        ),
-    ),
+    "synthetic": ("configs/synthetic-gcn.toml", (*SMALL_SYNTHETIC, "train.eval_every=5")),
 }
 
 SUMMARY_KEYS = (
@@ -68,15 +57,7 @@ SUMMARY_KEYS = (
 def _run_one(dataset: str, variant: str, seed: int, args, out_dir: Path, part_dir: Path):
     config, overrides = DATASETS[dataset]
     run_dir = out_dir / f"{variant}-seed{seed}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(args.world_size),
-        "-m",
-        "adaqp.train",
+    train_args = [
         "--config",
         config,
         "--seed",
@@ -88,16 +69,9 @@ def _run_one(dataset: str, variant: str, seed: int, args, out_dir: Path, part_di
         *VARIANTS[variant],
     ]
     for item in (*overrides, f"partition.dir={part_dir}", "metrics.progress=false", *args.set):
-        cmd += ["--set", item]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+        train_args += ["--set", item]
     started = time.perf_counter()
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, env=env, timeout=args.timeout, check=False
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"{variant} seed {seed} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
-        )
+    torchrun_train(args.world_size, train_args, args.timeout, f"{variant} seed {seed}")
     summary = json.loads((run_dir / "summary.json").read_text())
     summary["wall_s"] = time.perf_counter() - started
     return summary

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from adaqp.bench import torchrun_train
+
 PARTITION_SCRIPT = """
 import json, resource, sys, tempfile, time
 from adaqp.datasets import SyntheticSpec, generate_synthetic
@@ -43,15 +45,7 @@ def fit_exponent(x: list[float], y: list[float]) -> float:
 
 def _training_point(world_size: int, args, runs_dir: Path) -> dict:
     out = runs_dir / f"p{world_size}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(world_size),
-        "-m",
-        "adaqp.train",
+    train_args = [
         "--config",
         "configs/synthetic-gcn.toml",
         "--mode",
@@ -60,25 +54,17 @@ def _training_point(world_size: int, args, runs_dir: Path) -> dict:
         str(args.epochs),
         "--out",
         str(out),
-        "--set",
-        f"data.synthetic.num_nodes={args.train_nodes}",
-        "--set",
-        "data.synthetic.avg_degree=20",
-        "--set",
-        "data.synthetic.feature_dim=64",
-        "--set",
-        "train.eval_every=0",
-        "--set",
-        "metrics.progress=false",
-        "--set",
-        f"partition.dir=partitions/bench-scaling-{args.train_nodes}-p{world_size}",
     ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, env=env, timeout=args.timeout, check=False
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"P={world_size} failed:\n{proc.stderr[-3000:]}")
+    for item in (
+        f"data.synthetic.num_nodes={args.train_nodes}",
+        "data.synthetic.avg_degree=20",
+        "data.synthetic.feature_dim=64",
+        "train.eval_every=0",
+        "metrics.progress=false",
+        f"partition.dir=partitions/bench-scaling-{args.train_nodes}-p{world_size}",
+    ):
+        train_args += ["--set", item]
+    torchrun_train(world_size, train_args, args.timeout, f"P={world_size}")
     s = json.loads((out / "summary.json").read_text())
     return {
         "world_size": world_size,
