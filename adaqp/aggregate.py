@@ -30,10 +30,6 @@ class SparseAdjacency:
     def shape(self) -> tuple[int, int]:
         return tuple(self.forward.shape)
 
-    @property
-    def nnz(self) -> int:
-        return int(self.forward.values().numel())
-
     @classmethod
     def from_csr(
         cls,
@@ -53,9 +49,6 @@ class SparseAdjacency:
         forward = _csr_tensor(indptr, indices, values, (num_rows, num_cols), device)
         transpose = _csr_tensor(t_indptr, rows[order], values[order], (num_cols, num_rows), device)
         return cls(forward=forward, transpose=transpose)
-
-    def to(self, device: torch.device | str) -> SparseAdjacency:
-        return SparseAdjacency(self.forward.to(device), self.transpose.to(device))
 
     def row_slice(self, start: int, stop: int) -> SparseAdjacency:
         """The [stop - start, M] block of rows start..stop (with its own transpose)."""

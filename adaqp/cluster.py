@@ -176,14 +176,6 @@ class EmulatedCluster:
             _ip("ip", "netns", "del", ns, check=False)
         self.namespaces = []
 
-    def exists(self) -> list[str]:
-        listed = _ip("ip", "netns", "list", check=False).stdout
-        return [
-            line.split()[0]
-            for line in listed.splitlines()
-            if line.split() and line.split()[0].startswith(f"aq{self.tag}-")
-        ]
-
     def launch(
         self, procs_per_host: int, train_args: list[str], log_dir: Path, timeout_s: float
     ) -> list[int]:

@@ -357,12 +357,3 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         _check(bool(sep), item, "overrides look like section.key=value")
         _set_path(tree, key.strip(), _Override(value.strip()))
     return _build(Config, tree, "")
-
-
-def replace(config: Config, **sections: dict[str, Any]) -> Config:
-    """Returns a copy with some fields of some sections changed, re-validated."""
-    changes = {}
-    for name, values in sections.items():
-        section = getattr(config, name)
-        changes[name] = dataclasses.replace(section, **values)
-    return dataclasses.replace(config, **changes)

@@ -80,8 +80,11 @@ def init_distributed(
     backend = comm.backend if comm.backend != "auto" else ("nccl" if want_cuda else "gloo")
 
     # An explicit OMP_NUM_THREADS (torchrun sets 1) wins over sharing the cores out.
-    threads = comm.threads or int(env.get("OMP_NUM_THREADS", 0)) or max(
-        1, (os.cpu_count() or 1) // max(local_world_size, 1))
+    threads = (
+        comm.threads
+        or int(env.get("OMP_NUM_THREADS", 0))
+        or max(1, (os.cpu_count() or 1) // max(local_world_size, 1))
+    )
     torch.set_num_threads(threads)
 
     if init_method is None and "MASTER_ADDR" not in env:
