@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tomllib
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from adaqp.datasets import SyntheticSpec
 
