@@ -33,6 +33,11 @@ def _entry(fn, rank: int, world_size: int, init_method: str, out_dir: str, args)
     except BaseException:
         (out / f"error-{rank}.txt").write_text(traceback.format_exc())
         raise SystemExit(1) from None
+    # As adaqp.train does: the work is done and saved; skip the interpreter teardown,
+    # which gloo's transport threads can abort.
+    from adaqp.train import exit_now
+
+    exit_now(0)
 
 
 def _spawn(fn, world_size: int, tmp_path: Path, args, timeout: float):
