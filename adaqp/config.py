@@ -154,7 +154,8 @@ class CommConfig:
     threads: int = 0
     """Intra-op threads per worker; 0: OMP_NUM_THREADS if set, else the cores shared out."""
     cache_input_halo: bool = True
-    """Fetch layer-0 halo features once at start-up (they never change; exact)."""
+    """Fetch layer-0 halo features once at start-up (they never change; exact). With
+    input dropout each worker then draws its own mask for those rows."""
     transform_first: bool = True
     """GCN: exchange h·W instead of h when that narrows the rows (exact)."""
 
