@@ -50,15 +50,16 @@ class SparseAdjacency:
         transpose = _csr_tensor(t_indptr, rows[order], values[order], (num_cols, num_rows), device)
         return cls(forward=forward, transpose=transpose)
 
-    def row_slice(self, start: int, stop: int) -> SparseAdjacency:
-        """The [stop - start, M] block of rows start..stop (with its own transpose)."""
+    def row_slice(self, start: int, stop: int, num_cols: int | None = None) -> SparseAdjacency:
+        """The block of rows start..stop (with its own transpose), [stop - start, M], or
+        [stop - start, num_cols] when those rows are known to read only the first columns."""
         crow = self.forward.crow_indices()
         lo, hi = int(crow[start]), int(crow[stop])
         indptr = (crow[start : stop + 1] - lo).cpu().numpy()
         indices = self.forward.col_indices()[lo:hi].cpu().numpy()
         values = self.forward.values()[lo:hi].cpu().numpy()
         return SparseAdjacency.from_csr(
-            indptr, indices, values, (stop - start, self.shape[1]), self.forward.device
+            indptr, indices, values, (stop - start, num_cols or self.shape[1]), self.forward.device
         )
 
 

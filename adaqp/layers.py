@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from adaqp.aggregate import SparseAdjacency, spmm
+from adaqp.aggregate import spmm
 from adaqp.comm import HaloExchanger
 from adaqp.local_graph import LocalGraph
 
@@ -83,8 +83,7 @@ class Propagation:
         if self.overlap:
             num_inner, num_central = graph.num_inner, graph.num_central
             # Central rows read only inner columns: a [C, I] block.
-            central = self.adjacency.row_slice(0, num_central)
-            self.central = _narrow_columns(central, num_inner)
+            self.central = self.adjacency.row_slice(0, num_central, num_cols=num_inner)
             self.marginal = self.adjacency.row_slice(num_central, num_inner)
 
     def __call__(self, h_RD: torch.Tensor, layer: int) -> torch.Tensor:
@@ -92,17 +91,6 @@ class Propagation:
         if self.exchanger is None or h_RD.shape[0] == graph.num_inner + graph.num_halo:
             return spmm(self.adjacency, h_RD)  # halo rows already present (or none)
         return _HaloAggregate.apply(h_RD, self, layer)
-
-
-def _narrow_columns(block: SparseAdjacency, num_cols: int) -> SparseAdjacency:
-    f = block.forward
-    return SparseAdjacency.from_csr(
-        f.crow_indices().cpu().numpy(),
-        f.col_indices().cpu().numpy(),
-        f.values().cpu().numpy(),
-        (f.shape[0], num_cols),
-        f.device,
-    )
 
 
 class GCNConv(nn.Module):

@@ -85,6 +85,11 @@ def profile_links(
     return LinkModel(alpha, beta)
 
 
+def _direction(tag: str) -> str:
+    """``forward`` for feature exchanges ("layer1/forward"), ``backward`` for gradients."""
+    return "forward" if tag.endswith("/forward") else "backward"
+
+
 class BitWidthPlanner:
     """Installs bit plans on ``exchanger`` and re-solves them every ``assign_cycle`` epochs.
 
@@ -176,7 +181,7 @@ class BitWidthPlanner:
     def _weights(self, tag: str) -> np.ndarray:
         squared, cycles, dim = self.traces[tag]
         weights = (squared / cycles) * dim / 4.0
-        if tag.endswith("/forward") and self.forward_coef is not None:  # None: random scheme
+        if _direction(tag) == "forward" and self.forward_coef is not None:  # None: random scheme
             weights = weights * self.forward_coef
         return weights.numpy()
 
@@ -189,8 +194,7 @@ class BitWidthPlanner:
             raise RuntimeError(f"rank {rank}: ranks traced different exchanges ({tags})")
         blocks = []
         for tag in tags:
-            direction = "forward" if tag.endswith("/forward") else "backward"
-            counts = self.counts[direction]
+            counts = self.counts[_direction(tag)]
             weights = torch.from_numpy(self._weights(tag))
             longest = int(counts.sum(1).max())
             padded = torch.zeros(longest, dtype=torch.float64)
@@ -199,10 +203,7 @@ class BitWidthPlanner:
             dist.gather(padded, gathered, dst=0)
             if rank == 0:
                 blocks.append(self._solve(tag, counts, gathered, epoch))
-        total = sum(
-            int(self.counts["forward" if t.endswith("/forward") else "backward"].sum())
-            for t in tags
-        )
+        total = sum(int(self.counts[_direction(t)].sum()) for t in tags)
         flat = torch.cat(blocks) if rank == 0 else torch.empty(total, dtype=torch.uint8)
         dist.broadcast(flat, src=0)
         self._install(tags, flat)
@@ -261,7 +262,7 @@ class BitWidthPlanner:
         device = self.exchanger.send_idx.device
         offset = 0
         for tag in tags:
-            counts = self.counts["forward" if tag.endswith("/forward") else "backward"]
+            counts = self.counts[_direction(tag)]
             channel = {}
             for src in range(p):
                 for dst in range(p):

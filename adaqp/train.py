@@ -28,7 +28,7 @@ from adaqp.local_graph import LocalGraph
 from adaqp.metrics import EpochRecord, RunWriter, Summary
 from adaqp.partition_format import PartitionError, check_matches, load_part, read_metadata
 from adaqp.runtime import World, init_distributed, shutdown
-from adaqp.trainer import Trainer, TrainingError, progress_enabled
+from adaqp.trainer import Trainer, TrainingError
 
 logger = logging.getLogger("adaqp.train")
 
@@ -152,7 +152,7 @@ class _Progress:
     def __init__(self, config: Config, world: World):
         self.total = config.train.epochs
         self.bar = None
-        if progress_enabled(config, world):
+        if world.is_main and config.metrics.progress and sys.stderr.isatty():
             from tqdm import tqdm
 
             self.bar = tqdm(total=self.total, desc="train", unit="epoch", dynamic_ncols=True)

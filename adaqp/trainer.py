@@ -14,7 +14,6 @@ Quantized modes send training-time halo messages at planned bit widths (see
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -61,6 +60,7 @@ class Trainer:
         mode = config.comm.mode
         distributed = world.world_size > 1
         cache_input = config.comm.cache_input_halo and distributed
+        self.cache_input = cache_input
 
         torch.manual_seed(config.train.seed)
         self.model = GNN(
@@ -337,8 +337,7 @@ class Trainer:
             bits_histogram=last.values_by_bits,
             solver_time_s=sum(r.assign_time_s for r in records),
             input_cache_bytes=self.input_cache_bytes,
-            cache_input_halo=bool(self.input_cache_bytes)
-            or (cfg.comm.cache_input_halo and self.world.world_size > 1),
+            cache_input_halo=self.cache_input,
             transform_first=cfg.comm.transform_first,
             quant_scheme=cfg.quant.scheme if cfg.comm.mode in QUANTIZED_MODES else "",
             peak_memory_mb=float(peak) / 2**20,
@@ -352,7 +351,3 @@ def _make_evaluator(info: dict[str, Any]):
     from ogb.nodeproppred import Evaluator
 
     return Evaluator(name)
-
-
-def progress_enabled(config: Config, world: World) -> bool:
-    return world.is_main and config.metrics.progress and sys.stderr.isatty()
