@@ -28,13 +28,17 @@ from typing import Any
 
 from adaqp.datasets import SyntheticSpec
 
-MODES = ("vanilla", "adaqp-q", "adaqp-p", "adaqp", "nocomm")
+MODES = ("vanilla", "adaqp-q", "adaqp-p", "adaqp", "onebit", "nocomm")
 """Training modes: full precision and synchronous (vanilla), quantized messages (adaqp-q),
-central/marginal overlap (adaqp-p), or both (adaqp). ``nocomm`` is benchmark-only: it
-skips the halo exchange (halo rows are zeros) to measure the compute-only epoch time."""
+central/marginal overlap (adaqp-p), or both (adaqp); one-bit messages under bounded
+staleness (onebit, see the staleness section). ``nocomm`` is benchmark-only: it skips the
+halo exchange (halo rows are zeros) to measure the compute-only epoch time."""
 
 QUANTIZED_MODES = ("adaqp-q", "adaqp")
+"""Modes whose widths the adaptive planner chooses."""
 OVERLAP_MODES = ("adaqp-p", "adaqp")
+PARTITION_METHODS = ("metis", "random", "contiguous")
+METIS_OBJECTIVES = ("cut", "volume")
 
 
 class ConfigError(ValueError):
@@ -87,12 +91,19 @@ class PartitionConfig:
     """Seed for METIS and the random method."""
     balance_train: bool = True
     """Balance training nodes across parts as well as nodes (METIS multi-constraint)."""
+    objective: str = "cut"
+    """METIS objective: cut (edge cut) or volume (communication volume, k-way)."""
 
     def __post_init__(self) -> None:
         _check(
-            self.method in ("metis", "random", "contiguous"),
+            self.method in PARTITION_METHODS,
             "partition.method",
-            f"must be metis, random or contiguous, not {self.method!r}",
+            f"must be one of {', '.join(PARTITION_METHODS)}, not {self.method!r}",
+        )
+        _check(
+            self.objective in METIS_OBJECTIVES,
+            "partition.objective",
+            f"must be one of {', '.join(METIS_OBJECTIVES)}, not {self.objective!r}",
         )
 
 
@@ -226,6 +237,22 @@ class QuantConfig:
 
 
 @dataclass(frozen=True)
+class StalenessConfig:
+    bound: int = 1
+    """Mode onebit: a layer may aggregate halo rows (or return gradients) whose exchange
+    started up to this many epochs ago; 0 is synchronous."""
+    bits: int = 1
+    """Mode onebit: width of every halo message (1, 2 or 4)."""
+    sync_every: int = 0
+    """Mode onebit: every this many epochs is fully synchronous (0 = never)."""
+
+    def __post_init__(self) -> None:
+        _check(self.bound >= 0, "staleness.bound", f"must be non-negative, got {self.bound}")
+        _check(self.bits in (1, 2, 4), "staleness.bits", f"must be 1, 2 or 4, got {self.bits}")
+        _check(self.sync_every >= 0, "staleness.sync_every", "must be non-negative")
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     out: str = ""
     """Output directory; empty means results/runs/<dataset>-<model>-<mode>-p<P>."""
@@ -241,6 +268,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     comm: CommConfig = field(default_factory=CommConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)
+    staleness: StalenessConfig = field(default_factory=StalenessConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def to_dict(self) -> dict[str, Any]:
