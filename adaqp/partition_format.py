@@ -3,14 +3,17 @@
 Layout of a partition directory::
 
     DIR/
-      metadata.json        everything below, human readable
+      metadata.json        everything below, human readable, checksummed
       part-00000.npz       part 0's arrays (numpy .npz, no pickled objects)
       part-00001.npz
       ...
 
 ``metadata.json`` fields:
 
-- ``format`` ("adaqp-partition") and ``format_version`` (``FORMAT_VERSION``).
+- ``format`` ("adaqp-partition") and ``format_version`` (``FORMAT_VERSION``; version 1
+  had no ``metadata_sha256`` and must be re-created).
+- ``metadata_sha256``: sha256 of the canonical JSON (sorted keys, no spaces) of every
+  other field; an edited count or edge cut is refused.
 - ``dataset``: ``spec`` (what identifies the graph: name, split seed, generator
   parameters; matched against the run's config), ``fingerprint`` (content hash of the
   input graph), ``num_nodes``, ``num_edges``, ``feature_dim``, ``num_classes``,
@@ -36,6 +39,12 @@ Arrays in ``part-NNNNN.npz`` (local ids: inner nodes 0..I-1, halo nodes I..I+H-1
   land contiguously and in order.
 - ``send_idx`` int64 [S]: local ids of inner nodes to send, peer by peer in rank order;
   ``send_counts`` int64 [P], ``recv_counts`` int64 [P] (halo rows owned by each peer).
+
+Writing never removes what this format did not write: a directory is written only if
+it is absent, empty, or holds a partition (our ``metadata.json``), and then only the
+metadata and the part files it lists are replaced. Files are written to a hidden
+sibling directory and fsync'd first; ``metadata.json`` is moved in last, so a crash
+leaves no directory that looks complete.
 """
 
 from __future__ import annotations
@@ -43,7 +52,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import secrets
 import shutil
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,8 +63,12 @@ from typing import Any
 import numpy as np
 
 FORMAT = "adaqp-partition"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 METADATA_FILE = "metadata.json"
+CHECKSUM_KEY = "metadata_sha256"
+_PART_NAME = re.compile(r"part-\d{5}\.npz")
+_LEFTOVER = re.compile(r"part-\d{5}\.npz|\..*adaqp-tmp-.*")
+"""Names a crashed write can leave behind (a staging directory, part files)."""
 
 PART_ARRAYS = {
     "global_ids": (np.int64, 1),
@@ -74,9 +90,11 @@ PART_ARRAYS = {
 }
 """Every array a part file must hold: name -> (dtype or None if free, ndim or None)."""
 
+_PART_ENTRY_KEYS = ("file", "sha256", "num_inner", "num_halo", "num_edges", "num_train", "num_send")
+
 
 class PartitionError(ValueError):
-    """A partition directory is missing, corrupt, or does not match the run."""
+    """A partition directory is missing, corrupt, unwritable, or does not match the run."""
 
 
 @dataclass
@@ -114,63 +132,215 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_partition(out_dir: Path, metadata: dict[str, Any], parts: list[dict[str, np.ndarray]]):
-    """Writes a whole partition atomically: into a sibling temp dir, then renamed.
+def metadata_checksum(meta: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of ``meta`` without its ``metadata_sha256`` field."""
+    body = {key: value for key, value in meta.items() if key != CHECKSUM_KEY}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
-    ``metadata["parts"][i]`` gains ``file`` and ``sha256``. An existing ``out_dir`` is
-    replaced only after the new one is complete.
+
+# --- writing ------------------------------------------------------------------------
+
+
+def _owned_files(out_dir: Path) -> list[Path] | None:
+    """What writing to ``out_dir`` would replace: None if absent, [] if empty, else the
+    metadata and the part files it lists.
+
+    Raises:
+        PartitionError: ``out_dir`` is not a directory, or holds files this format did
+            not write (they are never removed).
+    """
+    if not out_dir.exists():
+        if out_dir.is_symlink():
+            raise PartitionError(f"{out_dir} is a dangling symbolic link; remove it first")
+        return None
+    if not out_dir.is_dir():
+        raise PartitionError(
+            f"cannot write a partition to {out_dir}: it exists and is not a directory"
+        )
+    try:
+        names = sorted(entry.name for entry in out_dir.iterdir())
+    except OSError as exc:
+        raise PartitionError(f"cannot list {out_dir}: {exc}") from None
+    if not names:
+        return []
+    meta = _peek_metadata(out_dir / METADATA_FILE)
+    if meta is None:
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        if all(_LEFTOVER.fullmatch(name) for name in names):
+            why = "part files but no metadata (an interrupted write?)"
+        else:
+            why = "files that are not an AdaQP partition"
+        raise PartitionError(
+            f"refusing to write a partition to {out_dir}: it holds {why} ({shown}); "
+            "nothing was removed. Choose a new or empty directory, or move those files away"
+        )
+    owned = [out_dir / METADATA_FILE]
+    for entry in meta.get("parts", []):
+        name = entry.get("file") if isinstance(entry, dict) else None
+        # Only plain part files directly inside the directory: an edited list must not
+        # reach outside it.
+        if isinstance(name, str) and _PART_NAME.fullmatch(name) and (out_dir / name).is_file():
+            owned.append(out_dir / name)
+    return owned
+
+
+def _peek_metadata(path: Path) -> dict[str, Any] | None:
+    """Our metadata at ``path`` (any version, checksum unchecked), or None if not ours."""
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
+
+
+def check_target(out_dir: str | Path) -> None:
+    """Raises ``PartitionError`` unless a partition could be written to ``out_dir``.
+
+    Cheap (it creates and removes one empty directory where the files would be staged);
+    meant to run before the expensive work so that a bad ``--out`` fails at once.
     """
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    where = out_dir if _owned_files(out_dir) is not None else out_dir.parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    probe = where / f".adaqp-tmp-probe-{os.getpid()}-{secrets.token_hex(4)}"
     try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as exc:
+        raise PartitionError(
+            f"cannot write a partition to {out_dir}: cannot create files in {where} "
+            f"({exc.strerror or exc}); choose another --out / partition.dir"
+        ) from None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_synced(path: Path, write) -> None:
+    with open(path, "xb") as fh:
+        write(fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def write_partition(out_dir: Path, metadata: dict[str, Any], parts: list[dict[str, np.ndarray]]):
+    """Writes a whole partition atomically (see the module docstring).
+
+    A new directory is staged as a hidden sibling and renamed into place. An existing
+    one (empty, or holding a partition) gets the files staged inside it, on the same
+    file system, then its old metadata and listed part files removed and the new ones
+    moved in, metadata last. ``metadata["parts"][i]`` gains ``file`` and ``sha256``;
+    ``metadata`` gains ``metadata_sha256``.
+
+    Raises:
+        PartitionError: ``out_dir`` holds foreign files, is not a directory, or cannot
+            be written; nothing existing is removed in those cases.
+    """
+    out_dir = Path(out_dir)
+    owned = _owned_files(out_dir)
+    for rank, arrays in enumerate(parts):
+        missing = set(PART_ARRAYS) - set(arrays)
+        if missing:
+            raise ValueError(f"part {rank} lacks arrays {sorted(missing)}")
+    token = f"{os.getpid()}-{secrets.token_hex(4)}"
+    if owned is None:
+        stage = out_dir.with_name(f".{out_dir.name}.adaqp-tmp-{token}")
+    else:
+        stage = out_dir / f".adaqp-tmp-{token}"
+    created = False
+    try:
+        stage.parent.mkdir(parents=True, exist_ok=True)
+        stage.mkdir()
+        created = True
         for rank, arrays in enumerate(parts):
-            missing = set(PART_ARRAYS) - set(arrays)
-            if missing:
-                raise ValueError(f"part {rank} lacks arrays {sorted(missing)}")
-            path = tmp / part_file(rank)
-            np.savez(path, **arrays)
+            path = stage / part_file(rank)
+            _write_synced(path, lambda fh, a=arrays: np.savez(fh, **a))
             metadata["parts"][rank]["file"] = path.name
             metadata["parts"][rank]["sha256"] = sha256_file(path)
-        (tmp / METADATA_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
+        metadata[CHECKSUM_KEY] = metadata_checksum(metadata)
+        text = json.dumps(metadata, indent=2, sort_keys=True).encode()
+        _write_synced(stage / METADATA_FILE, lambda fh: fh.write(text))
+        _fsync_dir(stage)
+        if owned is None:
+            os.rename(stage, out_dir)
+            created = False
+            _fsync_dir(out_dir.parent)
+        else:
+            # The old metadata goes first and the new one comes last: in between the
+            # directory does not look like a partition. Files we did not write stay.
+            for path in owned:
+                path.unlink(missing_ok=True)
+            for rank in range(len(parts)):
+                os.replace(stage / part_file(rank), out_dir / part_file(rank))
+            _fsync_dir(out_dir)
+            os.replace(stage / METADATA_FILE, out_dir / METADATA_FILE)
+            _fsync_dir(out_dir)
+    except OSError as exc:
+        raise PartitionError(
+            f"cannot write a partition to {out_dir}: {exc}; choose another --out / partition.dir"
+        ) from None
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        if created:
+            shutil.rmtree(stage, ignore_errors=True)
+
+
+# --- reading ------------------------------------------------------------------------
 
 
 def read_metadata(part_dir: Path) -> dict[str, Any]:
-    """Reads and checks ``metadata.json``.
+    """Reads ``metadata.json`` and checks its format, version, checksum and fields.
 
     Raises:
-        PartitionError: the directory or file is missing, or not this format.
+        PartitionError: the directory or file is missing, edited, or not this format.
     """
     path = Path(part_dir) / METADATA_FILE
     if not path.is_file():
         raise PartitionError(f"no partition at {part_dir}: {path} is missing")
     try:
         meta = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+    except OSError as exc:
+        raise PartitionError(f"cannot read {path}: {exc}") from None
+    except ValueError as exc:
         raise PartitionError(f"{path} is not valid JSON ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise PartitionError(f"{path} is not an AdaQP partition (format field missing)")
     if meta.get("format_version") != FORMAT_VERSION:
         raise PartitionError(
             f"{path} has format version {meta.get('format_version')}, this build reads "
-            f"{FORMAT_VERSION}; re-create the partition"
+            f"{FORMAT_VERSION}; re-create the partition (python -m partition ... --out "
+            f"{part_dir} --force, or remove the directory)"
         )
-    for key in ("dataset", "params", "parts"):
+    if meta.get(CHECKSUM_KEY) != metadata_checksum(meta):
+        raise PartitionError(
+            f"{path} does not match its {CHECKSUM_KEY}: the metadata was edited or "
+            "damaged; re-create the partition (python -m partition ... --force)"
+        )
+    for key in ("dataset", "params", "parts", "edge_cut"):
         if key not in meta:
             raise PartitionError(f"{path} lacks the field {key!r}")
-    if len(meta["parts"]) != meta["params"]["num_parts"]:
-        raise PartitionError(
-            f"{path}: {len(meta['parts'])} part entries for num_parts {meta['params']['num_parts']}"
-        )
+    num_parts = meta["params"].get("num_parts")
+    if not isinstance(meta["parts"], list) or len(meta["parts"]) != num_parts:
+        raise PartitionError(f"{path}: the part entries do not match num_parts {num_parts}")
+    for rank, entry in enumerate(meta["parts"]):
+        lacking = [key for key in _PART_ENTRY_KEYS if key not in entry]
+        if lacking:
+            raise PartitionError(f"{path}: part {rank} lacks {lacking}")
+        if entry["file"] != part_file(rank):
+            raise PartitionError(f"{path}: part {rank} names the file {entry['file']!r}")
+    for count, total in (("num_inner", "num_nodes"), ("num_edges", "num_edges")):
+        added = sum(entry[count] for entry in meta["parts"])
+        if added != meta["dataset"].get(total):
+            raise PartitionError(
+                f"{path}: the parts' {count} add up to {added}, not the dataset's "
+                f"{total} {meta['dataset'].get(total)}"
+            )
     return meta
 
 
@@ -210,7 +380,7 @@ def check_matches(
 
 
 def load_part(part_dir: Path, rank: int, meta: dict[str, Any] | None = None) -> Part:
-    """Loads one part, verifying its checksum and the arrays' dtypes and shapes.
+    """Loads one part, verifying its checksum and the arrays' dtypes, shapes and ranges.
 
     Raises:
         PartitionError: the file is missing, tampered with, or inconsistent.
@@ -224,7 +394,11 @@ def load_part(part_dir: Path, rank: int, meta: dict[str, Any] | None = None) -> 
     path = part_dir / entry["file"]
     if not path.is_file():
         raise PartitionError(f"partition file {path} is missing")
-    if sha256_file(path) != entry["sha256"]:
+    try:
+        digest = sha256_file(path)
+    except OSError as exc:
+        raise PartitionError(f"cannot read {path}: {exc}") from None
+    if digest != entry["sha256"]:
         raise PartitionError(
             f"partition file {path} does not match its checksum in {METADATA_FILE}; "
             "it was modified or truncated: re-create the partition"
@@ -232,47 +406,95 @@ def load_part(part_dir: Path, rank: int, meta: dict[str, Any] | None = None) -> 
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {name: data[name] for name in data.files}
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile) as exc:
         raise PartitionError(f"cannot read {path}: {exc}") from None
-    _check_arrays(arrays, path, entry, num_parts)
+    _check_arrays(arrays, path, meta, rank)
     return Part(rank=rank, num_parts=num_parts, arrays=arrays)
 
 
-def _check_arrays(arrays: dict[str, np.ndarray], path: Path, entry: dict, num_parts: int):
-    for name, (dtype, ndim) in PART_ARRAYS.items():
+def _in_range(values: np.ndarray, low: int, high: int) -> bool:
+    return len(values) == 0 or (int(values.min()) >= low and int(values.max()) < high)
+
+
+def _check_arrays(arrays: dict[str, np.ndarray], path: Path, meta: dict[str, Any], rank: int):
+    """Checks one part's arrays against the format and the metadata; the first failure
+    raises ``PartitionError`` naming the file and the array."""
+
+    def fail(what: str):
+        raise PartitionError(f"{path} is inconsistent: {what}; re-create the partition")
+
+    dataset, entry = meta["dataset"], meta["parts"][rank]
+    num_parts = meta["params"]["num_parts"]
+    multilabel = bool(dataset.get("multilabel"))
+    expected = dict(PART_ARRAYS)
+    expected["labels"] = (np.float32, 2) if multilabel else (np.int64, 1)
+    for name, (dtype, ndim) in expected.items():
         if name not in arrays:
-            raise PartitionError(f"{path} lacks the array {name!r}")
-        if dtype is not None and arrays[name].dtype != dtype:
-            raise PartitionError(f"{path}: {name} has dtype {arrays[name].dtype}, not {dtype}")
-        if ndim is not None and arrays[name].ndim != ndim:
-            raise PartitionError(f"{path}: {name} has {arrays[name].ndim} dims, not {ndim}")
+            fail(f"it lacks the array {name!r}")
+        array = arrays[name]
+        if array.dtype != dtype:
+            fail(f"{name} has dtype {array.dtype}, not {np.dtype(dtype)}")
+        if array.ndim != ndim:
+            fail(f"{name} has {array.ndim} dims, not {ndim}")
+
     num_inner, num_halo = len(arrays["global_ids"]), len(arrays["halo_global_ids"])
-    checks = [
-        (num_inner == entry["num_inner"], "num_inner differs from metadata"),
-        (num_halo == entry["num_halo"], "num_halo differs from metadata"),
-        (len(arrays["indptr"]) == num_inner + 1, "indptr length"),
-        (int(arrays["indptr"][-1]) == len(arrays["indices"]), "indptr end"),
-        (
-            all(
-                len(arrays[k]) == num_inner
-                for k in ("features", "labels", "train_mask", "val_mask", "test_mask", "in_degree")
-            ),
-            "per-node array lengths",
-        ),
-        (len(arrays["send_counts"]) == num_parts == len(arrays["recv_counts"]), "count lengths"),
-        (int(arrays["send_counts"].sum()) == len(arrays["send_idx"]), "send_counts total"),
-        (int(arrays["recv_counts"].sum()) == num_halo, "recv_counts total"),
-        (
-            len(arrays["indices"]) == 0
-            or (arrays["indices"].min() >= 0 and arrays["indices"].max() < num_inner + num_halo),
-            "edge sources out of range",
-        ),
-        (
-            len(arrays["send_idx"]) == 0
-            or (arrays["send_idx"].min() >= 0 and arrays["send_idx"].max() < num_inner),
-            "send_idx out of range",
-        ),
-    ]
-    for ok, what in checks:
-        if not ok:
-            raise PartitionError(f"{path} is inconsistent: {what}")
+    if num_inner != entry["num_inner"]:
+        fail(f"global_ids has {num_inner} rows, the metadata says {entry['num_inner']}")
+    if num_halo != entry["num_halo"]:
+        fail(f"halo_global_ids has {num_halo} rows, the metadata says {entry['num_halo']}")
+    per_node = ("features", "labels", "train_mask", "val_mask", "test_mask", "in_degree")
+    for name in per_node:
+        if len(arrays[name]) != num_inner:
+            fail(f"{name} has {len(arrays[name])} rows for {num_inner} inner nodes")
+    for name in ("halo_owner", "halo_owner_local", "halo_degree"):
+        if len(arrays[name]) != num_halo:
+            fail(f"{name} has {len(arrays[name])} rows for {num_halo} halo nodes")
+    if arrays["features"].shape[1] != dataset["feature_dim"]:
+        fail(f"features have {arrays['features'].shape[1]} columns, not {dataset['feature_dim']}")
+    if multilabel and arrays["labels"].shape[1] != dataset["num_classes"]:
+        fail(f"labels have {arrays['labels'].shape[1]} columns, not {dataset['num_classes']}")
+    if int(arrays["train_mask"].sum()) != entry["num_train"]:
+        fail(f"train_mask holds {int(arrays['train_mask'].sum())} nodes, not {entry['num_train']}")
+
+    num_nodes = dataset["num_nodes"]
+    if (
+        not _in_range(arrays["global_ids"], 0, num_nodes)
+        or (np.diff(arrays["global_ids"]) <= 0).any()
+    ):
+        fail(f"global_ids are not ascending ids in [0, {num_nodes})")
+    if not _in_range(arrays["halo_global_ids"], 0, num_nodes):
+        fail(f"halo_global_ids out of range [0, {num_nodes})")
+
+    indptr, indices = arrays["indptr"], arrays["indices"]
+    if len(indptr) != num_inner + 1 or int(indptr[0]) != 0:
+        fail(f"indptr must have {num_inner + 1} entries starting at 0")
+    if (np.diff(indptr) < 0).any():
+        fail("indptr is not monotone (non-decreasing)")
+    if int(indptr[-1]) != len(indices) or len(indices) != entry["num_edges"]:
+        fail(
+            f"indptr ends at {int(indptr[-1])} for {len(indices)} indices, "
+            f"the metadata says {entry['num_edges']} edges"
+        )
+    if not _in_range(indices, 0, num_inner + num_halo):
+        fail(f"edge sources (indices) out of range [0, {num_inner + num_halo})")
+    if (arrays["in_degree"] < 0).any() or (arrays["halo_degree"] < 0).any():
+        fail("negative degrees")
+
+    owner, owner_local = arrays["halo_owner"], arrays["halo_owner_local"]
+    if not _in_range(owner, 0, num_parts) or (owner == rank).any() or (np.diff(owner) < 0).any():
+        fail(f"halo_owner must be sorted part ids in [0, {num_parts}) other than {rank}")
+    owner_inner = np.array([e["num_inner"] for e in meta["parts"]], dtype=np.int64)
+    if len(owner) and ((owner_local < 0).any() or (owner_local >= owner_inner[owner]).any()):
+        fail("halo_owner_local out of range of the owners' inner nodes")
+
+    send_counts, recv_counts = arrays["send_counts"], arrays["recv_counts"]
+    if len(send_counts) != num_parts or len(recv_counts) != num_parts:
+        fail(f"send_counts / recv_counts must have {num_parts} entries")
+    if (send_counts < 0).any() or int(send_counts.sum()) != len(arrays["send_idx"]):
+        fail(f"send_counts do not add up to the {len(arrays['send_idx'])} rows of send_idx")
+    if len(arrays["send_idx"]) != entry["num_send"]:
+        fail(f"send_idx has {len(arrays['send_idx'])} rows, the metadata says {entry['num_send']}")
+    if not np.array_equal(recv_counts, np.bincount(owner, minlength=num_parts)):
+        fail("recv_counts differ from the halo rows owned by each peer")
+    if not _in_range(arrays["send_idx"], 0, num_inner):
+        fail(f"send_idx out of range [0, {num_inner})")

@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         meta = ensure_partition(
             config.data, config.partition, args.num_parts, args.out, force=args.force
         )
-    except (ConfigError, PartitionError, FileNotFoundError, ValueError) as exc:
+    except (ConfigError, PartitionError, ValueError, OSError) as exc:
+        # OSError: a dataset that is not on disk and cannot be downloaded.
         print(f"error: {exc}", file=sys.stderr)
         return 2
     cut = meta["edge_cut"]

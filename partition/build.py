@@ -116,7 +116,13 @@ def make_partition(
     seed: int = 0,
     balance_train: bool = True,
 ) -> dict[str, Any]:
-    """Partitions ``graph`` and writes it to ``out_dir``; returns the metadata written."""
+    """Partitions ``graph`` and writes it to ``out_dir``; returns the metadata written.
+
+    Raises:
+        PartitionError: ``out_dir`` holds files that are not a partition, or cannot be
+            written (see ``adaqp.partition_format.write_partition``).
+    """
+    fmt.check_target(out_dir)
     start = time.perf_counter()
     parts = assign_parts(
         graph.indptr,
@@ -192,11 +198,12 @@ def ensure_partition(
 ) -> dict[str, Any]:
     """Returns the metadata of a partition matching the config, making it if absent.
 
-    An existing partition made from another dataset spec or other parameters is an
-    error (``PartitionError``) unless ``force``, which re-creates it.
+    An existing partition made from another dataset spec or other parameters, or in an
+    older format version, is an error (``PartitionError``) unless ``force``, which
+    re-creates it. A directory holding anything but a partition is never written to.
     """
     out_dir = Path(out_dir)
-    if (out_dir / fmt.METADATA_FILE).exists() and not force:
+    if (out_dir / fmt.METADATA_FILE).is_file() and not force:
         meta = fmt.read_metadata(out_dir)
         fmt.check_matches(
             meta,
@@ -209,6 +216,7 @@ def ensure_partition(
         )
         logger.info("reusing partition %s", out_dir)
         return meta
+    fmt.check_target(out_dir)  # before the dataset is loaded: a bad path fails at once
     graph = load_dataset(
         data.dataset,
         root=data.root,

@@ -176,3 +176,29 @@ def test_command_line_writes_partition_and_reports_cut(tmp_path, capsys):
         partition_main(["--dataset", "nope", "--num-parts", "2", "--out", str(tmp_path / "x")]) == 2
     )
     assert "nope" in capsys.readouterr().err
+
+
+def test_ensure_partition_never_removes_foreign_files(tmp_path):
+    out = tmp_path / "scratch"
+    (out / "sub").mkdir(parents=True)
+    (out / "notes.txt").write_text("keep")
+    config = load_config(None, ["data.dataset=cora"])
+    for force in (False, True):
+        with pytest.raises(fmt.PartitionError, match="nothing was removed"):
+            ensure_partition(config.data, config.partition, 2, out, force=force)
+        assert (out / "notes.txt").read_text() == "keep" and (out / "sub").is_dir()
+
+
+def test_ensure_partition_refuses_an_older_format_until_forced(tmp_path):
+    out = tmp_path / "parts"
+    config = load_config(None, ["data.dataset=cora"])
+    ensure_partition(config.data, config.partition, 2, out)
+    meta = json.loads((out / fmt.METADATA_FILE).read_text())
+    meta["format_version"] = 1
+    del meta[fmt.CHECKSUM_KEY]
+    (out / fmt.METADATA_FILE).write_text(json.dumps(meta))
+    with pytest.raises(fmt.PartitionError, match="format version 1.*re-create"):
+        ensure_partition(config.data, config.partition, 2, out)
+    again = ensure_partition(config.data, config.partition, 2, out, force=True)
+    assert again["format_version"] == fmt.FORMAT_VERSION
+    fmt.load_part(out, 1)
