@@ -11,18 +11,24 @@ Layout of a partition directory::
 ``metadata.json`` fields:
 
 - ``format`` ("adaqp-partition") and ``format_version`` (``FORMAT_VERSION``; version 1
-  had no ``metadata_sha256`` and must be re-created).
+  had no ``metadata_sha256`` and no ``stats`` and must be re-created).
 - ``metadata_sha256``: sha256 of the canonical JSON (sorted keys, no spaces) of every
   other field; an edited count or edge cut is refused.
 - ``dataset``: ``spec`` (what identifies the graph: name, split seed, generator
   parameters; matched against the run's config), ``fingerprint`` (content hash of the
   input graph), ``num_nodes``, ``num_edges``, ``feature_dim``, ``num_classes``,
   ``multilabel``, ``info`` (the loader's provenance record).
-- ``params``: ``method``, ``num_parts``, ``seed``, ``balance_train``.
+- ``params``: ``method``, ``num_parts``, ``seed``, ``balance_train``, ``objective``
+  (METIS objective, ``cut`` or ``volume``; absent counts as ``cut``).
 - ``edge_cut``: directed in-edges whose source lives on another part.
 - ``parts``: one entry per part: ``file``, ``sha256`` of the file, ``num_inner``,
   ``num_halo``, ``num_edges``, ``num_train``, ``num_send`` (rows sent per exchange).
 - ``balance``: max/mean of nodes, edges and training nodes per part.
+- ``stats``: what the exchange will cost: ``edge_cut``, ``edge_cut_fraction``,
+  ``halo_rows`` (halo nodes summed over parts), ``halo_rows_per_node`` (that / N),
+  ``num_central`` and ``central_fraction`` (inner nodes with no in-edge from a halo
+  node, summed over parts, and that / N), and ``parts``: per part ``edge_cut``,
+  ``num_halo``, ``num_central``, ``central_fraction``.
 - ``partition_time_s``.
 
 Arrays in ``part-NNNNN.npz`` (local ids: inner nodes 0..I-1, halo nodes I..I+H-1):
@@ -353,8 +359,13 @@ def check_matches(
     method: str,
     seed: int,
     balance_train: bool,
+    objective: str | None = None,
 ) -> None:
-    """Refuses a partition made from another graph or with other parameters."""
+    """Refuses a partition made from another graph or with other parameters.
+
+    ``objective`` None leaves the METIS objective unchecked (for callers that do not
+    know it); metadata without one counts as ``cut``.
+    """
     wanted = {
         "num_parts": num_parts,
         "method": method,
@@ -362,6 +373,9 @@ def check_matches(
         "balance_train": balance_train,
     }
     made = {key: meta["params"].get(key) for key in wanted}
+    if objective is not None:
+        wanted["objective"] = objective
+        made["objective"] = meta["params"].get("objective", "cut")
     if made["num_parts"] != num_parts:
         raise PartitionError(
             f"partition {part_dir} has {made['num_parts']} parts but the world size is "

@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from adaqp.config import ConfigError, load_config
+from adaqp.config import METIS_OBJECTIVES, PARTITION_METHODS, ConfigError, load_config
 from adaqp.partition_format import PartitionError
 from partition.build import ensure_partition
 
@@ -18,7 +18,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset", help="dataset name (overrides the config's data.dataset)")
     parser.add_argument("--num-parts", type=int, required=True, help="number of parts P")
     parser.add_argument("--out", required=True, help="partition directory to write")
-    parser.add_argument("--method", choices=("metis", "random", "contiguous"))
+    parser.add_argument("--method", choices=PARTITION_METHODS)
+    parser.add_argument(
+        "--objective",
+        choices=METIS_OBJECTIVES,
+        help="METIS objective: edge cut, or communication volume (halo rows, k-way)",
+    )
     parser.add_argument("--seed", type=int, help="METIS / random seed")
     parser.add_argument("--config", help="TOML file whose [data] and [partition] are used")
     parser.add_argument(
@@ -39,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"data.dataset={args.dataset}")
     if args.method:
         overrides.append(f"partition.method={args.method}")
+    if args.objective:
+        overrides.append(f"partition.objective={args.objective}")
     if args.seed is not None:
         overrides.append(f"partition.seed={args.seed}")
     try:
@@ -50,15 +57,30 @@ def main(argv: list[str] | None = None) -> int:
         # OSError: a dataset that is not on disk and cannot be downloaded.
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    print(_report(args.out, meta))
+    return 0
+
+
+def _report(out: str, meta: dict) -> str:
+    """The result lines: totals, then one line per part."""
     cut = meta["edge_cut"]
     edges = max(meta["dataset"]["num_edges"], 1)
     bal = meta["balance"]
-    print(
-        f"{args.out}: {meta['params']['num_parts']} parts, edge cut {cut} "
-        f"({100.0 * cut / edges:.2f}% of {edges} edges), balance nodes {bal['num_inner']:.3f} "
-        f"edges {bal['num_edges']:.3f} train {bal['num_train']:.3f}"
-    )
-    return 0
+    stats = meta["stats"]
+    params = meta["params"]
+    lines = [
+        f"{out}: {params['num_parts']} parts ({params['method']}, objective "
+        f"{params.get('objective', 'cut')}), edge cut {cut} ({100.0 * cut / edges:.2f}% of "
+        f"{edges} edges), halo rows {stats['halo_rows']} ({stats['halo_rows_per_node']:.3f} "
+        f"per node), central {100.0 * stats['central_fraction']:.1f}%, balance nodes "
+        f"{bal['num_inner']:.3f} edges {bal['num_edges']:.3f} train {bal['num_train']:.3f}"
+    ]
+    for rank, (entry, part) in enumerate(zip(meta["parts"], stats["parts"], strict=True)):
+        lines.append(
+            f"  part {rank}: {entry['num_inner']} inner, edge cut {part['edge_cut']}, "
+            f"halo rows {part['num_halo']}, central {100.0 * part['central_fraction']:.1f}%"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

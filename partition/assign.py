@@ -6,9 +6,9 @@ import logging
 
 import numpy as np
 
-logger = logging.getLogger(__name__)
+from adaqp.config import METIS_OBJECTIVES, PARTITION_METHODS
 
-METHODS = ("metis", "random", "contiguous")
+logger = logging.getLogger(__name__)
 
 
 def assign_parts(
@@ -19,6 +19,7 @@ def assign_parts(
     method: str = "metis",
     seed: int = 0,
     train_mask: np.ndarray | None = None,
+    objective: str = "cut",
 ) -> np.ndarray:
     """Assigns every node to one of ``num_parts`` parts.
 
@@ -28,11 +29,18 @@ def assign_parts(
         method: ``metis`` (min edge cut, balanced), ``random`` or ``contiguous``.
         seed: METIS / random seed.
         train_mask: bool [N]; when given, METIS also balances training nodes per part.
+        objective: METIS's objective: ``cut`` (edge cut; recursive bisection up to 8
+            parts, pymetis's default) or ``volume`` (communication volume, i.e. halo
+            rows; k-way, the only scheme where METIS offers it). Other methods ignore it.
 
     Returns:
         int64 [N] part id of each node.
     """
     num_nodes = len(indptr) - 1
+    if objective not in METIS_OBJECTIVES:
+        raise ValueError(
+            f"unknown METIS objective {objective!r}; choose one of {', '.join(METIS_OBJECTIVES)}"
+        )
     if num_parts < 1:
         raise ValueError(f"num_parts must be at least 1, got {num_parts}")
     if num_parts > num_nodes:
@@ -47,14 +55,20 @@ def assign_parts(
         rng.shuffle(parts)
         return parts
     if method == "metis":
-        return _metis(indptr, indices, num_parts, seed, train_mask)
-    raise ValueError(f"unknown partition method {method!r}; choose one of {', '.join(METHODS)}")
+        return _metis(indptr, indices, num_parts, seed, train_mask, objective)
+    raise ValueError(
+        f"unknown partition method {method!r}; choose one of {', '.join(PARTITION_METHODS)}"
+    )
 
 
-def _metis(indptr, indices, num_parts, seed, train_mask) -> np.ndarray:
+def _metis(indptr, indices, num_parts, seed, train_mask, objective) -> np.ndarray:
     import pymetis
 
     options = pymetis.Options(seed=seed)
+    recursive = None  # pymetis picks: recursive bisection up to 8 parts, else k-way
+    if objective == "volume":
+        options.objtype = 1  # METIS_OBJTYPE_VOL; METIS accepts it for k-way only
+        recursive = False
     vweights = None
     if train_mask is not None and train_mask.any():
         # Two constraints per node (1, is_train): METIS balances both totals.
@@ -62,7 +76,9 @@ def _metis(indptr, indices, num_parts, seed, train_mask) -> np.ndarray:
             [np.ones(len(train_mask), dtype=np.int64), train_mask.astype(np.int64)], axis=1
         ).ravel()
     adjacency = pymetis.CSRAdjacency(indptr.astype(np.int64), indices.astype(np.int64))
-    result = pymetis.part_graph(num_parts, adjacency, vweights=vweights, options=options)
+    result = pymetis.part_graph(
+        num_parts, adjacency, vweights=vweights, recursive=recursive, options=options
+    )
     parts = np.asarray(result.vertex_part, dtype=np.int64)
     used = np.unique(parts)
     if len(used) != num_parts:

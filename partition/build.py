@@ -106,6 +106,44 @@ def _balance(values: list[int]) -> float:
     return max(values) / mean if mean else 1.0
 
 
+def partition_stats(arrays: list[dict[str, np.ndarray]], num_edges: int) -> dict[str, Any]:
+    """What the halo exchange will cost, per part and in total (``stats`` in the metadata).
+
+    ``edge_cut`` counts in-edges from a halo source; ``halo_rows`` the rows a layer's
+    exchange delivers; ``central`` inner nodes are those with no halo in-neighbour, whose
+    aggregation can overlap the exchange.
+    """
+    per_part = []
+    for a in arrays:
+        num_inner = len(a["global_ids"])
+        remote = a["indices"] >= num_inner
+        rows = np.repeat(np.arange(num_inner, dtype=np.int64), np.diff(a["indptr"]))
+        has_halo = np.zeros(num_inner, dtype=bool)
+        has_halo[rows[remote]] = True
+        num_central = int(num_inner - has_halo.sum())
+        per_part.append(
+            {
+                "edge_cut": int(remote.sum()),
+                "num_halo": len(a["halo_global_ids"]),
+                "num_central": num_central,
+                "central_fraction": num_central / num_inner if num_inner else 1.0,
+            }
+        )
+    num_nodes = sum(len(a["global_ids"]) for a in arrays)
+    edge_cut = sum(p["edge_cut"] for p in per_part)
+    halo_rows = sum(p["num_halo"] for p in per_part)
+    num_central = sum(p["num_central"] for p in per_part)
+    return {
+        "edge_cut": edge_cut,
+        "edge_cut_fraction": edge_cut / max(num_edges, 1),
+        "halo_rows": halo_rows,
+        "halo_rows_per_node": halo_rows / max(num_nodes, 1),
+        "num_central": num_central,
+        "central_fraction": num_central / max(num_nodes, 1),
+        "parts": per_part,
+    }
+
+
 def make_partition(
     graph: GraphData,
     out_dir: str | Path,
@@ -115,6 +153,7 @@ def make_partition(
     method: str = "metis",
     seed: int = 0,
     balance_train: bool = True,
+    objective: str = "cut",
 ) -> dict[str, Any]:
     """Partitions ``graph`` and writes it to ``out_dir``; returns the metadata written.
 
@@ -131,6 +170,7 @@ def make_partition(
         method=method,
         seed=seed,
         train_mask=graph.train_mask if balance_train else None,
+        objective=objective,
     )
     arrays, edge_cut = build_parts(graph, parts)
     entries = [
@@ -161,6 +201,7 @@ def make_partition(
             "num_parts": num_parts,
             "seed": seed,
             "balance_train": balance_train,
+            "objective": objective,
         },
         "edge_cut": edge_cut,
         "balance": {
@@ -168,18 +209,23 @@ def make_partition(
             for key in ("num_inner", "num_edges", "num_train")
         },
         "parts": entries,
+        "stats": partition_stats(arrays, graph.num_edges),
         "partition_time_s": time.perf_counter() - start,
     }
     fmt.write_partition(Path(out_dir), meta, arrays)
+    stats = meta["stats"]
     logger.info(
-        "partitioned %s into %d parts with %s: edge cut %d of %d (%.1f%%), "
-        "balance nodes %.3f edges %.3f train %.3f, %.1f s",
+        "partitioned %s into %d parts with %s (%s): edge cut %d of %d (%.1f%%), halo rows "
+        "%.3f per node, central %.1f%%, balance nodes %.3f edges %.3f train %.3f, %.1f s",
         spec.get("name"),
         num_parts,
         method,
+        objective,
         edge_cut,
         graph.num_edges,
-        100.0 * edge_cut / max(graph.num_edges, 1),
+        100.0 * stats["edge_cut_fraction"],
+        stats["halo_rows_per_node"],
+        100.0 * stats["central_fraction"],
         meta["balance"]["num_inner"],
         meta["balance"]["num_edges"],
         meta["balance"]["num_train"],
@@ -213,6 +259,7 @@ def ensure_partition(
             method=part.method,
             seed=part.seed,
             balance_train=part.balance_train,
+            objective=part.objective,
         )
         logger.info("reusing partition %s", out_dir)
         return meta
@@ -232,4 +279,5 @@ def ensure_partition(
         method=part.method,
         seed=part.seed,
         balance_train=part.balance_train,
+        objective=part.objective,
     )

@@ -178,6 +178,63 @@ def test_command_line_writes_partition_and_reports_cut(tmp_path, capsys):
     assert "nope" in capsys.readouterr().err
 
 
+def test_stats_count_cut_halo_rows_and_central_nodes(graph, parted):
+    _, meta, parts = parted
+    stats = meta["stats"]
+    assert len(stats["parts"]) == len(parts)
+    for part, entry in zip(parts, stats["parts"], strict=True):
+        local = LocalGraph.from_part(part)
+        assert entry["edge_cut"] == int((part.indices >= part.num_inner).sum())
+        assert entry["num_halo"] == part.num_halo
+        # LocalGraph orders central nodes first by its own count: the two must agree.
+        assert entry["num_central"] == local.num_central
+        assert entry["central_fraction"] == pytest.approx(local.num_central / part.num_inner)
+    assert stats["edge_cut"] == meta["edge_cut"]
+    assert stats["halo_rows"] == sum(p.num_halo for p in parts)
+    assert stats["halo_rows_per_node"] == pytest.approx(stats["halo_rows"] / graph.num_nodes)
+    assert stats["central_fraction"] == pytest.approx(
+        sum(e["num_central"] for e in stats["parts"]) / graph.num_nodes
+    )
+    assert 0 < stats["central_fraction"] < 1 and stats["halo_rows"] > 0
+
+
+def test_volume_objective_reaches_metis(graph, monkeypatch):
+    import pymetis
+
+    seen = []
+    real = pymetis.part_graph
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs["options"].objtype, kwargs.get("recursive")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pymetis, "part_graph", spy)
+    for objective in ("cut", "volume"):
+        parts = assign_parts(graph.indptr, graph.indices, 4, objective=objective)
+        assert np.bincount(parts, minlength=4).max() <= 1.1 * graph.num_nodes / 4
+    # cut: METIS's default objective (-1) and pymetis's choice of scheme; volume: k-way.
+    assert seen == [(-1, None), (1, False)]
+    with pytest.raises(ValueError, match="objective"):
+        assign_parts(graph.indptr, graph.indices, 4, objective="speed")
+
+
+def test_partition_made_with_another_objective_is_not_reused(tmp_path):
+    out = tmp_path / "parts"
+    cut = load_config(None, ["data.dataset=cora"])
+    volume = load_config(None, ["data.dataset=cora", "partition.objective=volume"])
+    meta = ensure_partition(volume.data, volume.partition, 2, out)
+    assert meta["params"]["objective"] == "volume"
+    assert ensure_partition(volume.data, volume.partition, 2, out) == fmt.read_metadata(out)
+    with pytest.raises(fmt.PartitionError, match="'objective': 'volume'"):
+        ensure_partition(cut.data, cut.partition, 2, out)
+    # Metadata from before the option has no objective: it counts as cut.
+    old = {**meta, "params": {k: v for k, v in meta["params"].items() if k != "objective"}}
+    kwargs = {"spec": cut.data.spec(), "num_parts": 2, "method": "metis", "seed": 0}
+    fmt.check_matches(old, out, **kwargs, balance_train=True, objective="cut")
+    with pytest.raises(fmt.PartitionError, match="made with"):
+        fmt.check_matches(old, out, **kwargs, balance_train=True, objective="volume")
+
+
 def test_ensure_partition_never_removes_foreign_files(tmp_path):
     out = tmp_path / "scratch"
     (out / "sub").mkdir(parents=True)
@@ -202,3 +259,33 @@ def test_ensure_partition_refuses_an_older_format_until_forced(tmp_path):
     again = ensure_partition(config.data, config.partition, 2, out, force=True)
     assert again["format_version"] == fmt.FORMAT_VERSION
     fmt.load_part(out, 1)
+
+
+def test_command_line_objective_stats_and_refusals(tmp_path, capsys):
+    out = tmp_path / "cora4"
+    args = ["--dataset", "cora", "--num-parts", "4", "--out", str(out)]
+    assert partition_main([*args, "--objective", "volume"]) == 0
+    printed = capsys.readouterr().out
+    meta = fmt.read_metadata(out)
+    assert meta["params"]["objective"] == "volume"
+    assert "objective volume" in printed and "halo rows" in printed and "central" in printed
+    assert printed.count("  part ") == 4
+    assert f"halo rows {meta['stats']['halo_rows']} " in printed
+    # Another objective on the same directory is refused, not silently reused.
+    assert partition_main(args) == 2
+    assert "objective" in capsys.readouterr().err
+    scratch = tmp_path / "scratch"
+    (scratch / "sub").mkdir(parents=True)
+    (scratch / "notes.txt").write_text("keep")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for bad, says in [
+        (scratch, "not an AdaQP partition"),
+        (afile, "not a directory"),
+        (afile / "parts", "cannot write a partition"),
+    ]:
+        bad_args = ["--dataset", "cora", "--num-parts", "2", "--out", str(bad)]
+        assert partition_main([*bad_args, "--force"]) == 2
+        assert says in capsys.readouterr().err
+    assert (scratch / "notes.txt").read_text() == "keep" and (scratch / "sub").is_dir()
+    assert afile.read_text() == "x"
