@@ -1,10 +1,15 @@
 """Entry point: ``torchrun --nproc-per-node P -m adaqp.train --config FILE [flags]``.
 
-Flags: ``--config FILE``, ``--mode NAME``, ``--epochs N``, ``--seed N``, ``--out DIR`` and
-repeatable ``--set section.key=value``. Rank 0 partitions the graph if the partition
-directory is missing while the others wait; each rank then loads only its own part.
-Rank 0 writes ``config.json``, ``metrics.jsonl`` and ``summary.json`` to the output
-directory and prints a one-line result.
+Flags: ``--config FILE``, ``--mode NAME``, ``--epochs N``, ``--seed N``, ``--out DIR``,
+repeatable ``--set section.key=value``, and ``--overwrite`` or ``--resume``.
+
+Before anything else rank 0 claims the output directory (``adaqp.rundir``: a lock, and a
+refusal if it holds a finished or running run) while the others check they could write
+it; all ranks agree on the outcome through one all-reduce. Rank 0 then partitions the
+graph if the partition directory is missing while the others wait; each rank then loads
+only its own part. Rank 0 writes ``status.json``, ``config.json``, ``metrics.jsonl`` and,
+once training is done, ``summary.json`` to the output directory and prints a one-line
+result. Exit codes: 0 success, 1 a failed run, 2 a usage or config error, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -27,6 +33,7 @@ from adaqp.config import Config, ConfigError, load_config
 from adaqp.local_graph import LocalGraph
 from adaqp.metrics import EpochRecord, RunWriter, Summary
 from adaqp.partition_format import PartitionError, check_matches, load_part, read_metadata
+from adaqp.rundir import Problem, RunDir, RunDirError, check_writable
 from adaqp.runtime import World, init_distributed, shutdown
 from adaqp.trainer import Trainer, TrainingError
 
@@ -40,6 +47,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, help="training epochs")
     parser.add_argument("--seed", type=int, help="seed for weights and dropout")
     parser.add_argument("--out", help="output directory for config/metrics/summary")
+    existing = parser.add_mutually_exclusive_group()
+    existing.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start fresh in an --out that holds a finished run (removes only its run files)",
+    )
+    existing.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its checkpoint",
+    )
     parser.add_argument(
         "--set",
         action="append",
@@ -80,6 +98,47 @@ def output_dir(config: Config, world_size: int) -> Path:
     return Path("results") / "runs" / name
 
 
+def claim_output(out: Path, world: World, overwrite: bool, resume: bool) -> RunDir | None:
+    """Rank 0 claims ``out`` (``RunDir.claim``); the others check it (``check_writable``).
+
+    Every rank learns every verdict from one all-reduce, before partitioning or any other
+    collective work: all ranks then stop together with an error naming the problem,
+    instead of waiting on rank 0 until the process-group timeout. Returns the claimed
+    directory on rank 0, None elsewhere.
+    """
+    run_dir: RunDir | None = None
+    error: RunDirError | None = None
+    try:
+        if world.is_main:
+            run_dir = RunDir.claim(out, overwrite=overwrite, resume=resume)
+        else:
+            check_writable(out)
+    except RunDirError as exc:  # re-raised below, once the others know
+        error = exc
+    problems = torch.zeros(world.world_size, device=world.device)
+    if error is not None:
+        problems[world.rank] = float(error.problem)
+    try:
+        dist.all_reduce(problems)
+        if error is not None:
+            raise error
+        failed = [(rank, int(code)) for rank, code in enumerate(problems.tolist()) if code]
+        if failed:
+            raise RunDirError(
+                Problem(failed[0][1]),
+                "; ".join(
+                    f"{Problem(code).describe(out)} (found by rank {rank}; see its log)"
+                    for rank, code in failed
+                ),
+            )
+    except BaseException as exc:
+        if run_dir is not None:  # claimed, but the run will not start
+            run_dir.end(exc)
+            run_dir.close()
+        raise
+    return run_dir
+
+
 def prepare_partition(config: Config, world: World, part_dir: Path) -> dict:
     """Rank 0 makes the partition if needed; every rank then checks it matches the run."""
     error: Exception | None = None
@@ -91,7 +150,7 @@ def prepare_partition(config: Config, world: World, part_dir: Path) -> dict:
         except Exception as exc:  # re-raised below, once the others know
             error = exc
     # The others wait here (bounded by the process-group timeout) while rank 0 works.
-    failed = torch.tensor([float(error is not None)])
+    failed = torch.tensor([float(error is not None)], device=world.device)
     dist.all_reduce(failed)
     if error is not None:
         raise error
@@ -115,15 +174,24 @@ def run(
     init_method: str | None = None,
     rank: int | None = None,
     world_size: int | None = None,
+    *,
+    overwrite: bool = False,
+    resume: bool = False,
 ) -> Summary:
-    """Runs one training job on this process's rank; returns its summary."""
+    """Runs one training job on this process's rank; returns its summary.
+
+    ``overwrite`` and ``resume`` say what to do with a finished run in the output
+    directory (see ``adaqp.rundir``); without either it is refused.
+    """
     world = init_distributed(config.comm, init_method, rank, world_size)
+    run_dir: RunDir | None = None
     try:
+        out = output_dir(config, world.world_size)
+        run_dir = claim_output(out, world, overwrite, resume)
         part_dir = partition_dir(config, world.world_size)
         meta = prepare_partition(config, world, part_dir)
         graph = LocalGraph.from_part(load_part(part_dir, world.rank, meta), world.device)
         trainer = Trainer(config, graph, meta, world)
-        out = output_dir(config, world.world_size)
         writer = RunWriter(out, enabled=world.is_main)
         writer.write_config(
             {**config.to_dict(), "world_size": world.world_size, "partition_dir": str(part_dir)}
@@ -137,12 +205,19 @@ def run(
                 bar.close()
         summary = dataclasses.replace(summary, partition_dir=str(part_dir))
         writer.write_summary(summary)
-    except BaseException:
+        if run_dir is not None:
+            run_dir.end()
+    except BaseException as exc:
+        if run_dir is not None:
+            run_dir.end(exc)  # "failed" or "interrupted": the partial output says so
+            run_dir.close()
         shutdown(barrier=False)  # a failing rank must not wait for healthy peers
         raise
     del trainer, graph
     gc.collect()  # release collective buffers and handles before the group goes away
     shutdown()
+    if run_dir is not None:
+        run_dir.close()
     return summary
 
 
@@ -196,18 +271,36 @@ def setup_logging(rank: int) -> None:
     )
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    # torchrun stops its workers with SIGTERM (on Ctrl-C too): unwind as Ctrl-C does, so
+    # that the run's status says "interrupted".
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
     setup_logging(int(os.environ.get("RANK", 0)))
+    signal.signal(signal.SIGTERM, _interrupt)
+    args = parse_args(argv)
     try:
-        config = config_from_args(parse_args(argv))
+        config = config_from_args(args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        summary = run(config)
-    except (PartitionError, FileNotFoundError, ValueError, TrainingError, ExchangeError) as exc:
+        summary = run(config, overwrite=args.overwrite, resume=args.resume)
+    except (
+        RunDirError,
+        PartitionError,
+        FileNotFoundError,
+        ValueError,
+        TrainingError,
+        ExchangeError,
+    ) as exc:
         logger.error("%s", exc)
         return 1
+    except KeyboardInterrupt as exc:
+        logger.error("interrupted (%s)", str(exc) or "SIGINT")
+        return 130
     if int(os.environ.get("RANK", 0)) == 0:
         print(
             f"{summary.dataset} {summary.model} {summary.mode} P={summary.world_size}: "

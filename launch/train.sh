@@ -4,6 +4,10 @@
 #   bash launch/train.sh [CONFIG] [train flags...]
 #   NPROC=4 bash launch/train.sh configs/cora-gcn.toml --mode vanilla --epochs 200
 #
+# Without --out the run goes to adaqp.train's default directory and replaces the run
+# there (--overwrite), as repeated launches always have; with --out, --overwrite or
+# --resume, adaqp.train refuses to replace a finished run unless told to.
+#
 # Multi-node: run the same command on every host with NNODES, NODE_RANK, MASTER_ADDR
 # (host 0's address) and MASTER_PORT set; GLOO_SOCKET_IFNAME names the network interface.
 set -euo pipefail
@@ -28,5 +32,14 @@ else
   rdzv=(--nnodes "$NNODES" --node-rank "$NODE_RANK" --rdzv-backend c10d
         --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "${RDZV_ID:-adaqp}")
 fi
+# Only the default directory is replaced: an --out chosen on the command line or in the
+# config file ([metrics] out, the only key named out) keeps adaqp.train's protection.
+replace=(--overwrite)
+if grep -qsE '^[[:space:]]*out[[:space:]]*=' "$CONFIG"; then replace=(); fi
+for arg in "$@"; do
+  case "$arg" in
+    --out | --out=* | metrics.out=* | --set=metrics.out=* | --overwrite | --resume) replace=() ;;
+  esac
+done
 exec "$PY" -m torch.distributed.run "${rdzv[@]}" --nproc-per-node "$NPROC" \
-  -m adaqp.train --config "$CONFIG" "$@"
+  -m adaqp.train --config "$CONFIG" "${replace[@]}" "$@"

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -215,3 +217,124 @@ def test_dead_peer_fails_fast_naming_rank_and_epoch(tmp_path):
     make_partition(load_dataset("cora"), parts, num_parts=2, spec=config.data.spec())
     tracebacks = expect_worker_failure(_dies_after_one_step, 2, tmp_path, str(parts), timeout=90)
     assert "rank 0" in tracebacks[0] and "epoch 1" in tracebacks[0], tracebacks[0]
+
+
+def _train(out: Path, parts: Path, *flags: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "adaqp.train",
+        "--config",
+        str(ROOT / "configs/cora-gcn.toml"),
+        "--out",
+        str(out),
+        "--set",
+        f"partition.dir={parts}",
+        "--set",
+        "metrics.progress=false",
+        *flags,
+    ]
+
+
+def test_finished_out_is_refused_unless_overwrite(tmp_path):
+    out, parts = tmp_path / "run", tmp_path / "p"
+    assert _run(_train(out, parts, "--epochs", "2"), cwd=tmp_path).returncode == 0
+    first = (out / "summary.json").read_text()
+
+    again = _run(_train(out, parts, "--epochs", "3"), cwd=tmp_path)
+    assert again.returncode == 1, again.stderr
+    assert "holds a finished run" in again.stderr and "--overwrite" in again.stderr
+    assert (out / "summary.json").read_text() == first
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+
+    resume = _run(_train(out, parts, "--resume"), cwd=tmp_path)
+    assert resume.returncode == 1
+    assert "no checkpoint to resume from" in resume.stderr
+    both = _run(_train(out, parts, "--resume", "--overwrite"), cwd=tmp_path)
+    assert both.returncode == 2 and "not allowed with" in both.stderr
+    assert (out / "summary.json").read_text() == first
+
+    fresh = _run(_train(out, parts, "--epochs", "3", "--overwrite"), cwd=tmp_path)
+    assert fresh.returncode == 0, fresh.stderr
+    assert json.loads((out / "summary.json").read_text())["epochs"] == 3
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
+    assert json.loads((out / "status.json").read_text())["status"] == "complete"
+
+
+def test_failed_run_says_so_and_leaves_no_summary(tmp_path):
+    out = tmp_path / "run"
+    args = _train(out, tmp_path / "p", "--epochs", "1", "--set", "data.dataset=npz")
+    proc = _run([*args, "--set", f"data.path={tmp_path / 'absent.npz'}"], cwd=tmp_path)
+    assert proc.returncode == 1
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "failed" and "absent.npz" in status["error"], status
+    assert not (out / "summary.json").exists()
+
+
+def _wait_for(predicate, what: str, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_second_run_into_a_running_out_is_refused_and_interrupt_is_recorded(tmp_path):
+    out, parts = tmp_path / "run", tmp_path / "p"
+    out.mkdir()
+    (out / "summary.json").write_text('{"test_acc": 0.5}\n')  # an old, finished run
+    first = subprocess.Popen(
+        _train(out, parts, "--epochs", "100000", "--overwrite"),
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        metrics = out / "metrics.jsonl"
+        _wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, "the first run")
+        assert not (out / "summary.json").exists()  # gone before training, not after
+
+        second = _run(_train(out, parts, "--epochs", "3", "--overwrite"), cwd=tmp_path)
+        assert second.returncode == 1, second.stderr
+        assert "in use by another run" in second.stderr, second.stderr
+
+        first.send_signal(signal.SIGINT)  # Ctrl-C
+        _, stderr = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first.returncode == 130, stderr
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "interrupted", status
+    assert not (out / "summary.json").exists()
+    assert json.loads((out / "config.json").read_text())["train"]["epochs"] == 100000
+    epochs = [json.loads(line)["epoch"] for line in metrics.read_text().splitlines()]
+    assert epochs == list(range(1, len(epochs) + 1))  # one writer only
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case", ["file", "finished"])
+def test_refused_out_stops_every_rank_before_partitioning(tmp_path, case):
+    """Rank 1 learns rank 0's verdict at once (not after the 600 s collective timeout)."""
+    if case == "file":
+        out = tmp_path / "a-file"
+        out.write_text("")
+        expected = ["a-file exists and is not a directory"] * 2
+    else:
+        out = tmp_path / "run"
+        out.mkdir()
+        (out / "summary.json").write_text("{}\n")
+        expected = ["holds a finished run (summary.json)", "found by rank 0"]
+    parts = tmp_path / "p"
+    args = _train(out, parts, "--epochs", "3")[3:]  # the flags after "-m adaqp.train"
+    started = time.monotonic()
+    proc = _run(_torchrun(2) + args, cwd=tmp_path, timeout=300)
+    assert proc.returncode != 0
+    assert time.monotonic() - started < 300
+    log = proc.stdout + proc.stderr
+    for rank, text in enumerate(expected):
+        errors = [ln for ln in log.splitlines() if f"[rank {rank}] ERROR adaqp.train" in ln]
+        assert errors and text in errors[0], log
+    assert not parts.exists()  # refused before partitioning
