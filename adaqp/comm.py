@@ -1,74 +1,113 @@
-"""Halo exchange transport: one uneven ``all_to_all_single`` per layer and direction.
+"""Halo exchange transport: one uneven ``all_to_all_single`` per exchange.
 
-``start`` launches an exchange asynchronously and returns a handle; ``wait`` on the
-handle blocks until the rows land (and dequantizes them). Forward sends inner rows to
-the peers that hold them as halo; backward returns the halo rows' gradients to their
-owners. Every wait is bounded by ``timeout_s`` and fails with the rank and the step.
+The transport only moves rows. ``start(rows, key, plan)`` launches an exchange
+asynchronously and returns a handle; ``handle.wait()`` blocks until the rows land (and
+dequantizes them). The handle carries its own bytes and timings; nothing else writes
+them. Which plan a key gets, what is traced, and whether a layer waits at all is decided
+by an exchange policy (``adaqp/policy.py``), not here.
 
-Each exchange is named by a tag (``"layer1/forward"``). When quantization is on and a
-``BitPlan`` exists for the tag, every row travels at its planned width: each peer gets one
-uint8 buffer laid out by ``quant.quantize_mixed`` (float32 row min/max, then packed codes);
+A forward exchange sends the inner rows listed in ``send_idx`` (already gathered by the
+caller, ``[S, D]``) and receives the halo rows ``[H, D]``; a backward exchange returns the
+halo rows' gradients ``[H, D]`` to their owners and receives ``[S, D]`` gradient rows
+aligned with ``send_idx``. Every rank joins every exchange, also one with nothing to send
+or receive: a collective that one rank skipped would leave its peers waiting.
+
+With a ``BitPlan`` every row travels at its planned width: each peer gets one uint8
+buffer laid out by ``quant.quantize_mixed`` (float32 row min/max, then packed codes);
 sender and receiver know the widths, so no header travels. Without a plan, rows travel
-as float32.
+as float32. Every wait is bounded by ``timeout_s`` and fails naming the rank and the step.
 
-Shapes: I inner rows, H halo rows, S rows sent, D features, R rows in one direction.
+Shapes: S rows sent in forward, H halo rows, D features, R rows in one direction.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
-from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from adaqp.metrics import FULL_PRECISION_BITS
 from adaqp.quant import dequantize_mixed, mixed_buffer_bytes, quantize_mixed
 
 logger = logging.getLogger(__name__)
-
-FULL_PRECISION_BITS = 32
 
 
 class ExchangeError(RuntimeError):
     """A halo exchange failed or timed out; names the rank and the step."""
 
 
-@dataclass
-class ExchangeStats:
-    """Counters for one epoch (reset by the trainer)."""
+class Direction(enum.Enum):
+    FORWARD = "forward"
+    """Inner rows to the peers that hold them as halo."""
+    BACKWARD = "backward"
+    """Halo rows' gradients back to their owners."""
+    INPUT_CACHE = "input-cache"
+    """Layer-0 input rows, fetched once at start-up (forward layout)."""
+    SETUP = "set-up"
+    """Start-up statistics from receivers to senders (backward layout)."""
 
-    bytes_sent: int = 0
-    """Payload plus metadata bytes this rank sent."""
-    exchange_s: float = 0.0
-    """Wall time from each launch (payload ready) to the end of its wait."""
-    wait_s: float = 0.0
-    """Time blocked in the collective calls, launch and wait: exchange time not hidden."""
-    quant_s: float = 0.0
-    dequant_s: float = 0.0
-    calls: int = 0
-    bytes_by_tag: dict[str, int] = field(default_factory=dict)
-    values_by_bits: Counter = field(default_factory=Counter)
-    """Transmitted values (rows x D) by width; 32 for float32 rows."""
-
-    def reset(self) -> None:
-        self.bytes_sent, self.exchange_s, self.wait_s, self.calls = 0, 0.0, 0.0, 0
-        self.quant_s, self.dequant_s = 0.0, 0.0
-        self.bytes_by_tag = {}
-        self.values_by_bits = Counter()
+    @property
+    def sends_inner(self) -> bool:
+        """True when the rows sent are inner rows (forward layout)."""
+        return self in (Direction.FORWARD, Direction.INPUT_CACHE)
 
 
-@dataclass
+@dataclass(frozen=True)
+class ExchangeKey:
+    """Names one exchange: a layer and a direction."""
+
+    layer: int
+    direction: Direction
+
+    def __str__(self) -> str:
+        """The name used in metrics (``layer1/forward``)."""
+        return f"layer{self.layer}/{self.direction.value}"
+
+    @classmethod
+    def parse(cls, name: str) -> ExchangeKey:
+        """The inverse of ``str(key)``, for reading saved state."""
+        layer, _, direction = name.partition("/")
+        if not layer.startswith("layer") or not layer[5:].isdigit():
+            raise ValueError(f"not an exchange name: {name!r}")
+        return cls(int(layer[5:]), Direction(direction))
+
+    @classmethod
+    def forward(cls, layer: int) -> ExchangeKey:
+        return cls(layer, Direction.FORWARD)
+
+    @classmethod
+    def backward(cls, layer: int) -> ExchangeKey:
+        return cls(layer, Direction.BACKWARD)
+
+
+INPUT_CACHE_KEY = ExchangeKey(0, Direction.INPUT_CACHE)
+SETUP_KEY = ExchangeKey(0, Direction.SETUP)
+
+
+@dataclass(frozen=True)
 class BitPlan:
-    """Per-row widths of one tagged exchange, in this rank's send and receive order."""
+    """Per-row widths of one exchange, in this rank's send and receive order."""
 
     out_bits: torch.Tensor
     """int8 [R_out]: width of each row this rank sends (peer segments in rank order)."""
     in_bits: torch.Tensor
     """int8 [R_in]: width of each row this rank receives (peer segments in rank order)."""
-    _splits: dict[int, tuple[list[int], list[int]]] = field(default_factory=dict)
+    _splits: dict[int, tuple[list[int], list[int]]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    @classmethod
+    def uniform(cls, bits: int, out_rows: int, in_rows: int, device) -> BitPlan:
+        return cls(
+            torch.full((out_rows,), bits, dtype=torch.int8, device=device),
+            torch.full((in_rows,), bits, dtype=torch.int8, device=device),
+        )
 
     def byte_splits(self, dim: int, out_counts: list[int], in_counts: list[int]):
         """Bytes sent to and received from each peer for rows of width ``dim`` (cached)."""
@@ -79,130 +118,202 @@ class BitPlan:
             )
         return self._splits[dim]
 
+    def values_by_bits(self, dim: int) -> dict[int, int]:
+        """Values this rank sends, by width."""
+        widths, counts = torch.unique(self.out_bits, return_counts=True)
+        return {int(b): int(c) * dim for b, c in zip(widths, counts, strict=True)}
+
 
 def _segment_bytes(bits: torch.Tensor, counts: list[int], dim: int) -> list[int]:
     return [mixed_buffer_bytes(seg, dim) for seg in torch.split(bits, counts)]
 
 
 class PendingExchange:
-    """Handle of an exchange in flight; ``wait()`` returns the received rows [R_in, D]."""
+    """Handle of one exchange in flight; ``wait()`` returns the received rows [R_in, D].
+
+    Read-only figures: ``bytes_sent`` and ``values_by_bits`` (known at launch),
+    ``quant_s`` and ``launch_s`` (time to quantize and to launch), and once waited
+    ``wait_s`` (blocked in ``wait``), ``exchange_s`` (payload ready to landing) and
+    ``dequant_s``.
+    """
 
     def __init__(
         self,
-        exchanger: HaloExchanger,
+        transport: HaloTransport,
+        key: ExchangeKey,
         work,
         recv: torch.Tensor,
-        tag: str,
-        start: float,
-        decode=None,
+        *,
+        bytes_sent: int,
+        values_by_bits: dict[int, int],
+        quant_s: float = 0.0,
+        launch_s: float = 0.0,
+        decode: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        ready_at: float = 0.0,
     ):
-        self._exchanger = exchanger
+        self._transport = transport
+        self._key = key
         self._work = work
         self._recv = recv
-        self._tag = tag
-        self._start = start
         self._decode = decode
+        self._bytes_sent = bytes_sent
+        self._values_by_bits = values_by_bits
+        self._quant_s = quant_s
+        self._launch_s = launch_s
+        self._started = time.perf_counter() - launch_s
+        self._ready_at = ready_at
+        self._rows: torch.Tensor | None = None
+        self._wait_s = self._exchange_s = self._dequant_s = 0.0
+
+    key = property(lambda self: self._key)
+    bytes_sent = property(lambda self: self._bytes_sent)
+    values_by_bits = property(lambda self: dict(self._values_by_bits))
+    quant_s = property(lambda self: self._quant_s)
+    launch_s = property(lambda self: self._launch_s)
+    wait_s = property(lambda self: self._wait_s)
+    exchange_s = property(lambda self: self._exchange_s)
+    dequant_s = property(lambda self: self._dequant_s)
+
+    @property
+    def waited(self) -> bool:
+        return self._rows is not None
+
+    def is_completed(self) -> bool:
+        """True once the rows have landed (``wait`` would not block)."""
+        if self._rows is not None:
+            return True
+        if time.perf_counter() < self._ready_at:
+            return False
+        return self._work is None or self._work.is_completed()
 
     def wait(self) -> torch.Tensor:
-        ex = self._exchanger
+        """Blocks until the rows land; returns them (the same tensor on every call)."""
+        if self._rows is not None:
+            return self._rows
         began = time.perf_counter()
-        if self._work is not None:
-            try:
-                self._work.wait(timeout=timedelta(seconds=ex.timeout_s))
-            except Exception as exc:  # gloo/nccl raise RuntimeError subclasses
-                raise ExchangeError(
-                    f"rank {ex.rank}: halo exchange {self._tag} at {ex.step} failed or timed "
-                    f"out after {ex.timeout_s:.0f}s (is a peer dead?): {exc}"
-                ) from exc
-            self._work = None  # no collective handle may outlive the process group
+        self._finish()
         landed = time.perf_counter()
-        ex.stats.wait_s += landed - began
-        ex.stats.exchange_s += landed - self._start
+        self._wait_s = landed - began
+        self._exchange_s = landed - self._started
         if self._decode is None:
-            return self._recv
-        rows = self._decode(self._recv)
-        ex.stats.dequant_s += time.perf_counter() - landed
-        return rows
+            self._rows = self._recv
+        else:
+            self._rows = self._decode(self._recv)
+            self._dequant_s = time.perf_counter() - landed
+        self._recv = self._decode = None
+        return self._rows
+
+    def release(self) -> None:
+        """Blocks until the exchange has landed and drops its rows unread."""
+        if self._rows is None:
+            self._finish()
+            self._recv = self._decode = None
+
+    def release_if_landed(self) -> bool:
+        """``release()`` if that would not block; returns whether it did."""
+        if not self.is_completed():
+            return False
+        self.release()
+        return True
+
+    def _finish(self) -> None:
+        delay = self._ready_at - time.perf_counter()
+        if delay > 0:  # the test-only delay of a slow link
+            time.sleep(delay)
+        if self._work is None:
+            return
+        t = self._transport
+        try:
+            self._work.wait(timeout=timedelta(seconds=t.timeout_s))
+        except Exception as exc:  # gloo/nccl raise RuntimeError subclasses
+            raise ExchangeError(
+                f"rank {t.rank}: halo exchange {self._key} at {t.step} failed or timed "
+                f"out after {t.timeout_s:.0f}s (is a peer dead?): {exc}"
+            ) from exc
+        self._work = None  # no collective handle may outlive the process group
 
 
-class HaloExchanger:
+class HaloTransport:
     """Moves halo rows between the ranks of ``group`` according to a partition's lists.
 
     Args:
         rank: this worker's rank (for messages).
-        send_idx: int64 [S] local inner ids to send, peer by peer in rank order.
-        send_counts: rows sent to each peer, length P.
+        send_counts: forward rows sent to each peer, length P.
         recv_counts: halo rows received from each peer, length P.
         timeout_s: bound on every wait.
         group: process group (default: the world).
         seed: seed of the stochastic rounding (offset by rank).
+        device: where quantization buffers live.
+        delay_s: test-only: every exchange lands no earlier than this many seconds after
+            it starts (emulates a slow link on this rank).
     """
 
     def __init__(
         self,
         rank: int,
-        send_idx: torch.Tensor,
         send_counts: list[int],
         recv_counts: list[int],
         timeout_s: float = 600.0,
         group: dist.ProcessGroup | None = None,
         seed: int = 0,
+        device: torch.device | str = "cpu",
+        delay_s: float = 0.0,
     ):
         self.rank = rank
-        self.send_idx = send_idx
         self.send_counts = list(send_counts)
         self.recv_counts = list(recv_counts)
-        self.num_halo = sum(self.recv_counts)
         self.timeout_s = timeout_s
         self.group = group
-        self.stats = ExchangeStats()
+        self.delay_s = delay_s
         self.step = "set-up"
-        """Where training is (e.g. "epoch 3"); set by the trainer, quoted in errors."""
-        self.quantize = False
-        """Use the bit plans (training steps of quantized modes); off = float32."""
-        self.plans: dict[str, BitPlan] = {}
-        self.default_plan = None
-        """Callable (tag, out_rows, in_rows) -> BitPlan for tags without a plan, or None."""
-        self.tracer = None
-        """Callable (tag, rows_RD) seeing every outgoing row block while tracing, or None."""
-        self.generator = torch.Generator(device=send_idx.device)
+        """Where training is (e.g. "epoch 3"), quoted in errors; set through ``at``."""
+        self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed * 1_000_003 + rank)
 
-    def start(self, h_ID: torch.Tensor, tag: str = "forward") -> PendingExchange:
-        """Sends this rank's rows to the peers; ``wait()`` gives the halo rows [H, D]."""
-        rows = h_ID.index_select(0, self.send_idx)
-        return self._exchange(rows, self.send_counts, self.recv_counts, tag)
+    def at(self, step: str) -> None:
+        """Names the step that errors quote from now on."""
+        self.step = step
 
-    def start_grad(self, grad_HD: torch.Tensor, tag: str = "backward") -> PendingExchange:
-        """Returns halo gradients to their owners; ``wait()`` gives [S, D] gradient rows
-        aligned with ``send_idx`` (to be summed into the inner rows)."""
-        return self._exchange(grad_HD.contiguous(), self.recv_counts, self.send_counts, tag)
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The stochastic rounding's generator state (for checkpoints)."""
+        return {"generator": self.generator.get_state()}
 
-    def plan_for(self, tag: str, out_rows: int, in_rows: int) -> BitPlan | None:
-        if not self.quantize:
-            return None
-        plan = self.plans.get(tag)
-        if plan is None and self.default_plan is not None:
-            plan = self.plans[tag] = self.default_plan(tag, out_rows, in_rows)
-        return plan
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.generator.set_state(state["generator"])
 
-    def _exchange(self, rows_RD, out_counts, in_counts, tag) -> PendingExchange:
-        dim = rows_RD.shape[1]
-        in_rows = sum(in_counts)
-        if self.tracer is not None:
-            self.tracer(tag, rows_RD)
-        plan = self.plan_for(tag, rows_RD.shape[0], in_rows)
-        start = time.perf_counter()
+    def counts(self, key: ExchangeKey) -> tuple[list[int], list[int]]:
+        """(rows out per peer, rows in per peer) of an exchange in ``key``'s direction."""
+        if key.direction.sends_inner:
+            return self.send_counts, self.recv_counts
+        return self.recv_counts, self.send_counts
+
+    def start(
+        self, rows_RD: torch.Tensor, key: ExchangeKey, plan: BitPlan | None = None
+    ) -> PendingExchange:
+        """Sends ``rows_RD`` (peer segments in rank order) and returns the handle."""
+        out_counts, in_counts = self.counts(key)
+        if rows_RD.shape[0] != sum(out_counts):
+            raise ValueError(
+                f"rank {self.rank}: {key} sends {sum(out_counts)} rows, got {rows_RD.shape[0]}"
+            )
+        rows_RD = rows_RD.contiguous()
+        dim, in_rows = rows_RD.shape[1], sum(in_counts)
         if plan is None:
             recv = rows_RD.new_empty((in_rows, dim))
-            self._count(
-                tag,
-                rows_RD.numel() * rows_RD.element_size(),
-                {FULL_PRECISION_BITS: rows_RD.numel()},
+            began = time.perf_counter()
+            work = self._launch(recv, rows_RD, in_counts, out_counts, key)
+            return PendingExchange(
+                self,
+                key,
+                work,
+                recv,
+                bytes_sent=rows_RD.numel() * rows_RD.element_size(),
+                values_by_bits={FULL_PRECISION_BITS: rows_RD.numel()} if rows_RD.numel() else {},
+                launch_s=time.perf_counter() - began,
+                ready_at=began + self.delay_s,
             )
-            work = self._launch(recv, rows_RD, in_counts, out_counts, tag)
-            return PendingExchange(self, work, recv, tag, start)
 
+        began = time.perf_counter()
         out_bytes, in_bytes = plan.byte_splits(dim, out_counts, in_counts)
         send = torch.empty(sum(out_bytes), dtype=torch.uint8, device=rows_RD.device)
         for seg_rows, seg_bits, seg_out in zip(
@@ -213,17 +324,11 @@ class HaloExchanger:
         ):
             if seg_rows.shape[0]:
                 quantize_mixed(seg_rows, seg_bits, self.generator, out=seg_out)
-        widths, counts = torch.unique(plan.out_bits, return_counts=True)
-        self._count(
-            tag, send.numel(), {int(b): int(c) * dim for b, c in zip(widths, counts, strict=True)}
-        )
         # The exchange clock starts once the payload is ready: quantization is counted
         # apart and is not communication that compute could hide.
         quantized = time.perf_counter()
-        self.stats.quant_s += quantized - start
-        start = quantized
         recv = torch.empty(sum(in_bytes), dtype=torch.uint8, device=rows_RD.device)
-        work = self._launch(recv, send, in_bytes, out_bytes, tag)
+        work = self._launch(recv, send, in_bytes, out_bytes, key)
 
         def decode(buf: torch.Tensor) -> torch.Tensor:
             out = torch.empty((in_rows, dim), dtype=rows_RD.dtype, device=buf.device)
@@ -237,35 +342,38 @@ class HaloExchanger:
                     dequantize_mixed(seg_buf, seg_bits, dim, out=seg_out)
             return out
 
-        return PendingExchange(self, work, recv, tag, start, decode)
+        return PendingExchange(
+            self,
+            key,
+            work,
+            recv,
+            bytes_sent=send.numel(),
+            values_by_bits=plan.values_by_bits(dim),
+            quant_s=quantized - began,
+            launch_s=time.perf_counter() - quantized,
+            decode=decode,
+            ready_at=quantized + self.delay_s,
+        )
 
-    def _count(self, tag: str, nbytes: int, values_by_bits: dict[int, int]) -> None:
-        self.stats.bytes_sent += nbytes
-        self.stats.calls += 1
-        self.stats.bytes_by_tag[tag] = self.stats.bytes_by_tag.get(tag, 0) + nbytes
-        self.stats.values_by_bits.update(values_by_bits)
-
-    def _launch(self, recv, send, out_splits, in_splits, tag):
-        began = time.perf_counter()
+    def _launch(self, recv, send, in_splits, out_splits, key: ExchangeKey):
         try:
-            work = dist.all_to_all_single(
-                recv, send, out_splits, in_splits, group=self.group, async_op=True
+            return dist.all_to_all_single(
+                recv, send, in_splits, out_splits, group=self.group, async_op=True
             )
-            # Launching may block (copies, connection set-up): that is not hidden either.
-            self.stats.wait_s += time.perf_counter() - began
-            return work
         except Exception as exc:
             raise ExchangeError(
-                f"rank {self.rank}: could not start halo exchange {tag} at {self.step}: {exc}"
+                f"rank {self.rank}: could not start halo exchange {key} at {self.step}: {exc}"
             ) from exc
 
 
-class NoCommExchanger(HaloExchanger):
+class NoCommTransport(HaloTransport):
     """Benchmark-only stand-in that skips the exchange: halo rows and gradients arrive as
     zeros at once, nothing is sent. Training with it is *not* the same model; its epoch
     time is the lower bound that a perfectly hidden exchange could reach."""
 
-    def _exchange(self, rows_RD, out_counts, in_counts, tag) -> PendingExchange:
+    def start(
+        self, rows_RD: torch.Tensor, key: ExchangeKey, plan: BitPlan | None = None
+    ) -> PendingExchange:
+        _, in_counts = self.counts(key)
         recv = rows_RD.new_zeros((sum(in_counts), rows_RD.shape[1]))
-        self._count(tag, 0, {})
-        return PendingExchange(self, None, recv, tag, time.perf_counter())
+        return PendingExchange(self, key, None, recv, bytes_sent=0, values_by_bits={})

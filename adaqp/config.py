@@ -143,6 +143,8 @@ class TrainConfig:
     """Evaluate validation and test accuracy every this many epochs (0 = only at the end)."""
     warmup_epochs: int = 5
     """Epochs left out of the median epoch time."""
+    stop_on_nonfinite: bool = True
+    """Stop with an error naming the epoch when the training loss is NaN or infinite."""
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 1, "train.epochs", f"must be at least 1, got {self.epochs}")
@@ -253,6 +255,20 @@ class StalenessConfig:
 
 
 @dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 10
+    """Write a checkpoint every this many epochs, and after the last (0 = never)."""
+    keep: int = 2
+    """Complete checkpoints kept; older ones are removed once a newer one is complete."""
+    dir: str = ""
+    """Checkpoint directory; empty means <out>/checkpoints."""
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 0, "checkpoint.every", f"must be non-negative, got {self.every}")
+        _check(self.keep >= 1, "checkpoint.keep", f"must be at least 1, got {self.keep}")
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     out: str = ""
     """Output directory; empty means results/runs/<dataset>-<model>-<mode>-p<P>."""
@@ -269,6 +285,7 @@ class Config:
     comm: CommConfig = field(default_factory=CommConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)
     staleness: StalenessConfig = field(default_factory=StalenessConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -276,6 +293,35 @@ class Config:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What a checkpoint must agree on to be resumed by this config, as dotted keys:
+        the graph, its partition, the model and everything that shapes the training
+        trajectory. Epochs, evaluation, output and timeouts may change."""
+        sections = {
+            "data": self.data.spec(),
+            "partition": {
+                k: v for k, v in dataclasses.asdict(self.partition).items() if k != "dir"
+            },
+            "model": dataclasses.asdict(self.model),
+            "train": {k: getattr(self.train, k) for k in ("lr", "weight_decay", "seed")},
+            "comm": {
+                k: getattr(self.comm, k) for k in ("mode", "cache_input_halo", "transform_first")
+            },
+            "quant": dataclasses.asdict(self.quant),
+            "staleness": dataclasses.asdict(self.staleness),
+        }
+        flat: dict[str, Any] = {}
+
+        def walk(prefix: str, value: Any) -> None:
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    walk(f"{prefix}.{k}" if prefix else k, v)
+            else:
+                flat[prefix] = list(value) if isinstance(value, tuple) else value
+
+        walk("", sections)
+        return flat
 
 
 def _field_types(cls: type) -> dict[str, Any]:

@@ -1,13 +1,15 @@
 """Graph convolution layers over a partitioned graph.
 
 A layer never sees the partition: it calls ``propagate(h, layer)`` which returns the
-aggregation of the in-neighbours of every inner node, halo rows included. If ``h``
-already holds the halo rows (``[I + H, D]``, the cached layer-0 input) no exchange runs.
+aggregation of the in-neighbours of every inner node, halo rows included. Where the
+input already holds its halo rows (the cached layer-0 input, ``[I + H, D]``) the
+``Propagation`` is told so when it is built, and no exchange runs for that layer.
 Otherwise the halo exchange and the aggregation live together in one autograd function,
 ``_HaloAggregate``, which also owns the overlap: with ``overlap`` on, the central rows
 (no halo in-neighbour) are aggregated while the exchange is in flight, and the marginal
 rows after it lands; backward mirrors it, returning halo gradients to their owners while
-the central rows' gradients are computed.
+the central rows' gradients are computed. Which rows the exchange resolves to (fresh,
+quantized, or buffered from an earlier epoch) is the exchange policy's business.
 
 Shapes: I inner rows (C central first, then M marginal), H halo rows, S rows sent to
 peers, D features.
@@ -18,19 +20,21 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from adaqp.aggregate import spmm
-from adaqp.comm import HaloExchanger
+from adaqp.aggregate import SparseAdjacency, spmm
+from adaqp.comm import ExchangeKey
 from adaqp.local_graph import LocalGraph
+from adaqp.policy import ExchangePolicy
 
 
 class _HaloAggregate(torch.autograd.Function):
-    """out = A @ [h ; halo(h)], where halo(h) are peers' rows fetched by the exchanger."""
+    """out = A @ [h ; halo(h)], where halo(h) are peers' rows fetched through the policy."""
 
     @staticmethod
     def forward(ctx, h_ID: torch.Tensor, prop: Propagation, layer: int) -> torch.Tensor:
         ctx.prop, ctx.layer = prop, layer
         h_ID = h_ID.detach()
-        pending = prop.exchanger.start(h_ID, tag=f"layer{layer}/forward")
+        send_SD = h_ID.index_select(0, prop.graph.send_idx)
+        pending = prop.policy.start(ExchangeKey.forward(layer), send_SD)
         if not prop.overlap:
             return torch.sparse.mm(prop.adjacency.forward, torch.cat([h_ID, pending.wait()]))
         # Central rows need no halo: computed while the exchange is in flight.
@@ -43,21 +47,21 @@ class _HaloAggregate(torch.autograd.Function):
         prop = ctx.prop
         grad_ID = grad_ID.contiguous()
         num_inner = grad_ID.shape[0]
-        tag = f"layer{ctx.layer}/backward"
+        key = ExchangeKey.backward(ctx.layer)
         if not prop.overlap:
             grad_all = torch.sparse.mm(prop.adjacency.transpose, grad_ID)
-            pending = prop.exchanger.start_grad(grad_all[num_inner:], tag=tag)
+            pending = prop.policy.start(key, grad_all[num_inner:])
             grad_inner = grad_all[:num_inner]
         else:
             num_central = prop.graph.num_central
             grad_all = torch.sparse.mm(prop.marginal.transpose, grad_ID[num_central:])
-            pending = prop.exchanger.start_grad(grad_all[num_inner:], tag=tag)
+            pending = prop.policy.start(key, grad_all[num_inner:])
             # The central rows' gradient is computed while the halo gradients travel.
             grad_inner = grad_all[:num_inner] + torch.sparse.mm(
                 prop.central.transpose, grad_ID[:num_central]
             )
         grad_SD = pending.wait()
-        return grad_inner.index_add(0, prop.exchanger.send_idx, grad_SD), None, None
+        return grad_inner.index_add(0, prop.graph.send_idx, grad_SD), None, None
 
 
 class Propagation:
@@ -65,21 +69,27 @@ class Propagation:
 
     Args:
         graph: this worker's local graph.
-        norm: ``gcn`` or ``mean`` (see ``LocalGraph.adjacency``).
-        exchanger: the halo transport; None for a single worker (no halo).
+        adjacency: its ``[I, I + H]`` aggregation matrix (``graph.adjacency(norm)``).
+        policy: the exchange policy; None for a single worker (no halo).
         overlap: aggregate central rows while the exchange is in flight.
+        cached_input: layer 0's input already holds the halo rows ``[I + H, D]``.
     """
 
     def __init__(
-        self, graph: LocalGraph, norm: str, exchanger: HaloExchanger | None, overlap: bool = False
+        self,
+        graph: LocalGraph,
+        adjacency: SparseAdjacency,
+        policy: ExchangePolicy | None,
+        overlap: bool = False,
+        cached_input: bool = False,
     ):
-        if exchanger is None and graph.num_halo:
-            raise ValueError("a graph with halo nodes needs an exchanger")
+        if policy is None and graph.num_halo:
+            raise ValueError("a graph with halo nodes needs an exchange policy")
         self.graph = graph
-        self.norm = norm
-        self.adjacency = graph.adjacency(norm)
-        self.exchanger = exchanger
-        self.overlap = overlap and exchanger is not None
+        self.adjacency = adjacency
+        self.policy = policy
+        self.overlap = overlap and policy is not None
+        self.cached_input = cached_input
         if self.overlap:
             num_inner, num_central = graph.num_inner, graph.num_central
             # Central rows read only inner columns: a [C, I] block.
@@ -87,9 +97,10 @@ class Propagation:
             self.marginal = self.adjacency.row_slice(num_central, num_inner)
 
     def __call__(self, h_RD: torch.Tensor, layer: int) -> torch.Tensor:
-        graph = self.graph
-        if self.exchanger is None or h_RD.shape[0] == graph.num_inner + graph.num_halo:
-            return spmm(self.adjacency, h_RD)  # halo rows already present (or none)
+        if self.policy is None or (layer == 0 and self.cached_input):
+            return spmm(self.adjacency, h_RD)  # no halo, or its rows already present
+        # Every rank joins every exchange, also one whose part has no halo rows: its
+        # peers may still need its rows.
         return _HaloAggregate.apply(h_RD, self, layer)
 
 

@@ -13,9 +13,141 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
+
+FULL_PRECISION_BITS = 32
+BIT_WIDTHS = (1, 2, 4, 8, FULL_PRECISION_BITS)
+"""Every width a value can travel at (32: float32)."""
+
+
+def _reduced(how: str, default_factory=None, default=0.0):
+    """A counter field and how ranks combine it: sum, mean or max."""
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata={"reduce": how})
+    return field(default=default, metadata={"reduce": how})
+
+
+@dataclass
+class EpochCounters:
+    """Exchange and all-reduce figures of one training step on one rank.
+
+    Field names are the names in ``metrics.jsonl``. Components record into it through
+    the ``record_*`` methods; ``reduced`` combines the ranks field by field (times are
+    means over ranks, bytes and counts sums, staleness the maximum).
+    """
+
+    comm_time_s: float = _reduced("mean")
+    """Exchange time: payload ready to landing, summed over this step's exchanges."""
+    comm_wait_s: float = _reduced("mean")
+    """Time blocked launching and waiting for exchanges: exchange time not hidden."""
+    quant_time_s: float = _reduced("mean")
+    dequant_time_s: float = _reduced("mean")
+    allreduce_time_s: float = _reduced("mean")
+    halo_bytes: int = _reduced("sum", default=0)
+    """Payload plus metadata bytes sent."""
+    values_by_bits: dict[int, int] = _reduced("sum", dict)
+    """Transmitted values (rows x width) by bit width."""
+    bytes_by_tag: dict[str, int] = _reduced("sum", dict)
+    """Halo bytes by exchange (``layer1/forward``)."""
+    staleness_by_tag: dict[str, dict[int, int]] = _reduced("sum", dict)
+    """Per exchange: how many times halo rows (or gradients) s epochs old were used."""
+    max_staleness: int = _reduced("max", default=0)
+
+    def record_launch(self, handle) -> None:
+        """Bytes and launch-side times of an exchange (a ``comm.PendingExchange``)."""
+        tag = str(handle.key)
+        self.halo_bytes += handle.bytes_sent
+        self.bytes_by_tag[tag] = self.bytes_by_tag.get(tag, 0) + handle.bytes_sent
+        for bits, count in handle.values_by_bits.items():
+            self.values_by_bits[bits] = self.values_by_bits.get(bits, 0) + count
+        self.quant_time_s += handle.quant_s
+        # Launching may block (copies, connection set-up): that is not hidden either.
+        self.comm_wait_s += handle.launch_s
+
+    def record_landing(self, handle, blocked_s: float) -> None:
+        """Landing-side times of an exchange once waited; ``blocked_s`` is the time the
+        caller was actually held up (a buffered exchange may land unobserved)."""
+        self.comm_time_s += handle.exchange_s
+        self.dequant_time_s += handle.dequant_s
+        self.comm_wait_s += blocked_s
+
+    def record_staleness(self, tag: str, staleness: int) -> None:
+        hist = self.staleness_by_tag.setdefault(tag, {})
+        hist[staleness] = hist.get(staleness, 0) + 1
+        self.max_staleness = max(self.max_staleness, staleness)
+
+    def record_allreduce(self, seconds: float) -> None:
+        self.allreduce_time_s += seconds
+
+    @property
+    def avg_bits(self) -> float:
+        sent = sum(self.values_by_bits.values())
+        if not sent:
+            return float(FULL_PRECISION_BITS)
+        return sum(b * v for b, v in self.values_by_bits.items()) / sent
+
+    def reduced(
+        self,
+        all_reduce: Callable[[torch.Tensor, str], torch.Tensor],
+        world_size: int,
+        tags: Sequence[str],
+        max_bound: int = 0,
+    ) -> EpochCounters:
+        """The counters of all ranks combined, field by field.
+
+        Args:
+            all_reduce: ``(tensor, "sum" | "max") -> tensor`` over the ranks.
+            world_size: number of ranks (for means).
+            tags: every exchange name any rank may have recorded (the same on all ranks).
+            max_bound: the largest staleness any rank may have recorded.
+        """
+        staleness = range(max_bound + 1)
+        values, layout = [], []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "values_by_bits":
+                keys = list(BIT_WIDTHS)
+            elif f.name == "bytes_by_tag":
+                keys = list(tags)
+            elif f.name == "staleness_by_tag":
+                keys = [(t, s) for t in tags for s in staleness]
+                value = {(t, s): value.get(t, {}).get(s, 0) for t, s in keys}
+            else:
+                keys = None
+            if keys is None:
+                layout.append((f, None, len(values)))
+                values.append(float(value))
+            else:
+                unknown = set(value) - set(keys)
+                if unknown:
+                    raise ValueError(f"{f.name}: keys {sorted(map(str, unknown))} not expected")
+                layout.append((f, keys, len(values)))
+                values += [float(value.get(k, 0)) for k in keys]
+        flat = torch.tensor(values, dtype=torch.float64)
+        summed = all_reduce(flat.clone(), "sum").tolist()
+        maxed = all_reduce(flat.clone(), "max").tolist()
+        out = EpochCounters()
+        for f, keys, start in layout:
+            how = f.metadata["reduce"]
+            source = maxed if how == "max" else summed
+            if keys is None:
+                total = source[start] / world_size if how == "mean" else source[start]
+                setattr(out, f.name, type(getattr(self, f.name))(total))
+                continue
+            entries = {k: int(source[start + i]) for i, k in enumerate(keys)}
+            entries = {k: v for k, v in entries.items() if v}
+            if f.name == "staleness_by_tag":
+                nested: dict[str, dict[int, int]] = {}
+                for (t, s), v in entries.items():
+                    nested.setdefault(t, {})[s] = v
+                entries = nested
+            setattr(out, f.name, entries)
+        return out
 
 
 @dataclass
@@ -50,6 +182,33 @@ class EpochRecord:
     """Bit-width re-assignment after this epoch (tracing exchange + solver), 0 if none."""
     wall_time_s: float = 0.0
     """Seconds since training started, at the end of this epoch's step."""
+    staleness_by_tag: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per exchange: how many times halo rows (or gradients) s epochs old were used."""
+    max_staleness: int = 0
+    """Largest staleness used in this epoch (0: every exchange was waited for)."""
+
+    @classmethod
+    def from_counters(cls, epoch: int, train_loss: float, epoch_time_s: float, c, **extra):
+        """A record from an epoch's reduced ``EpochCounters``."""
+        return cls(
+            epoch,
+            train_loss,
+            epoch_time_s,
+            comm_time_s=c.comm_time_s,
+            comm_wait_s=c.comm_wait_s,
+            allreduce_time_s=c.allreduce_time_s,
+            halo_bytes=c.halo_bytes,
+            bytes_by_tag=dict(c.bytes_by_tag),
+            quant_time_s=c.quant_time_s,
+            dequant_time_s=c.dequant_time_s,
+            avg_bits=c.avg_bits,
+            values_by_bits={str(b): v for b, v in sorted(c.values_by_bits.items())},
+            staleness_by_tag={
+                t: {str(s): v for s, v in sorted(h.items())} for t, h in c.staleness_by_tag.items()
+            },
+            max_staleness=c.max_staleness,
+            **extra,
+        )
 
 
 @dataclass
@@ -102,6 +261,10 @@ class Summary:
     """Bit-width scheme of quantized modes (adaptive, uniform, random); empty otherwise."""
     peak_memory_mb: float = 0.0
     """Largest peak memory of any rank (resident set on CPU, allocated memory on CUDA)."""
+    staleness_bound: int = 0
+    """Mode onebit: the configured bound S (0 for synchronous modes)."""
+    staleness_histogram: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Whole run, per exchange: how many times halo rows s epochs old were used."""
 
 
 def median_after_warmup(values: list[float], warmup: int) -> float:

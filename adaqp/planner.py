@@ -1,7 +1,9 @@
 """Adaptive bit widths across ranks: tracing, link profiling, solving, and installing plans.
 
-Every tagged exchange (layer, direction) is planned on its own. Per message v the
-variance weight is ``w_v = s_v · D · E[(M_v - m_v)²] / 4``: ``s_v`` is the sum of the
+Every exchange (layer, direction) is planned on its own; the planner belongs to the
+adaptive exchange policy (``adaqp/policy.py``), which asks it for plans and hands it the
+rows to trace. Per message v the variance weight is ``w_v = s_v · D · E[(M_v - m_v)²] / 4``:
+``s_v`` is the sum of the
 receiver's squared aggregation coefficients over the rows that read v (forward; shipped
 once from receivers to senders), or 1 for gradients (the owner adds them unscaled);
 the squared range is traced on the sender during each assignment cycle.
@@ -22,6 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from adaqp.aggregate import SparseAdjacency
 from adaqp.assigner import (
     Channel,
     LinkModel,
@@ -29,9 +32,9 @@ from adaqp.assigner import (
     random_assignment,
     solve_assignment,
 )
-from adaqp.comm import BitPlan, HaloExchanger
+from adaqp.comm import SETUP_KEY, BitPlan, Direction, ExchangeKey, HaloTransport
 from adaqp.config import QuantConfig
-from adaqp.layers import Propagation
+from adaqp.local_graph import LocalGraph
 from adaqp.runtime import World
 
 logger = logging.getLogger(__name__)
@@ -85,44 +88,44 @@ def profile_links(
     return LinkModel(alpha, beta)
 
 
-def _direction(tag: str) -> str:
-    """``forward`` for feature exchanges ("layer1/forward"), ``backward`` for gradients."""
-    return "forward" if tag.endswith("/forward") else "backward"
-
-
 class BitWidthPlanner:
-    """Installs bit plans on ``exchanger`` and re-solves them every ``assign_cycle`` epochs.
+    """Owns the bit plans of a quantized mode and re-solves them every ``assign_cycle`` epochs.
 
     Args:
         config: the quant section.
-        exchanger: this rank's halo transport (plans and tracer are set on it).
-        propagation: gives the receiver-side aggregation coefficients.
+        transport: this rank's halo transport (used for the start-up exchanges only).
+        graph: this rank's local graph.
+        adjacency: its aggregation matrix (receiver-side coefficients).
         world: rank and world size.
     """
 
     def __init__(
-        self, config: QuantConfig, exchanger: HaloExchanger, propagation: Propagation, world: World
+        self,
+        config: QuantConfig,
+        transport: HaloTransport,
+        graph: LocalGraph,
+        adjacency: SparseAdjacency,
+        world: World,
     ):
         self.config = config
-        self.exchanger = exchanger
         self.world = world
+        self.device = graph.device
         p = world.world_size
-        counts = torch.tensor([exchanger.send_counts, exchanger.recv_counts], dtype=torch.int64)
+        counts = torch.tensor([transport.send_counts, transport.recv_counts], dtype=torch.int64)
         gathered = [torch.zeros_like(counts) for _ in range(p)]
         dist.all_gather(gathered, counts)
-        # counts[tag direction][src][dst]: messages src sends dst in that direction.
+        # counts[direction][src][dst]: messages src sends dst in that direction.
         self.counts = {
-            "forward": np.stack([g[0].numpy() for g in gathered]),
-            "backward": np.stack([g[1].numpy() for g in gathered]),
+            Direction.FORWARD: np.stack([g[0].numpy() for g in gathered]),
+            Direction.BACKWARD: np.stack([g[1].numpy() for g in gathered]),
         }
-        self.traces: dict[str, list] = {}
+        self._plans: dict[ExchangeKey, BitPlan] = {}
+        self._traces: dict[ExchangeKey, list] = {}
         self.link_model = None
         self.forward_coef = None
         self.last_status: dict[str, str] = {}
-        self.cost_model = config.cost_model
         if config.scheme == "adaptive":
-            self.forward_coef = self._forward_coefficients(propagation)
-            exchanger.stats.reset()
+            self.forward_coef = self._forward_coefficients(transport, graph, adjacency)
             self.link_model = profile_links(world)
             if world.is_main:
                 off = ~np.eye(p, dtype=bool)
@@ -133,88 +136,129 @@ class BitWidthPlanner:
                     self.link_model.beta_Bps[off].min() / 1e9,
                     self.link_model.beta_Bps[off].max() / 1e9,
                 )
-        exchanger.default_plan = self._default_plan
 
-    def _forward_coefficients(self, propagation: Propagation) -> torch.Tensor:
+    @property
+    def tracing(self) -> bool:
+        """Whether training exchanges are traced (every scheme but uniform)."""
+        return self.config.scheme != "uniform"
+
+    @property
+    def plans(self) -> dict[ExchangeKey, BitPlan]:
+        """The installed plans (a copy)."""
+        return dict(self._plans)
+
+    def _forward_coefficients(
+        self, transport: HaloTransport, graph: LocalGraph, adjacency: SparseAdjacency
+    ) -> torch.Tensor:
         """Σ_u c_uv² per message this rank sends (float64 [S], aligned with send_idx)."""
-        adj = propagation.adjacency.forward
-        graph = propagation.graph
+        adj = adjacency.forward
         squares = torch.zeros(graph.num_inner + graph.num_halo, dtype=torch.float64)
         squares.index_add_(0, adj.col_indices().cpu(), adj.values().double().cpu() ** 2)
-        halo = squares[graph.num_inner :].to(torch.float32).view(-1, 1)
-        self.exchanger.step = "set-up (aggregation coefficients)"
-        return self.exchanger.start_grad(halo, tag="set-up/coefficients").wait()[:, 0].double()
+        halo = squares[graph.num_inner :].to(torch.float32).view(-1, 1).to(self.device)
+        transport.at("set-up (aggregation coefficients)")
+        return transport.start(halo, SETUP_KEY).wait()[:, 0].double().cpu()
 
-    def _default_plan(self, tag: str, out_rows: int, in_rows: int) -> BitPlan:
-        width = self.config.bits if self.config.scheme == "uniform" else self.config.initial_bits
-        device = self.exchanger.send_idx.device
-        return BitPlan(
-            torch.full((out_rows,), width, dtype=torch.int8, device=device),
-            torch.full((in_rows,), width, dtype=torch.int8, device=device),
-        )
+    def plan(self, key: ExchangeKey, out_rows: int, in_rows: int) -> BitPlan:
+        """The plan of a training exchange: the solved one, else the fixed first width."""
+        plan = self._plans.get(key)
+        if plan is None:
+            cfg = self.config
+            width = cfg.bits if cfg.scheme == "uniform" else cfg.initial_bits
+            plan = self._plans[key] = BitPlan.uniform(width, out_rows, in_rows, self.device)
+        return plan
 
-    def training(self, on: bool) -> None:
-        """Quantize (and trace, unless uniform) during training steps only."""
-        self.exchanger.quantize = on
-        tracing = on and self.config.scheme != "uniform"
-        self.exchanger.tracer = self._trace if tracing else None
-
-    def _trace(self, tag: str, rows_RD: torch.Tensor) -> None:
+    def trace(self, key: ExchangeKey, rows_RD: torch.Tensor) -> None:
+        """Accumulates the squared row ranges of one outgoing block."""
         if rows_RD.shape[1] == 0:
             return
         squared = ((rows_RD.amax(1) - rows_RD.amin(1)).double() ** 2).detach().cpu()
-        entry = self.traces.get(tag)
+        entry = self._traces.get(key)
         if entry is None:
-            self.traces[tag] = [squared, 1, rows_RD.shape[1]]
+            self._traces[key] = [squared, 1, rows_RD.shape[1]]
         else:
             entry[0] += squared
             entry[1] += 1
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Plans, traces of the current cycle and the link model (for checkpoints)."""
+        state: dict[str, torch.Tensor] = {}
+        for key, plan in self._plans.items():
+            state[f"plan/{key}/out"] = plan.out_bits.cpu()
+            state[f"plan/{key}/in"] = plan.in_bits.cpu()
+        for key, (squared, cycles, dim) in self._traces.items():
+            state[f"trace/{key}/squared"] = squared
+            state[f"trace/{key}/cycles_dim"] = torch.tensor([cycles, dim])
+        if self.link_model is not None:
+            state["links/alpha"] = torch.from_numpy(self.link_model.alpha_s.copy())
+            state["links/beta"] = torch.from_numpy(self.link_model.beta_Bps.copy())
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        plans: dict[ExchangeKey, dict[str, torch.Tensor]] = {}
+        traces: dict[ExchangeKey, dict[str, torch.Tensor]] = {}
+        for name, tensor in state.items():
+            kind, _, rest = name.partition("/")
+            if kind in ("plan", "trace"):
+                key_name, _, field = rest.rpartition("/")
+                into = plans if kind == "plan" else traces
+                into.setdefault(ExchangeKey.parse(key_name), {})[field] = tensor
+        self._plans = {
+            key: BitPlan(p["out"].to(self.device), p["in"].to(self.device))
+            for key, p in plans.items()
+        }
+        self._traces = {
+            key: [t["squared"], int(t["cycles_dim"][0]), int(t["cycles_dim"][1])]
+            for key, t in traces.items()
+        }
+        if "links/alpha" in state:
+            self.link_model = LinkModel(state["links/alpha"].numpy(), state["links/beta"].numpy())
+
     def end_epoch(self, epoch: int) -> float:
         """Re-solves after every ``assign_cycle``-th epoch; returns the seconds it took."""
-        if self.config.scheme == "uniform" or epoch % self.config.assign_cycle:
+        if not self.tracing or epoch % self.config.assign_cycle:
             return 0.0
         start = time.perf_counter()
         self._resolve(epoch)
         return time.perf_counter() - start
 
-    def _weights(self, tag: str) -> np.ndarray:
-        squared, cycles, dim = self.traces[tag]
+    def _weights(self, key: ExchangeKey) -> np.ndarray:
+        squared, cycles, dim = self._traces[key]
         weights = (squared / cycles) * dim / 4.0
-        if _direction(tag) == "forward" and self.forward_coef is not None:  # None: random scheme
-            weights = weights * self.forward_coef
+        if key.direction is Direction.FORWARD and self.forward_coef is not None:
+            weights = weights * self.forward_coef  # None: random scheme
         return weights.numpy()
 
     def _resolve(self, epoch: int) -> None:
         p, rank = self.world.world_size, self.world.rank
-        tags = sorted(self.traces)
-        check = torch.tensor([len(tags), -len(tags)], dtype=torch.int64)
+        keys = sorted(self._traces, key=str)
+        check = torch.tensor([len(keys), -len(keys)], dtype=torch.int64)
         dist.all_reduce(check, op=dist.ReduceOp.MIN)
-        if check[0] != len(tags) or -check[1] != len(tags):
-            raise RuntimeError(f"rank {rank}: ranks traced different exchanges ({tags})")
+        if check[0] != len(keys) or -check[1] != len(keys):
+            names = [str(k) for k in keys]
+            raise RuntimeError(f"rank {rank}: ranks traced different exchanges ({names})")
         blocks = []
-        for tag in tags:
-            counts = self.counts[_direction(tag)]
-            weights = torch.from_numpy(self._weights(tag))
+        for key in keys:
+            counts = self.counts[key.direction]
+            weights = torch.from_numpy(self._weights(key))
             longest = int(counts.sum(1).max())
             padded = torch.zeros(longest, dtype=torch.float64)
             padded[: len(weights)] = weights
             gathered = [torch.zeros_like(padded) for _ in range(p)] if rank == 0 else None
             dist.gather(padded, gathered, dst=0)
             if rank == 0:
-                blocks.append(self._solve(tag, counts, gathered, epoch))
-        total = sum(int(self.counts[_direction(t)].sum()) for t in tags)
+                blocks.append(self._solve(key, counts, gathered, epoch))
+        total = sum(int(self.counts[k.direction].sum()) for k in keys)
         flat = torch.cat(blocks) if rank == 0 else torch.empty(total, dtype=torch.uint8)
         dist.broadcast(flat, src=0)
-        self._install(tags, flat)
-        self.traces = {}
+        self._install(keys, flat)
+        self._traces = {}
 
     def _solve(
-        self, tag: str, counts: np.ndarray, gathered: list[torch.Tensor], epoch: int
+        self, key: ExchangeKey, counts: np.ndarray, gathered: list[torch.Tensor], epoch: int
     ) -> torch.Tensor:
         """Rank 0: widths of every channel of one exchange, in (src, dst) order."""
         p = self.world.world_size
-        dim = self.traces[tag][2]
+        dim = self._traces[key][2]
         channels = []
         for src in range(p):
             offsets = np.concatenate([[0], np.cumsum(counts[src])])
@@ -228,9 +272,9 @@ class BitWidthPlanner:
             widths = result.bits
         else:
             solve_channels, link_model = channels, self.link_model
-            if self.cost_model != "link":
+            if cfg.cost_model != "link":
                 solve_channels, link_model, members = _merge(
-                    channels, self.link_model, shared=self.cost_model == "shared"
+                    channels, self.link_model, shared=cfg.cost_model == "shared"
                 )
             result = solve_assignment(
                 solve_channels,
@@ -243,13 +287,13 @@ class BitWidthPlanner:
                 time_limit_s=cfg.time_limit_s,
             )
             widths = result.bits
-            if self.cost_model != "link":
+            if cfg.cost_model != "link":
                 widths = _split(result.bits, members, channels)
-        self.last_status[tag] = result.status
+        self.last_status[str(key)] = result.status
         logger.info(
             "epoch %d %s: avg %.2f bits (%s, %s, %.3fs)",
             epoch,
-            tag,
+            key,
             result.avg_bits,
             result.method,
             result.status,
@@ -257,12 +301,11 @@ class BitWidthPlanner:
         )
         return torch.from_numpy(np.concatenate([b.astype(np.uint8) for b in widths]))
 
-    def _install(self, tags: list[str], flat: torch.Tensor) -> None:
+    def _install(self, keys: list[ExchangeKey], flat: torch.Tensor) -> None:
         p, rank = self.world.world_size, self.world.rank
-        device = self.exchanger.send_idx.device
         offset = 0
-        for tag in tags:
-            counts = self.counts[_direction(tag)]
+        for key in keys:
+            counts = self.counts[key.direction]
             channel = {}
             for src in range(p):
                 for dst in range(p):
@@ -273,8 +316,8 @@ class BitWidthPlanner:
             empty = torch.zeros(0, dtype=torch.uint8)
             out_bits = torch.cat([channel.get((rank, dst), empty) for dst in range(p)])
             in_bits = torch.cat([channel.get((src, rank), empty) for src in range(p)])
-            self.exchanger.plans[tag] = BitPlan(
-                out_bits.to(torch.int8).to(device), in_bits.to(torch.int8).to(device)
+            self._plans[key] = BitPlan(
+                out_bits.to(torch.int8).to(self.device), in_bits.to(torch.int8).to(self.device)
             )
 
 

@@ -7,13 +7,16 @@ owners), one all-reduce of all parameter gradients, and an Adam step. Because th
 is a global mean and gradients are summed, P workers compute what one process would on
 the whole graph (Vanilla mode is exact, and so is overlap-only ``adaqp-p``).
 
-Quantized modes send training-time halo messages at planned bit widths (see
-``adaqp/planner.py``); evaluation always exchanges full precision.
+How each training-time exchange travels (float32, planned widths, or low-bit under
+bounded staleness) is the exchange policy's choice (``adaqp/policy.py``); evaluation
+always exchanges fresh rows in full precision.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,35 +25,63 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from adaqp.comm import FULL_PRECISION_BITS, HaloExchanger, NoCommExchanger
+from adaqp.aggregate import SparseAdjacency
+from adaqp.checkpoint import Checkpointer
+from adaqp.comm import INPUT_CACHE_KEY, ExchangeKey, HaloTransport, NoCommTransport
 from adaqp.config import OVERLAP_MODES, QUANTIZED_MODES, Config
 from adaqp.layers import Propagation
 from adaqp.local_graph import LocalGraph
-from adaqp.metrics import EpochRecord, RunWriter, Summary, median_after_warmup
+from adaqp.metrics import EpochCounters, EpochRecord, RunWriter, Summary, median_after_warmup
 from adaqp.models import GNN
 from adaqp.planner import BitWidthPlanner
+from adaqp.policy import AdaptivePolicy, ExchangePolicy
 from adaqp.runtime import World
+from adaqp.staleness import StalePolicy
 
 logger = logging.getLogger(__name__)
-
-BIT_WIDTHS = (1, 2, 4, 8, FULL_PRECISION_BITS)
 
 
 class TrainingError(RuntimeError):
     """A training step failed (often a dead or stuck peer); names the rank and epoch."""
 
 
+def make_policy(
+    config: Config,
+    transport: HaloTransport,
+    graph: LocalGraph,
+    adjacency: SparseAdjacency,
+    world: World,
+) -> ExchangePolicy:
+    """The exchange policy of ``config.comm.mode``."""
+    mode = config.comm.mode
+    if mode in QUANTIZED_MODES:
+        planner = BitWidthPlanner(config.quant, transport, graph, adjacency, world)
+        return AdaptivePolicy(transport, planner)
+    if mode == "onebit":
+        return StalePolicy(transport, config.staleness, world.device)
+    return ExchangePolicy(transport)
+
+
 class Trainer:
-    """Owns the model, optimiser, exchanger and counters of one rank.
+    """Owns the model, optimiser, transport, exchange policy and counters of one rank.
 
     Args:
         config: the resolved run configuration.
         graph: this rank's local graph (already on ``world.device``).
         meta: the partition's metadata (dataset sizes, evaluator name).
         world: rank, world size and device.
+        exchange_delay_s: test-only: this rank's exchanges land no earlier than this many
+            seconds after they start (a slow link).
     """
 
-    def __init__(self, config: Config, graph: LocalGraph, meta: dict[str, Any], world: World):
+    def __init__(
+        self,
+        config: Config,
+        graph: LocalGraph,
+        meta: dict[str, Any],
+        world: World,
+        exchange_delay_s: float = 0.0,
+    ):
         self.config = config
         self.graph = graph
         self.meta = meta
@@ -59,8 +90,7 @@ class Trainer:
         self.multilabel = bool(dataset["multilabel"])
         mode = config.comm.mode
         distributed = world.world_size > 1
-        cache_input = config.comm.cache_input_halo and distributed
-        self.cache_input = cache_input
+        self.cache_input = config.comm.cache_input_halo and distributed
 
         torch.manual_seed(config.train.seed)
         self.model = GNN(
@@ -68,65 +98,74 @@ class Trainer:
             dataset["feature_dim"],
             dataset["num_classes"],
             transform_first=config.comm.transform_first,
-            cached_input=cache_input,
+            cached_input=self.cache_input,
         )
         self.model.to(world.device)
         # Identical seeds already give identical weights; the broadcast makes it a fact.
         for tensor in self.model.state_dict().values():
             dist.broadcast(tensor, src=0)
 
-        self.exchanger = None
+        self.transport: HaloTransport | None = None
         if distributed:
-            exchanger_type = NoCommExchanger if mode == "nocomm" else HaloExchanger
-            self.exchanger = exchanger_type(
+            transport_type = NoCommTransport if mode == "nocomm" else HaloTransport
+            self.transport = transport_type(
                 world.rank,
-                graph.send_idx,
                 graph.send_counts,
                 graph.recv_counts,
                 timeout_s=config.comm.timeout_s,
                 seed=config.quant.seed,
+                device=world.device,
+                delay_s=exchange_delay_s,
             )
-        self.propagation = Propagation(
-            graph, self.model.norm, self.exchanger, overlap=mode in OVERLAP_MODES
-        )
-        self.inputs = graph.features
-        self.input_cache_bytes = 0
         if mode == "nocomm":
             logger.warning(
                 "mode nocomm skips the halo exchange: benchmark-only, the model "
                 "trained is not the graph's (accuracy is not comparable)"
             )
-        if cache_input:
+        self.inputs = graph.features
+        self.input_cache_bytes = 0
+        if self.cache_input:
             # Layer-0 inputs never change: fetch their halo rows once, in full precision.
-            self.exchanger.step = "set-up (layer-0 halo cache)"
-            halo = self.exchanger.start(graph.features, tag="layer0/input-cache").wait()
-            self.inputs = torch.cat([graph.features, halo])
-            self.input_cache_bytes = int(
-                self._all_sum(
-                    torch.tensor(float(self.exchanger.stats.bytes_sent), dtype=torch.float64)
-                )
+            self.transport.at("set-up (layer-0 halo cache)")
+            pending = self.transport.start(
+                graph.features.index_select(0, graph.send_idx), INPUT_CACHE_KEY
             )
-            self.exchanger.stats.reset()
-        self.planner = None
-        if distributed and mode in QUANTIZED_MODES:
-            self.planner = BitWidthPlanner(config.quant, self.exchanger, self.propagation, world)
+            self.inputs = torch.cat([graph.features, pending.wait()])
+            sent = torch.tensor(float(pending.bytes_sent), dtype=torch.float64)
+            self.input_cache_bytes = int(self._all_sum(sent))
+        adjacency = graph.adjacency(self.model.norm)
+        self.policy: ExchangePolicy | None = None
+        if distributed:
+            self.policy = make_policy(config, self.transport, graph, adjacency, world)
+        self.propagation = Propagation(
+            graph,
+            adjacency,
+            self.policy,
+            overlap=mode in OVERLAP_MODES or mode == "onebit",
+            cached_input=self.cache_input,
+        )
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay
         )
         self.num_train = int(self._all_sum(graph.train_mask.sum().double()).item())
         if self.num_train == 0:
             raise ValueError("the dataset has no training nodes")
-        self.allreduce_s = 0.0
         self.evaluator = _make_evaluator(dataset.get("info", {}))
+        self.tags = [
+            str(make(layer))
+            for layer in range(config.model.layers)
+            for make in (ExchangeKey.forward, ExchangeKey.backward)
+        ]
+        """Every exchange a training step may run, by metric name."""
 
     def _all_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         tensor = tensor.clone()
         dist.all_reduce(tensor)
         return tensor
 
-    def _set_step(self, step: str) -> None:
-        if self.exchanger is not None:
-            self.exchanger.step = step
+    def _at(self, step: str) -> None:
+        if self.policy is not None:
+            self.policy.at(step)
 
     def logits(self) -> torch.Tensor:
         """Forward pass over the inner nodes: logits [I, C]."""
@@ -144,8 +183,8 @@ class Trainer:
             )
         return F.cross_entropy(logits[mask], self.graph.labels[mask], reduction="sum")
 
-    def sync_gradients(self) -> None:
-        """Sums parameter gradients over ranks with one flat all-reduce."""
+    def sync_gradients(self) -> float:
+        """Sums parameter gradients over ranks with one flat all-reduce; returns seconds."""
         start = time.perf_counter()
         params = [p for p in self.model.parameters() if p.grad is not None]
         flat = torch.cat([p.grad.reshape(-1) for p in params])
@@ -155,21 +194,22 @@ class Trainer:
             n = p.grad.numel()
             p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
             offset += n
-        self.allreduce_s += time.perf_counter() - start
+        return time.perf_counter() - start
 
-    def train_step(self) -> float:
+    def train_step(self, counters: EpochCounters | None = None) -> float:
         """One full-graph optimiser step; returns the global mean training loss."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.planner is not None:
-            self.planner.training(True)
-        try:
+        if self.policy is None:
             loss_sum = self.local_loss_sum(self.logits())
             (loss_sum / self.num_train).backward()
-        finally:
-            if self.planner is not None:
-                self.planner.training(False)
-        self.sync_gradients()
+        else:
+            with self.policy.training():
+                loss_sum = self.local_loss_sum(self.logits())
+                (loss_sum / self.num_train).backward()
+        allreduce_s = self.sync_gradients()
+        if counters is not None:
+            counters.record_allreduce(allreduce_s)
         self.optimizer.step()
         return float(self._all_sum(loss_sum.detach()).item()) / self.num_train
 
@@ -203,76 +243,112 @@ class Trainer:
             return float(result["acc"]) * len(labels)
         return float((pred == labels).sum())
 
-    def _epoch_counters(self) -> dict[str, Any]:
-        """This epoch's exchange counters: times are means over ranks, bytes are sums."""
-        stats = self.exchanger.stats if self.exchanger is not None else None
-        tags = sorted(stats.bytes_by_tag) if stats else []
-        names = ["exchange_s", "wait_s", "quant_s", "dequant_s"]
-        values = [getattr(stats, n) if stats else 0.0 for n in names] + [self.allreduce_s]
-        values.append(float(stats.bytes_sent if stats else 0))
-        values += [float(stats.values_by_bits.get(b, 0) if stats else 0) for b in BIT_WIDTHS]
-        values += [float(stats.bytes_by_tag[t]) for t in tags]
-        totals = self._all_sum(torch.tensor(values, dtype=torch.float64)).tolist()
-        n = self.world.world_size
-        out: dict[str, Any] = {name: totals[i] / n for i, name in enumerate(names)}
-        out["allreduce_s"] = totals[4] / n
-        out["bytes"] = int(totals[5])
-        by_bits = {str(b): int(v) for b, v in zip(BIT_WIDTHS, totals[6:11], strict=True) if v}
-        out["values_by_bits"] = by_bits
-        sent = sum(by_bits.values())
-        out["avg_bits"] = (
-            sum(int(b) * v for b, v in by_bits.items()) / sent
-            if sent
-            else float(FULL_PRECISION_BITS)
-        )
-        out["bytes_by_tag"] = {t: int(v) for t, v in zip(tags, totals[11:], strict=True)}
-        return out
+    def _reduce(self, counters: EpochCounters) -> EpochCounters:
+        """This epoch's counters combined over ranks (see ``EpochCounters.reduced``)."""
+
+        def all_reduce(tensor: torch.Tensor, how: str) -> torch.Tensor:
+            op = dist.ReduceOp.MAX if how == "max" else dist.ReduceOp.SUM
+            dist.all_reduce(tensor, op=op)
+            return tensor
+
+        bound = self.policy.max_staleness_bound if self.policy is not None else 0
+        return counters.reduced(all_reduce, self.world.world_size, self.tags, bound)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Everything this rank needs to continue the run exactly (for checkpoints)."""
+        state = {f"model/{k}": v for k, v in self.model.state_dict().items()}
+        for index, entries in self.optimizer.state_dict()["state"].items():
+            for name, value in entries.items():
+                state[f"optimizer/{index}/{name}"] = torch.as_tensor(value)
+        state.update({f"rng/{k}": v for k, v in self.world.rng_state().items()})
+        if self.policy is not None:
+            state.update({f"policy/{k}": v for k, v in self.policy.state_dict().items()})
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        parts: dict[str, dict[str, torch.Tensor]] = {}
+        for name, tensor in state.items():
+            kind, _, rest = name.partition("/")
+            parts.setdefault(kind, {})[rest] = tensor
+        self.model.load_state_dict(parts.get("model", {}))
+        optimizer = self.optimizer.state_dict()
+        optimizer["state"] = {}
+        for name, tensor in parts.get("optimizer", {}).items():
+            index, _, field = name.partition("/")
+            optimizer["state"].setdefault(int(index), {})[field] = tensor
+        self.optimizer.load_state_dict(optimizer)
+        self.world.set_rng_state(parts.get("rng", {}))
+        if self.policy is not None:
+            self.policy.load_state_dict(parts.get("policy", {}))
 
     def fit(
-        self, writer: RunWriter, on_epoch: Callable[[EpochRecord], None] | None = None
+        self,
+        writer: RunWriter,
+        on_epoch: Callable[[EpochRecord], None] | None = None,
+        checkpoints: Checkpointer | None = None,
+        resume: dict[str, Any] | None = None,
     ) -> Summary:
-        """Trains for ``train.epochs`` epochs, writing one record per epoch."""
+        """Trains until epoch ``train.epochs``, writing one record per epoch.
+
+        Args:
+            writer: receives every epoch's record.
+            on_epoch: called with every record (progress display).
+            checkpoints: saves checkpoints when due.
+            resume: the history of a checkpoint whose state was loaded
+                (``load_state_dict``): training continues after its epoch.
+        """
+        try:
+            return self._fit(writer, on_epoch, checkpoints, resume or {})
+        finally:
+            if self.policy is not None:
+                self.policy.close()
+
+    def _fit(
+        self,
+        writer: RunWriter,
+        on_epoch: Callable[[EpochRecord], None] | None,
+        checkpoints: Checkpointer | None,
+        resume: dict[str, Any],
+    ) -> Summary:
         cfg = self.config
-        records: list[EpochRecord] = []
-        best_val, best_epoch, test_at_best = -1.0, 0, 0.0
-        started = time.perf_counter()
-        for epoch in range(1, cfg.train.epochs + 1):
-            self._set_step(f"epoch {epoch}")
-            if self.exchanger is not None:
-                self.exchanger.stats.reset()
-            self.allreduce_s = 0.0
+        records = [EpochRecord(**r) for r in resume.get("records", [])]
+        best_val = resume.get("best_val", -1.0)
+        best_epoch = resume.get("best_epoch", 0)
+        test_at_best = resume.get("test_at_best", 0.0)
+        started = time.perf_counter() - resume.get("elapsed_s", 0.0)
+        first = len(records) + 1
+        for epoch in range(first, cfg.train.epochs + 1):
+            counters = EpochCounters()
+            if self.policy is not None:
+                self.policy.begin_epoch(epoch, counters)
             self.world.synchronize()
             t0 = time.perf_counter()
             try:
-                loss = self.train_step()
+                loss = self.train_step(counters)
             except RuntimeError as exc:
                 raise TrainingError(
                     f"rank {self.world.rank}: training step failed at epoch {epoch}: {exc}"
                 ) from exc
             self.world.synchronize()
             epoch_time = time.perf_counter() - t0
-            c = self._epoch_counters()
-            record = EpochRecord(
+            record = EpochRecord.from_counters(
                 epoch,
                 loss,
                 epoch_time,
-                c["exchange_s"],
-                c["wait_s"],
-                c["allreduce_s"],
-                c["bytes"],
-                bytes_by_tag=c["bytes_by_tag"],
-                quant_time_s=c["quant_s"],
-                dequant_time_s=c["dequant_s"],
-                avg_bits=c["avg_bits"],
-                values_by_bits=c["values_by_bits"],
+                self._reduce(counters),
                 wall_time_s=time.perf_counter() - started,
             )
-            if self.planner is not None:
-                self._set_step(f"epoch {epoch} bit-width assignment")
-                record.assign_time_s = self.planner.end_epoch(epoch)
+            if not math.isfinite(loss) and cfg.train.stop_on_nonfinite:
+                raise TrainingError(
+                    f"rank {self.world.rank}: training loss is {loss} at epoch {epoch}; "
+                    "check the learning rate and the input features (set "
+                    "train.stop_on_nonfinite=false to continue anyway)"
+                )
+            if self.policy is not None:
+                record.assign_time_s = self.policy.end_epoch(epoch)
             every = cfg.train.eval_every
             if (every and epoch % every == 0) or epoch == cfg.train.epochs:
-                self._set_step(f"epoch {epoch} evaluation")
+                self._at(f"epoch {epoch} evaluation")
                 acc = self.evaluate()
                 record.train_acc, record.val_acc, record.test_acc = (
                     acc["train_acc"],
@@ -283,6 +359,16 @@ class Trainer:
                     best_val, best_epoch, test_at_best = acc["val_acc"], epoch, acc["test_acc"]
             records.append(record)
             writer.log_epoch(record)
+            if checkpoints is not None and checkpoints.due(epoch, cfg.train.epochs):
+                self._at(f"epoch {epoch} checkpoint")
+                history = {
+                    "records": [dataclasses.asdict(r) for r in records],
+                    "best_val": best_val,
+                    "best_epoch": best_epoch,
+                    "test_at_best": test_at_best,
+                    "elapsed_s": time.perf_counter() - started,
+                }
+                checkpoints.save(epoch, self.state_dict(), history)
             if on_epoch is not None:
                 on_epoch(record)
         return self._summary(
@@ -321,7 +407,7 @@ class Trainer:
             comm_time_s=exchange,
             halo_bytes_per_epoch=last.halo_bytes,
             avg_bits=last.avg_bits,
-            max_staleness=0,
+            max_staleness=max(r.max_staleness for r in records),
             comm_wait_s=wait,
             allreduce_time_s=median("allreduce_time_s"),
             total_time_s=total_s,
@@ -341,7 +427,19 @@ class Trainer:
             transform_first=cfg.comm.transform_first,
             quant_scheme=cfg.quant.scheme if cfg.comm.mode in QUANTIZED_MODES else "",
             peak_memory_mb=float(peak) / 2**20,
+            staleness_bound=cfg.staleness.bound if cfg.comm.mode == "onebit" else 0,
+            staleness_histogram=_sum_histograms(r.staleness_by_tag for r in records),
         )
+
+
+def _sum_histograms(histograms) -> dict[str, dict[str, int]]:
+    total: dict[str, dict[str, int]] = {}
+    for by_tag in histograms:
+        for tag, hist in by_tag.items():
+            into = total.setdefault(tag, {})
+            for s, n in hist.items():
+                into[s] = into.get(s, 0) + n
+    return {t: dict(sorted(h.items(), key=lambda kv: int(kv[0]))) for t, h in sorted(total.items())}
 
 
 def _make_evaluator(info: dict[str, Any]):

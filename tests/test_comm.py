@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from adaqp.comm import BitPlan, HaloExchanger
+from adaqp.comm import BitPlan, ExchangeKey, HaloTransport
 from adaqp.config import CommConfig
 from adaqp.quant import mixed_buffer_bytes
 from adaqp.runtime import init_distributed, shutdown
@@ -33,15 +33,11 @@ def _exchange_worker(rank: int, world_size: int, init_method: str, bits: int):
     init_distributed(CommConfig(timeout_s=60), init_method, rank, world_size)
     try:
         send_idx, send_counts, recv_counts = _layout(rank, world_size)
-        ex = HaloExchanger(rank, send_idx, send_counts, recv_counts, timeout_s=60, seed=1)
+        transport = HaloTransport(rank, send_counts, recv_counts, timeout_s=60, seed=1)
         h = _rows(rank)
-        if bits:
-            ex.quantize = True
-            ex.plans["t/forward"] = BitPlan(
-                torch.full((len(send_idx),), bits, dtype=torch.int8),
-                torch.full((sum(recv_counts),), bits, dtype=torch.int8),
-            )
-        halo = ex.start(h, tag="t/forward").wait()
+        plan = BitPlan.uniform(bits, len(send_idx), sum(recv_counts), "cpu") if bits else None
+        pending = transport.start(h[send_idx], ExchangeKey.forward(1), plan)
+        halo = pending.wait()
         expected_bytes = sum(
             mixed_buffer_bytes(torch.full((c,), bits, dtype=torch.int8), DIM)
             if bits
@@ -50,7 +46,7 @@ def _exchange_worker(rank: int, world_size: int, init_method: str, bits: int):
         )
         return {
             "halo": halo.numpy(),
-            "bytes": np.array(ex.stats.bytes_sent),
+            "bytes": np.array(pending.bytes_sent),
             "expected_bytes": np.array(expected_bytes),
         }
     finally:

@@ -50,9 +50,11 @@ def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, sc
             "sent_ids": graph.global_ids[graph.send_idx.numpy()],
             "avg_bits": np.array(summary.avg_bits),
         }
-        if trainer.planner.forward_coef is not None:
-            out["forward_coef"] = trainer.planner.forward_coef.numpy()
-        for tag, plan in trainer.exchanger.plans.items():
+        planner = trainer.policy.planner
+        if planner.forward_coef is not None:
+            out["forward_coef"] = planner.forward_coef.numpy()
+        for key, plan in planner.plans.items():
+            tag = str(key)
             out[f"{tag}/out"] = plan.out_bits.numpy()
             out[f"{tag}/in"] = plan.in_bits.numpy()
         return out

@@ -17,6 +17,17 @@ SMALL_SYNTHETIC: tuple[str, ...] = (
 the 1M-node ``configs/synthetic-*.toml`` are for real hosts."""
 
 
+MODE_VARIANTS: dict[str, tuple[str, ...]] = {
+    "vanilla": ("--mode", "vanilla"),
+    "adaqp-q": ("--mode", "adaqp-q"),
+    "adaqp-p": ("--mode", "adaqp-p"),
+    "adaqp": ("--mode", "adaqp"),
+    "onebit-s1": ("--mode", "onebit", "--set", "staleness.bound=1"),
+    "onebit-s2": ("--mode", "onebit", "--set", "staleness.bound=2"),
+}
+"""Benchmark variants: a name and the ``adaqp.train`` flags that select it."""
+
+
 def torchrun_train(nproc: int, train_args: list[str], timeout_s: float, what: str) -> None:
     """Runs ``adaqp.train`` under a standalone torchrun with ``nproc`` workers.
 

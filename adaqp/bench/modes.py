@@ -1,4 +1,5 @@
-"""Modes side by side: vanilla, adaqp-q, adaqp-p, adaqp and uniform 2/4/8-bit quantization,
+"""Modes side by side: vanilla, adaqp-q, adaqp-p, adaqp, onebit (S = 1, 2) and uniform
+2/4/8-bit quantization,
 several seeds each, every run a real ``torchrun`` job of the unchanged trainer.
 
 Writes ``results/bench/modes-<dataset>.json`` (every run's summary plus aggregates) and
@@ -16,15 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from adaqp.bench import SMALL_SYNTHETIC, torchrun_train
+from adaqp.bench import MODE_VARIANTS, SMALL_SYNTHETIC, torchrun_train
 
 logger = logging.getLogger(__name__)
 
 VARIANTS: dict[str, tuple[str, ...]] = {
-    "vanilla": ("--mode", "vanilla"),
-    "adaqp-q": ("--mode", "adaqp-q"),
-    "adaqp-p": ("--mode", "adaqp-p"),
-    "adaqp": ("--mode", "adaqp"),
+    **MODE_VARIANTS,
     "uniform-2": ("--mode", "adaqp-q", "--set", "quant.scheme=uniform", "--set", "quant.bits=2"),
     "uniform-4": ("--mode", "adaqp-q", "--set", "quant.scheme=uniform", "--set", "quant.bits=4"),
     "uniform-8": ("--mode", "adaqp-q", "--set", "quant.scheme=uniform", "--set", "quant.bits=8"),
