@@ -8,7 +8,9 @@ import logging
 import shutil
 import urllib.error
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -190,11 +192,119 @@ def test_synthetic_learnable() -> None:
         ({"num_nodes": 2.5}, "num_nodes"),
         ({"train_fraction": 0.6, "val_fraction": 0.3, "test_fraction": 0.3}, "test_fraction"),
         ({"avg_degree": 0.0}, "avg_degree"),
+        ({"communities": 1}, "communities"),
+        ({"num_nodes": 100, "num_classes": 4, "communities": 26}, "communities"),
+        ({"communities": 4.0}, "communities"),
+        ({"communities": 8, "inter_community": 1.5}, "inter_community"),
     ],
 )
 def test_synthetic_spec_validation(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         SyntheticSpec(**kwargs)
+
+
+# Fingerprints of graphs made by generate_synthetic before communities existed (commit
+# 5e4c213's adaqp/datasets.py, `generate_synthetic(spec).fingerprint()` for these specs).
+# Communities at their default (0) must reproduce them bit for bit.
+_FINGERPRINTS_BEFORE_COMMUNITIES = [
+    ({}, "7796a08579ded96e0c617b725c7499fa"),
+    (
+        {"num_nodes": 3000, "avg_degree": 10.0, "power_law": 2.5, "seed": 7},
+        "6fd49d5b2f52af22850c2f9e7b98619e",
+    ),
+    (
+        {
+            "num_nodes": 20000,
+            "avg_degree": 10.0,
+            "feature_dim": 64,
+            "feature_noise": 2.0,
+            "power_law": 2.5,
+        },
+        "5bcd8403b9a3a905eddd708a20a6e692",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "fingerprint"), _FINGERPRINTS_BEFORE_COMMUNITIES)
+def test_synthetic_without_communities_unchanged(kwargs: dict, fingerprint: str) -> None:
+    assert datasets.generate_synthetic(SyntheticSpec(**kwargs)).fingerprint() == fingerprint
+    # inter_community only matters with communities.
+    spec = SyntheticSpec(**kwargs, communities=0, inter_community=0.5)
+    assert datasets.generate_synthetic(spec).fingerprint() == fingerprint
+
+
+def _communities(g: GraphData, k: int) -> np.ndarray:
+    """The generator's community of each node: its rank within its class, cut into k runs."""
+    rank = np.empty(g.num_nodes, dtype=np.int64)
+    for c in range(g.num_classes):
+        members = np.flatnonzero(g.labels == c)
+        rank[members] = np.arange(members.size) * k // members.size
+    return rank
+
+
+@pytest.mark.parametrize("power_law", [0.0, 2.5])
+def test_synthetic_communities(power_law: float) -> None:
+    spec = SyntheticSpec(
+        num_nodes=4000,
+        avg_degree=10.0,
+        homophily=0.7,
+        power_law=power_law,
+        communities=16,
+        inter_community=0.05,
+        seed=2,
+    )
+    g = load_dataset("synthetic", synthetic=spec)
+    assert g.fingerprint() == load_dataset("synthetic", synthetic=spec).fingerprint()
+    a = _adjacency(g)
+    assert (a != a.T).nnz == 0 and a.diagonal().sum() == 0
+    assert g.num_edges == 2 * 20000  # duplicates are redrawn: the degree is exact
+    rows = _rows(g)
+    homophily = np.mean(g.labels[rows] == g.labels[g.indices])
+    community = _communities(g, spec.communities)
+    inter = np.mean(community[rows] != community[g.indices])
+    assert homophily == pytest.approx(g.info["sampled_edge_homophily"])
+    assert inter == pytest.approx(g.info["sampled_inter_community"])
+    assert abs(homophily - 0.7) < 0.015 and abs(inter - 0.05) < 0.006
+    # Each community holds an equal share of every class.
+    cells = np.bincount(community * g.num_classes + g.labels)
+    assert cells.min() >= 31 and cells.max() <= 32  # 500 nodes per class / 16
+    degree = np.diff(g.indptr)
+    if power_law:
+        assert degree.max() > 10 * np.median(degree)  # still heavy-tailed
+    else:
+        assert degree.max() < 3 * degree.mean()
+
+
+def test_synthetic_communities_give_locality() -> None:
+    from partition.assign import assign_parts
+
+    spec = SyntheticSpec(num_nodes=4000, avg_degree=10.0, power_law=2.5)
+    cuts = []
+    for communities in (0, 16):
+        g = load_dataset("synthetic", synthetic=dataclasses.replace(spec, communities=communities))
+        parts = assign_parts(g.indptr, g.indices, 4)
+        cuts.append(np.mean(parts[_rows(g)] != parts[g.indices]))
+    assert cuts[0] > 0.2 and cuts[1] < 0.08
+
+
+def test_synthetic_communities_learnable() -> None:
+    spec = SyntheticSpec(num_nodes=2000, feature_dim=32, train_fraction=0.2, seed=5, communities=8)
+    g = load_dataset("synthetic", synthetic=spec)
+    a = _adjacency(g)
+    deg = np.maximum(np.asarray(a.sum(1)).ravel(), 1.0)
+    neigh = (a @ g.features) / deg[:, None]
+    feat_only = _ridge_accuracy(g.features, g)
+    with_graph = _ridge_accuracy(np.hstack([g.features, neigh]), g)
+    assert feat_only < 0.6 and with_graph > 0.75 and with_graph > feat_only + 0.2
+
+
+def test_synthetic_communities_too_small_warns(caplog) -> None:
+    # One node per (community, class) cell: no edge can stay inside a cell.
+    spec = SyntheticSpec(num_nodes=40, num_classes=2, avg_degree=4.0, communities=20)
+    with caplog.at_level(logging.WARNING, logger="adaqp.datasets"):
+        g = load_dataset("synthetic", synthetic=spec)
+    assert "too small" in caplog.text
+    assert 0 < g.num_edges < 2 * 80
 
 
 # --------------------------------------------------------------------------- GraphData
@@ -311,6 +421,103 @@ def test_npz_missing_key(tmp_path: Path) -> None:
         load_dataset("npz", path=tmp_path / "nope.npz")
     with pytest.raises(ValueError, match="path"):
         load_dataset("npz")
+
+
+def _set(key: str, value: Any) -> Callable[[dict], None]:
+    def apply(arrays: dict) -> None:
+        arrays[key] = value(arrays[key]) if callable(value) else value
+
+    return apply
+
+
+def _non_monotone(indptr: np.ndarray) -> np.ndarray:
+    indptr = indptr.copy()
+    indptr[1], indptr[2] = indptr[2] + 1, indptr[1]  # keeps both ends, breaks the order
+    return indptr
+
+
+def _index(at: int, value: float) -> Callable[[np.ndarray], np.ndarray]:
+    def apply(arr: np.ndarray) -> np.ndarray:
+        arr = arr.copy()
+        arr.reshape(-1)[at] = value
+        return arr
+
+    return apply
+
+
+def _first_unlabelled(arrays: dict) -> None:
+    arrays["labels"] = arrays["labels"].copy()
+    arrays["labels"][np.flatnonzero(~arrays["train_mask"])[0]] = -2
+
+
+# One bad input per row: how it is broken, and what the error must say.
+_BAD_INPUTS = [
+    (
+        "label-too-large",
+        _set("labels", lambda x: np.where(np.arange(len(x)) == 7, 8, x)),
+        r"labels must lie in \[0, 8\).*got 8 at node 7",
+    ),
+    ("label-negative", _first_unlabelled, r"labels must lie in \[0, 8\).*got -2"),
+    (
+        "feature-nan",
+        _set("features", _index(5 * 64 + 3, np.nan)),
+        r"NaN or Inf \(first at node 5\)",
+    ),
+    ("feature-inf", _set("features", _index(9 * 64, -np.inf)), r"NaN or Inf \(first at node 9\)"),
+    (
+        "mask-length",
+        _set("val_mask", lambda x: x[:-1]),
+        r"val_mask has 299 rows, expected num_nodes=300",
+    ),
+    ("train-empty", _set("train_mask", lambda x: np.zeros_like(x)), r"train_mask is empty"),
+    (
+        "indptr-length",
+        _set("indptr", lambda x: x[:-1]),
+        r"indptr must start at 0 and end at len\(indices\)",
+    ),
+    ("indptr-order", _set("indptr", _non_monotone), r"indptr must be non-decreasing"),
+    ("index-range", _set("indices", _index(11, 300)), r"indices must lie in \[0, 300\)"),
+    (
+        "feature-rows",
+        _set("features", lambda x: x[:-2]),
+        r"features has 298 rows, expected num_nodes=300",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "corrupt", "message"), _BAD_INPUTS, ids=[c[0] for c in _BAD_INPUTS]
+)
+def test_load_rejects_bad_input(tmp_path: Path, case: str, corrupt, message: str) -> None:
+    g = _small_graph()
+    arrays = {key: getattr(g, key) for key in datasets._ARRAYS}
+    corrupt(arrays)
+    path = tmp_path / f"{case}.npz"
+    np.savez(path, **arrays, num_classes=np.int64(g.num_classes), name=np.str_(f"bad-{case}"))
+    # The message names the dataset (and its file) and the problem.
+    with pytest.raises(ValueError, match=rf"^dataset 'bad-{case}' \(.*{case}\.npz\): .*{message}"):
+        load_dataset("npz", path=path)
+
+
+def test_converters_and_generators_validate() -> None:
+    n = 3
+    ndata = {
+        "feat": np.array([[0.0], [np.nan], [1.0]]),
+        "label": np.array([0, 1, 0]),
+        "train_mask": np.array([True, False, False]),
+        "val_mask": np.array([False, True, False]),
+        "test_mask": np.array([False, False, True]),
+    }
+    with pytest.raises(ValueError, match=r"^dataset 'toy': features hold NaN or Inf"):
+        from_dgl(_FakeDGLGraph(np.array([0]), np.array([2]), ndata), name="toy")
+    ndata["feat"] = np.eye(n)
+    with pytest.raises(ValueError, match=r"^dataset 'toy' from dgl: edges: src ids"):
+        from_dgl(_FakeDGLGraph(np.array([3]), np.array([2]), ndata), name="toy")
+    # A split too small to hold a training node is caught where the graph is generated.
+    with pytest.raises(ValueError, match=r"^dataset 'synthetic': train_mask is empty"):
+        datasets.generate_synthetic(
+            SyntheticSpec(num_nodes=20, avg_degree=4.0, train_fraction=0.01)
+        )
 
 
 # --------------------------------------------------------------------------- OGB
