@@ -91,6 +91,18 @@ def test_pack_bit_order_and_padding():
     assert pack(torch.tensor([[0xA, 0x5, 0xF]], dtype=torch.uint8), 4).tolist() == [[0x5A, 0x0F]]
 
 
+@pytest.mark.parametrize("bits", [1, 2, 4])
+@pytest.mark.parametrize("dim", [1, 8, 13, 64, 67])
+def test_pack_matches_slot_packing(bits: int, dim: int):
+    # The word-shift packer against the plain strided-slice one (kept for big-endian hosts).
+    codes = torch.randint(0, 1 << bits, (5, dim), generator=_gen(dim + bits), dtype=torch.uint8)
+    assert torch.equal(pack(codes, bits), Q._pack_slots(codes, bits))
+    # pack works on a copy: the caller's codes are left as they were.
+    before = codes.clone()
+    pack(codes, bits)
+    assert torch.equal(codes, before)
+
+
 # --------------------------------------------------------------------------- statistics
 
 
@@ -154,6 +166,71 @@ def test_variance_matches_analytic_and_bound(bits: int):
     assert analytic[-1].item() == pytest.approx(30 * step[-1].item() ** 2 / 4)
 
 
+def _every_draw(dim: int):
+    """A stand-in for ``_fill_noise_`` that gives every value of row c the draw c mod 2**15.
+
+    Quantizing one row repeated 2**15 times then takes each draw once per value, so the mean
+    over the copies is the exact expectation over the noise.
+    """
+    drawn = 0
+
+    def fill(words: torch.Tensor, generator) -> torch.Tensor:
+        nonlocal drawn
+        count = 2 * words.numel()  # blocks hold whole rows, and dim is even
+        element = torch.arange(drawn, drawn + count, device=words.device)
+        drawn += count
+        draws = (element // dim % 2**15).to(torch.int16)
+        words.view(torch.int16).copy_(draws)
+        return words
+
+    return fill
+
+
+def _exact_expectation(x_row: torch.Tensor, bits: int, monkeypatch) -> torch.Tensor:
+    """float64 ``E[x̂]`` over all 2**15 noise draws, for one float32 row ``[D]``."""
+    dim = x_row.numel()
+    assert dim % 2 == 0
+    monkeypatch.setattr(Q, "_fill_noise_", _every_draw(dim))
+    xhat = dequantize(quantize(x_row.repeat(2**15, 1), bits, _gen(0)))
+    monkeypatch.undo()
+    return xhat.double().mean(0)
+
+
+@pytest.mark.parametrize("bits", SUPPORTED_BITS)
+def test_noise_resolution_bias_bound_is_exact_and_tight(bits: int, monkeypatch):
+    # m = 0 and M = L give a step of exactly 1, so t = x with no float rounding anywhere: the
+    # only bias left is that of the 15-bit draw, E[q] = round(2**15 t) / 2**15.
+    levels = _levels(bits)
+    g = _gen(40 + bits)
+    k = torch.randint(0, levels, (40,), generator=g).double()
+    frac = torch.cat(
+        [
+            torch.tensor([2.0**-16, 3 * 2.0**-17, 2.0**-17, 2.0**-15, 0.5, 1 - 2.0**-16]),
+            torch.rand(34, generator=g, dtype=torch.float64),
+        ]
+    )
+    inner = (k + frac).float()  # the float32 values are the points; with Δ = 1, t = x exactly
+    x = torch.cat([torch.tensor([0.0, float(levels)]), inner])
+    expected = torch.round(x.double() * 2**15) / 2**15  # round half to even, as float32 adds do
+    mean = _exact_expectation(x, bits, monkeypatch)
+    assert torch.equal(mean, expected)
+    bias = (mean - x.double()).abs()
+    assert bool((bias <= 2.0**-16).all())  # the documented bound, Δ / 2**16 with Δ = 1
+    assert bias.max().item() == 2.0**-16  # ...attained (at 2**15 t = 1/2): the test has teeth
+
+
+@pytest.mark.parametrize("bits", SUPPORTED_BITS)
+def test_noise_resolution_bias_bound_on_general_rows(bits: int, monkeypatch):
+    # Rows at assorted scales and offsets, where t carries float32 rounding as well.
+    for r, x in enumerate(_test_rows()):
+        mean = _exact_expectation(x, bits, monkeypatch)
+        m, big = x.amin().double(), x.amax().double()
+        step = (big - m) / _levels(bits)
+        # Beyond Δ / 2**16: float32 rounding of t (a few ulps of t <= L) and of m + q·Δ.
+        slack = step * _levels(bits) * 2.0**-21 + 4 * torch.finfo(torch.float32).eps * x.abs().max()
+        assert bool(((mean - x.double()).abs() <= step * 2.0**-16 + slack).all()), r
+
+
 # --------------------------------------------------------------------------- bounds and clamping
 
 
@@ -186,43 +263,68 @@ def _overshooting_range(bits: int) -> tuple[float, float]:
     return m[i].item(), big[i].item()
 
 
+def _far_overshooting_range(bits: int) -> tuple[float, float]:
+    """(0, M) with t above L by more than the 2**-16 that rounding to 2**-15 absorbs.
+
+    A normal step puts t at most an ulp above L, which the 15-bit rounding takes back to L;
+    a subnormal step (a range near 1e-43) is coarse enough to overshoot further.
+    """
+    levels = _levels(bits)
+    big = torch.logspace(-44, -40, 4000, dtype=torch.float64).float()
+    step = big / levels
+    t = big / step
+    hits = ((step > 0) & (torch.round(t * 2**15) > levels * 2**15)).nonzero()
+    assert hits.numel() > 0, "no float32 overshoot found; widen the search"
+    return 0.0, big[hits[0, 0]].item()
+
+
 @pytest.mark.parametrize("path", ["single", "mixed"])
-@pytest.mark.parametrize("bits", [4, 8])
-def test_clamp_prevents_neighbour_corruption(bits: int, path: str, monkeypatch: pytest.MonkeyPatch):
-    m, big = _overshooting_range(bits)
+@pytest.mark.parametrize(
+    ("bits", "scale"),
+    [(4, "normal"), (8, "normal"), (2, "subnormal"), (4, "subnormal"), (8, "subnormal")],
+)
+def test_clamp_prevents_neighbour_corruption(
+    bits: int, path: str, scale: str, monkeypatch: pytest.MonkeyPatch
+):
+    m, big = (_overshooting_range if scale == "normal" else _far_overshooting_range)(bits)
     # Alternate M (t > L after rounding) with m (code 0) so an L + 1 code at an M position
-    # would set a bit of the neighbouring m code (4 bits) or wrap to 0 (8 bits).
+    # would set a bit of the neighbouring m code (2 and 4 bits) or wrap to 0 (8 bits).
     row = torch.tensor([big, m] * 8 + [big], dtype=torch.float32)
     x = row.repeat(4, 1)
     dim = x.shape[1]
     assert ((x - m) / ((big - m) / _levels(bits)) > _levels(bits)).any()  # precondition
 
-    # u = 0 is a legal draw that rounds up whenever frac > 0: the worst case, deterministic.
+    # u = 2**15 - 1 is a legal draw that rounds up whenever 2**15·t is not a whole number: the
+    # worst case, deterministic.
     calls = []
 
-    def zero_rand(*size, generator=None, dtype=None, device=None, **kw):
-        calls.append(size)
-        return torch.zeros(*size, dtype=dtype or torch.float32, device=device)
+    def max_noise(words, generator):
+        calls.append(words.numel())
+        return words.fill_(0x7FFF7FFF)  # both 15-bit draws of every word at their maximum
 
-    monkeypatch.setattr(torch, "rand", zero_rand)
+    monkeypatch.setattr(Q, "_fill_noise_", max_noise)
     if path == "single":
         q = quantize(x, bits, _gen(0))
     else:
         # The adversarial rows share the buffer with rows at other widths.
-        bits_r = torch.tensor([bits, 1, bits, 2, bits, bits], dtype=torch.int8)
+        one, other = [b for b in SUPPORTED_BITS if b != bits][:2]
+        bits_r = torch.tensor([bits, one, bits, other, bits, bits], dtype=torch.int8)
         x = torch.cat([x[:1], torch.randn(1, dim), x[1:2], torch.randn(1, dim), x[2:]])
         group = _parse_mixed(quantize_mixed(x, bits_r, _gen(0)), bits_r, dim)[bits]
         x = x[bits_r == bits]
         q = QuantizedRows(group.packed.clone(), group.minimum, group.maximum, bits, dim)
     monkeypatch.undo()
-    assert calls, "quantization no longer draws through torch.rand; update this test"
+    assert calls, "quantization no longer draws through _fill_noise_; update this test"
 
     codes = unpack(q.packed, bits, dim)
     assert bool((codes <= _levels(bits)).all())
     assert bool((codes[:, 0::2] == _levels(bits)).all()) and bool((codes[:, 1::2] == 0).all())
     xhat = dequantize(q)
     assert bool((xhat[:, 1::2] == m).all())  # neighbours untouched
-    assert torch.allclose(xhat[:, 0::2], torch.full_like(xhat[:, 0::2], big), rtol=1e-6, atol=0)
+    top = min(m + _levels(bits) * q.step[0].item(), big)  # code L, as float32 reconstructs it
+    assert torch.equal(xhat[:, 0::2], torch.full_like(xhat[:, 0::2], top))
+    if scale == "normal":
+        assert torch.allclose(xhat[:, 0::2], torch.full_like(xhat[:, 0::2], big), rtol=1e-6)
 
 
 def test_clamp_under_real_noise():
@@ -233,6 +335,80 @@ def test_clamp_under_real_noise():
     xhat = dequantize(quantize(x, 8, _gen(3)))
     assert bool((xhat[:, 1::2] == m).all())
     assert torch.allclose(xhat[:, 0::2], torch.full_like(xhat[:, 0::2], big), rtol=1e-6, atol=0)
+
+
+# --------------------------------------------------------------------------- one bit
+
+
+def _one_bit_rows() -> torch.Tensor:
+    """[6, 24] rows incl. one where m + fl(M - m) rounds away from M (M - m is not exact)."""
+    rows = _test_rows()[:, :16]
+    rows = torch.cat([rows, torch.randn(1, 16, generator=_gen(3))])
+    extreme = torch.cat([torch.tensor([-3.0, 1e-8]), torch.linspace(-2.9, 0.0, 14)])
+    x = torch.cat([rows, extreme[None]])
+    return torch.cat([x, x[:, :8] * 0.5], dim=1)
+
+
+def test_one_bit_values_are_row_extremes():
+    x = _one_bit_rows()
+    m, big = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
+    assert bool(((m + (big - m)) != big).any())  # precondition: m + 1·Δ misses M somewhere
+    xhat = dequantize(quantize(x.repeat(50, 1), 1, _gen(9))).view(50, *x.shape)
+    assert bool(((xhat == m) | (xhat == big)).all())
+    assert bool((xhat == big).any()) and bool((xhat == m).any())
+    bits_r = torch.ones(x.shape[0], dtype=torch.int8)
+    xhat = dequantize_mixed(quantize_mixed(x, bits_r, _gen(9)), bits_r, x.shape[1])
+    assert bool(((xhat == m) | (xhat == big)).all())
+
+
+def test_one_bit_unbiased():
+    # Each value becomes M with probability p = (x - m) / (M - m), else m: mean x and variance
+    # (M - m)² p (1 - p). The mean of n draws must sit within 5 standard errors of x.
+    x = _one_bit_rows()
+    n = 4000
+    xhat = dequantize(quantize(x.repeat(n, 1), 1, _gen(10))).view(n, *x.shape).double()
+    x64 = x.double()
+    m, big = x64.amin(1, keepdim=True), x64.amax(1, keepdim=True)
+    p = (x64 - m) / (big - m)
+    se = (big - m) * torch.sqrt(p * (1 - p) / n)
+    # The 15-bit draw can shift p by 2**-16, float32 rounding of p by a few ulps.
+    slack = (big - m) * (2.0**-16 + 1e-6)
+    err = xhat.mean(0) - x64
+    assert bool((err.abs() <= 5 * se + slack).all())
+    assert err.sum().abs() <= 4 * torch.sqrt((se**2).sum()) + slack.sum()
+    # The frequency of M is p, and the empirical variance matches the analytic one.
+    freq = (xhat == big.float().double()).double().mean(0)
+    assert bool(((freq - p).abs() <= 5 * torch.sqrt(p * (1 - p) / n) + 1e-6).all())
+    var = xhat.var(0)
+    analytic = (big - m) ** 2 * p * (1 - p)
+    assert bool(((var - analytic).abs() <= 0.1 * (big - m) ** 2 / 4 + 1e-12).all())
+    # The criterion has teeth: rounding to the nearest extreme is biased and fails it.
+    nearest = torch.where(p >= 0.5, big, m)
+    assert not bool(((nearest - x64).abs() <= 5 * se + slack).all())
+
+
+@pytest.mark.parametrize("dim", [1, 7, 8, 9, 64, 100])
+def test_one_bit_pack_round_trip_and_bytes(dim: int):
+    codes = torch.randint(0, 2, (11, dim), generator=_gen(dim), dtype=torch.uint8)
+    packed = pack(codes, 1)
+    assert packed.shape == (11, -(-dim // 8))
+    assert torch.equal(unpack(packed, 1, dim), codes)
+    # Code j is bit j % 8 of byte j // 8; the tail of the last byte is zero.
+    weights = 2 ** torch.arange(8)
+    expected = torch.nn.functional.pad(codes.long(), (0, 8 * packed.shape[1] - dim))
+    assert torch.equal(packed.long(), (expected.view(11, -1, 8) * weights).sum(-1))
+    # Exact wire size: ceil(D / 8) payload bytes + 8 metadata bytes per row, on every path.
+    x = torch.randn(11, dim, generator=_gen(dim))
+    q = quantize(x, 1, _gen(1))
+    per_row = -(-dim // 8) + 8
+    assert q.packed.shape == (11, -(-dim // 8))
+    assert q.nbytes == message_bytes(11, dim, 1) == 11 * per_row
+    bits_r = torch.ones(11, dtype=torch.int8)
+    assert (
+        quantize_mixed(x, bits_r, _gen(1)).numel()
+        == mixed_buffer_bytes(bits_r, dim)
+        == 11 * per_row
+    )
 
 
 # --------------------------------------------------------------------------- edge cases
@@ -458,3 +634,62 @@ def test_mixed_size_matches_message_bytes():
     assert mixed_buffer_bytes(bits_r.long(), 30) == mixed_buffer_bytes(bits_r, 30)
     assert Q.row_step(torch.tensor([1.0]), torch.tensor([4.0]), 3).item() == 1.0
     assert mixed_buffer_bytes(torch.tensor([1]), 9) == 8 + 2
+
+
+# --------------------------------------------------------------------------- reference and blocks
+
+
+def _on_grid_rows(bits_r: torch.Tensor, dim: int, seed: int) -> torch.Tensor:
+    """Integer rows spanning [0, L_row]: on their grid, so quantization is exact."""
+    g = _gen(seed)
+    rows = []
+    for b in bits_r.tolist():
+        inner = torch.randint(0, _levels(b) + 1, (dim - 2,), generator=g).float()
+        rows.append(torch.cat([torch.tensor([0.0, float(_levels(b))]), inner]))
+    return torch.stack(rows)
+
+
+def test_wire_format_matches_reference():
+    from adaqp.bench.quant import reference_dequantize_mixed, reference_quantize_mixed
+
+    bits_r = torch.tensor(SUPPORTED_BITS, dtype=torch.int8)[
+        torch.randperm(30, generator=_gen(4)) % 4
+    ]
+    dim = 19
+    # On the grid no draw changes a code: both encoders must write the same bytes.
+    x = _on_grid_rows(bits_r, dim, 5)
+    new = quantize_mixed(x, bits_r, _gen(0))
+    assert torch.equal(new, reference_quantize_mixed(x, bits_r, _gen(0)))
+    # Off the grid each code is floor(t) or floor(t) + 1 on both paths; each decoder reads
+    # the other's buffers, and they agree on every row of width > 1 (one bit: exact m or M).
+    x = torch.randn(30, dim, generator=_gen(6)) * torch.logspace(-2, 2, 30)[:, None]
+    step = (x.amax(1) - x.amin(1)) / (2 ** bits_r.float() - 1)
+    new = quantize_mixed(x, bits_r, _gen(1))
+    old = reference_quantize_mixed(x, bits_r, _gen(1))
+    assert torch.equal(new[: 8 * 30], old[: 8 * 30])  # exact float32 metadata
+    wide = bits_r > 1
+    for buf in (new, old):
+        ours = dequantize_mixed(buf, bits_r, dim)
+        theirs = reference_dequantize_mixed(buf, bits_r, dim)
+        assert torch.equal(ours[wide], theirs[wide])
+        assert bool(((ours - theirs).abs() <= 1e-6 * x.abs().amax(1, keepdim=True)).all())
+    gap = (dequantize_mixed(new, bits_r, dim) - dequantize_mixed(old, bits_r, dim)).abs()
+    ulps = 4 * torch.finfo(torch.float32).eps * x.abs().amax(1, keepdim=True)
+    assert bool((gap <= step[:, None] + ulps).all())
+
+
+@pytest.mark.parametrize("block_values", [40, 100, 1000])
+def test_blocks_split_rows_without_changing_layout(block_values: int, monkeypatch):
+    # Small CPU blocks, so that blocks end inside runs of one width and rows of several widths
+    # share a block; the buffer must not depend on the block size (on the grid, exactly).
+    monkeypatch.setattr(Q, "_CPU_BLOCK_VALUES", block_values)
+    bits_r = torch.tensor([8, 1, 1, 4, 2, 2, 2, 8, 1, 4, 4, 2, 8, 8, 1], dtype=torch.int8)
+    dim = 21
+    x = _on_grid_rows(bits_r, dim, 7)
+    buf = quantize_mixed(x, bits_r, _gen(0))
+    assert torch.equal(dequantize_mixed(buf, bits_r, dim), x)
+    monkeypatch.undo()
+    assert torch.equal(buf, quantize_mixed(x, bits_r, _gen(0)))
+    for bits in SUPPORTED_BITS:
+        rows = x[bits_r == bits]
+        assert torch.equal(dequantize(quantize(rows, bits, _gen(1))), rows)

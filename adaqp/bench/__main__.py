@@ -6,9 +6,15 @@ import argparse
 import logging
 import sys
 
-from adaqp.bench import aggregate, cluster, modes, scaling
+from adaqp.bench import aggregate, cluster, modes, quant, scaling
 
-BENCHMARKS = {"aggregate": aggregate, "modes": modes, "cluster": cluster, "scaling": scaling}
+BENCHMARKS = {
+    "aggregate": aggregate,
+    "modes": modes,
+    "cluster": cluster,
+    "scaling": scaling,
+    "quant": quant,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
