@@ -34,6 +34,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_DIR = "checkpoints"
+"""Where a run's checkpoints go inside its output directory (``checkpoint.dir`` empty)."""
 FORMAT = "adaqp-checkpoint"
 VERSION = 1
 MANIFEST = "manifest.json"
@@ -230,6 +232,11 @@ def remove_all(root: Path) -> None:
         root.rmdir()
 
 
+def checkpoint_root(config, out_dir: Path) -> Path:
+    """``checkpoint.dir``, or ``<out>/checkpoints``."""
+    return Path(config.checkpoint.dir) if config.checkpoint.dir else Path(out_dir) / DEFAULT_DIR
+
+
 class Checkpointer:
     """Saves and restores one run's checkpoints on every rank (collective calls).
 
@@ -254,11 +261,11 @@ class Checkpointer:
         """The checkpoints of a run: ``checkpoint.dir`` or ``<out>/checkpoints``, matched
         against the config's fingerprint and the partition's metadata checksum."""
         section = config.checkpoint
-        root = Path(section.dir) if section.dir else Path(out_dir) / "checkpoints"
         fingerprint = {
             **config.fingerprint(),
             "partition.metadata_sha256": meta.get("metadata_sha256", ""),
         }
+        root = checkpoint_root(config, out_dir)
         return cls(root, world, section.every, section.keep, fingerprint)
 
     def due(self, epoch: int, last_epoch: int) -> bool:

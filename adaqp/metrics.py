@@ -265,6 +265,12 @@ class Summary:
     """Mode onebit: the configured bound S (0 for synchronous modes)."""
     staleness_histogram: dict[str, dict[str, int]] = field(default_factory=dict)
     """Whole run, per exchange: how many times halo rows s epochs old were used."""
+    restarts: int = 0
+    """Times torchrun restarted the worker group (--max-restarts) during this run."""
+    resumed_from_epoch: int = 0
+    """The checkpoint's epoch this run continued from (0: started fresh)."""
+    epochs_redone: int = 0
+    """Epochs run past that checkpoint before the failure, and so trained again."""
 
 
 def median_after_warmup(values: list[float], warmup: int) -> float:
@@ -276,13 +282,18 @@ def median_after_warmup(values: list[float], warmup: int) -> float:
 class RunWriter:
     """Writes a run's files; a no-op on ranks other than 0."""
 
-    def __init__(self, out_dir: str | Path, enabled: bool):
+    def __init__(self, out_dir: str | Path, enabled: bool, history: dict[str, Any] | None = None):
+        """``history``: a resumed checkpoint's; its records start ``metrics.jsonl`` (lines
+        a failed run logged after that checkpoint are dropped: those epochs are redone)."""
         self.out_dir = Path(out_dir)
         self.enabled = enabled
         self._jsonl = None
         if enabled:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self._jsonl = open(self.out_dir / "metrics.jsonl", "w")  # noqa: SIM115
+            for record in (history or {}).get("records", []):
+                self._jsonl.write(json.dumps(record) + "\n")
+            self._jsonl.flush()
 
     def write_config(self, config: dict[str, Any]) -> None:
         if self.enabled:

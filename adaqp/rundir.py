@@ -10,12 +10,13 @@ Rank 0 claims ``--out`` before any other work and holds it until its process end
       config.json     -+
       metrics.jsonl    +- adaqp.metrics.RunWriter's files; summary.json is written
       summary.json    -+  only once the run is complete
+      checkpoints/    adaqp.checkpoint's files (unless checkpoint.dir puts them elsewhere)
 
 A directory with a ``summary.json`` holds a finished run, and one whose lock is held
 holds a running run. A new run into a finished one is refused unless it starts fresh
-(``overwrite``: removes only ``PROJECT_FILES``, so the old summary never sits beside a
-new config) or continues it (``resume``: until checkpoints exist ``find_checkpoint``
-finds none, so it is refused too); a running run is never joined. The output of a
+(``overwrite``: removes only ``PROJECT_FILES`` and the checkpoints, so the old summary
+never sits beside a new config) or continues it from its newest complete checkpoint
+(``resume``); a running run is never joined. The output of a
 failed or interrupted run says so in ``status.json`` and has no ``summary.json``; a new
 run may start over it. ``status.json`` still saying "running" with no lock held is the
 trace of a run whose process died without a word.
@@ -36,6 +37,9 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from adaqp.checkpoint import DEFAULT_DIR, complete_epochs
+from adaqp.checkpoint import remove_all as remove_checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -74,17 +78,16 @@ class RunDirError(Exception):
         self.problem = problem
 
 
-def find_checkpoint(out_dir: Path) -> Path | None:
-    """The checkpoint a ``--resume`` run would continue from, or None.
+def find_checkpoint(checkpoint_dir: Path) -> Path | None:
+    """The newest complete checkpoint under ``checkpoint_dir`` (``adaqp.checkpoint``), or
+    None. Complete means it has a manifest; its shards are verified when loaded."""
+    epochs = complete_epochs(checkpoint_dir)
+    return checkpoint_dir / f"epoch-{epochs[-1]:06d}" if epochs else None
 
-    Runs write no checkpoints yet; the checkpoint module will look for its files here.
-    """
-    return None
 
-
-def require_checkpoint(out_dir: Path) -> Path:
+def require_checkpoint(out_dir: Path, checkpoint_dir: Path) -> Path:
     """``find_checkpoint``, or RunDirError(NO_CHECKPOINT) when there is none."""
-    checkpoint = find_checkpoint(out_dir)
+    checkpoint = find_checkpoint(checkpoint_dir)
     if checkpoint is None:
         raise RunDirError(Problem.NO_CHECKPOINT, Problem.NO_CHECKPOINT.describe(out_dir))
     return checkpoint
@@ -125,11 +128,20 @@ class RunDir:
         self._started_at = _now()
 
     @classmethod
-    def claim(cls, out_dir: str | Path, *, overwrite: bool = False, resume: bool = False) -> RunDir:
+    def claim(
+        cls,
+        out_dir: str | Path,
+        *,
+        overwrite: bool = False,
+        resume: bool | str = False,
+        checkpoint_dir: str | Path | None = None,
+    ) -> RunDir:
         """Locks ``out_dir`` for this process and marks it "running".
 
         Starting fresh (the default, or ``overwrite``) first removes the files of the
-        run that was there; ``resume`` keeps them.
+        run that was there, its checkpoints included; ``resume`` keeps them. ``resume =
+        "auto"`` (a worker restarted by torchrun) resumes if there is a checkpoint and
+        starts fresh otherwise. ``checkpoint_dir`` defaults to ``out_dir/checkpoints``.
 
         Raises:
             RunDirError: UNWRITABLE, RUNNING (another process holds the lock, whatever
@@ -140,8 +152,11 @@ class RunDir:
         if overwrite and resume:
             raise ValueError("overwrite and resume exclude each other")
         path = Path(out_dir)
+        checkpoints = Path(checkpoint_dir) if checkpoint_dir else path / DEFAULT_DIR
+        if resume == "auto":
+            resume = find_checkpoint(checkpoints) is not None
         if resume and not path.is_dir():
-            require_checkpoint(path)  # nothing there to resume; leave no directory behind
+            require_checkpoint(path, checkpoints)  # nothing to resume; leave no dir behind
         _make_dir(path)
         try:
             fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -150,7 +165,7 @@ class RunDir:
         try:
             _lock(fd, path)
             finished = (path / SUMMARY_FILE).exists()
-            resume_from = require_checkpoint(path) if resume else None
+            resume_from = require_checkpoint(path, checkpoints) if resume else None
             if finished and not (overwrite or resume):
                 raise RunDirError(
                     Problem.FINISHED,
@@ -161,6 +176,7 @@ class RunDir:
             if resume_from is None:
                 try:
                     run._clear(finished)
+                    remove_checkpoints(checkpoints)
                 except OSError as exc:
                     raise _unwritable(path, "cannot remove the old run's files", exc) from exc
             run.set_status("running")

@@ -99,15 +99,25 @@ def init_distributed(
     )
     torch.set_num_threads(threads)
 
+    timeout = timedelta(seconds=comm.timeout_s)
     if init_method is None and "MASTER_ADDR" not in env:
         init_method = f"tcp://127.0.0.1:{_free_port()}"
     if not dist.is_initialized():
+        store = None
+        if init_method is None:
+            # Under torchrun the store can outlive a worker group that --max-restarts
+            # replaces: the peers' addresses of the dead group are still in it, and a
+            # restarted rank would dial them. Each attempt gets its own key space.
+            store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
+            attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+            store = dist.PrefixStore(f"adaqp/attempt-{attempt}", store)
         dist.init_process_group(
             backend=backend,
             init_method=init_method,
+            store=store,
             rank=rank,
             world_size=world_size,
-            timeout=timedelta(seconds=comm.timeout_s),
+            timeout=timeout,
         )
     logger.debug("rank %d/%d on %s (%s), %d threads", rank, world_size, device, backend, threads)
     return World(rank, world_size, local_rank, local_world_size, device, backend)

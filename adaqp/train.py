@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from adaqp.checkpoint import Checkpointer, CheckpointError, checkpoint_root
 from adaqp.comm import ExchangeError
 from adaqp.config import Config, ConfigError, load_config
 from adaqp.local_graph import LocalGraph
@@ -98,7 +99,9 @@ def output_dir(config: Config, world_size: int) -> Path:
     return Path("results") / "runs" / name
 
 
-def claim_output(out: Path, world: World, overwrite: bool, resume: bool) -> RunDir | None:
+def claim_output(
+    out: Path, world: World, overwrite: bool, resume: bool | str, checkpoint_dir: Path
+) -> RunDir | None:
     """Rank 0 claims ``out`` (``RunDir.claim``); the others check it (``check_writable``).
 
     Every rank learns every verdict from one all-reduce, before partitioning or any other
@@ -110,7 +113,9 @@ def claim_output(out: Path, world: World, overwrite: bool, resume: bool) -> RunD
     error: RunDirError | None = None
     try:
         if world.is_main:
-            run_dir = RunDir.claim(out, overwrite=overwrite, resume=resume)
+            run_dir = RunDir.claim(
+                out, overwrite=overwrite, resume=resume, checkpoint_dir=checkpoint_dir
+            )
         else:
             check_writable(out)
     except RunDirError as exc:  # re-raised below, once the others know
@@ -165,6 +170,7 @@ def prepare_partition(config: Config, world: World, part_dir: Path) -> dict:
         method=config.partition.method,
         seed=config.partition.seed,
         balance_train=config.partition.balance_train,
+        objective=config.partition.objective,
     )
     return meta
 
@@ -185,25 +191,54 @@ def run(
     """
     world = init_distributed(config.comm, init_method, rank, world_size)
     run_dir: RunDir | None = None
+    # A worker group that torchrun restarted (--max-restarts) continues from the newest
+    # checkpoint, if one was completed before the failure.
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    if restarts and not overwrite and not resume:
+        resume = "auto"
     try:
         out = output_dir(config, world.world_size)
-        run_dir = claim_output(out, world, overwrite, resume)
+        ckpt_dir = checkpoint_root(config, out)
+        run_dir = claim_output(out, world, overwrite, resume, ckpt_dir)
         part_dir = partition_dir(config, world.world_size)
         meta = prepare_partition(config, world, part_dir)
         graph = LocalGraph.from_part(load_part(part_dir, world.rank, meta), world.device)
         trainer = Trainer(config, graph, meta, world)
-        writer = RunWriter(out, enabled=world.is_main)
+        checkpoints = Checkpointer.for_run(config, world, out, meta)
+        history, resumed_from, redone = None, 0, 0
+        if _agree(world, run_dir is not None and run_dir.resume_from is not None):
+            resumed_from, tensors, history = checkpoints.load_latest()
+            if resumed_from > config.train.epochs:
+                raise ValueError(
+                    f"the checkpoint in {checkpoints.root} is at epoch {resumed_from}, past "
+                    f"--epochs {config.train.epochs}: give at least that many epochs"
+                )
+            trainer.load_state_dict(tensors)
+            if world.is_main:
+                redone = _epochs_logged(out) - resumed_from
+                logger.info(
+                    "resuming from the checkpoint at epoch %d (%d epochs to redo)",
+                    resumed_from,
+                    redone,
+                )
+        writer = RunWriter(out, enabled=world.is_main, history=history)
         writer.write_config(
             {**config.to_dict(), "world_size": world.world_size, "partition_dir": str(part_dir)}
         )
-        bar = _progress_bar(config, world)
+        bar = _progress_bar(config, world, first_epoch=resumed_from + 1)
         try:
-            summary = trainer.fit(writer, on_epoch=bar)
+            summary = trainer.fit(writer, on_epoch=bar, checkpoints=checkpoints, resume=history)
         finally:
             writer.close()
             if bar is not None:
                 bar.close()
-        summary = dataclasses.replace(summary, partition_dir=str(part_dir))
+        summary = dataclasses.replace(
+            summary,
+            partition_dir=str(part_dir),
+            restarts=restarts,
+            resumed_from_epoch=resumed_from,
+            epochs_redone=max(redone, 0),
+        )
         writer.write_summary(summary)
         if run_dir is not None:
             run_dir.end()
@@ -224,13 +259,19 @@ def run(
 class _Progress:
     """tqdm on a terminal; otherwise a log line every tenth of the run."""
 
-    def __init__(self, config: Config, world: World):
+    def __init__(self, config: Config, world: World, first_epoch: int = 1):
         self.total = config.train.epochs
         self.bar = None
         if world.is_main and config.metrics.progress and sys.stderr.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=self.total, desc="train", unit="epoch", dynamic_ncols=True)
+            self.bar = tqdm(
+                total=self.total,
+                initial=first_epoch - 1,
+                desc="train",
+                unit="epoch",
+                dynamic_ncols=True,
+            )
         self.every = max(1, self.total // 10)
 
     def __call__(self, record: EpochRecord) -> None:
@@ -259,8 +300,30 @@ class _Progress:
             self.bar.close()
 
 
-def _progress_bar(config: Config, world: World) -> _Progress | None:
-    return _Progress(config, world) if world.is_main else None
+def _progress_bar(config: Config, world: World, first_epoch: int = 1) -> _Progress | None:
+    return _Progress(config, world, first_epoch) if world.is_main else None
+
+
+def _agree(world: World, flag: bool) -> bool:
+    """Rank 0's ``flag``, on every rank."""
+    value = torch.tensor([float(flag)], device=world.device)
+    dist.broadcast(value, src=0)
+    return bool(value.item())
+
+
+def _epochs_logged(out: Path) -> int:
+    """The last epoch in ``out/metrics.jsonl`` (0 if none): how far the run had got."""
+    last = 0
+    try:
+        with open(out / "metrics.jsonl") as f:
+            for line in f:
+                try:
+                    last = max(last, int(json.loads(line)["epoch"]))
+                except (ValueError, KeyError, TypeError):
+                    continue  # a line cut short by the failure
+    except OSError:
+        return 0
+    return last
 
 
 def setup_logging(rank: int) -> None:
@@ -290,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = run(config, overwrite=args.overwrite, resume=args.resume)
     except (
         RunDirError,
+        CheckpointError,
         PartitionError,
         FileNotFoundError,
         ValueError,

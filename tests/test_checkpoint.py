@@ -3,6 +3,12 @@ are refused, and an interrupted write leaves the previous checkpoint usable."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -163,3 +169,111 @@ def test_pruning_never_removes_foreign_files(tmp_path):
     assert not (tmp_path / "epoch-000001" / "manifest.json").exists()
     assert not (tmp_path / "epoch-000002").exists()
     assert complete_epochs(tmp_path) == [3]
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _torchrun(out: Path, parts: Path, *flags: str, nproc: int = 2) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        *flags,
+        "-m",
+        "adaqp.train",
+        "--config",
+        str(ROOT / "configs/cora-gcn.toml"),
+        "--out",
+        str(out),
+        "--set",
+        f"partition.dir={parts}",
+        "--set",
+        "metrics.progress=false",
+    ]
+
+
+def _worker_pid(out: Path, rank: int) -> int | None:
+    """The pid of the adaqp.train worker of ``rank`` writing to ``out``."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ours = b"adaqp.train" in cmdline and str(out).encode() in cmdline
+        if ours and f"RANK={rank}".encode() in environ:
+            return int(proc.name)
+    return None
+
+
+def _wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.2)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_killed_worker_is_restarted_and_the_run_resumes(tmp_path):
+    """SIGKILL of one worker mid-run under torchrun --max-restarts 1: the group restarts,
+    resumes from the last checkpoint and finishes; the summary counts the restart and
+    the epochs redone, and metrics.jsonl holds every epoch once."""
+    out, parts = tmp_path / "run", tmp_path / "parts"
+    epochs = 400
+    cmd = _torchrun(out, parts, "--max-restarts", "1")
+    cmd += ["--epochs", str(epochs), "--set", "checkpoint.every=20"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        _wait_for(lambda: complete_epochs(out / "checkpoints"), 240, "a first checkpoint")
+        pid = _worker_pid(out, 1)
+        assert pid is not None, "rank 1's worker not found"
+        os.kill(pid, signal.SIGKILL)
+        output, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = output.decode(errors="replace")
+    assert proc.returncode == 0, text[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["restarts"] == 1
+    assert summary["resumed_from_epoch"] >= 20
+    assert summary["epochs"] == epochs
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in lines] == list(range(1, epochs + 1))
+    assert summary["epochs_redone"] >= 0
+
+
+@pytest.mark.distributed
+def test_resume_from_the_command_line_extends_the_run(tmp_path):
+    """Stopped at 6 epochs, --resume --epochs 10 continues: the same final loss as one
+    10-epoch run; a changed model is refused naming the key."""
+    parts = tmp_path / "parts"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+
+    def train(out: Path, *flags: str) -> subprocess.CompletedProcess:
+        cmd = [*_torchrun(out, parts), "--set", "checkpoint.every=3", *flags]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+    first = train(tmp_path / "a", "--epochs", "6")
+    assert first.returncode == 0, first.stderr[-3000:]
+    refused = train(tmp_path / "a", "--epochs", "10", "--resume", "--set", "model.hidden=32")
+    assert refused.returncode != 0
+    assert "model.hidden: checkpoint 64, this run 32" in refused.stderr
+    resumed = train(tmp_path / "a", "--epochs", "10", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    whole = train(tmp_path / "b", "--epochs", "10")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    a = json.loads((tmp_path / "a" / "summary.json").read_text())
+    b = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert a["final_train_loss"] == b["final_train_loss"]
+    assert a["resumed_from_epoch"] == 6 and b["resumed_from_epoch"] == 0

@@ -238,7 +238,8 @@ def _train(out: Path, parts: Path, *flags: str) -> list[str]:
 
 def test_finished_out_is_refused_unless_overwrite(tmp_path):
     out, parts = tmp_path / "run", tmp_path / "p"
-    assert _run(_train(out, parts, "--epochs", "2"), cwd=tmp_path).returncode == 0
+    no_checkpoints = ("--set", "checkpoint.every=0")
+    assert _run(_train(out, parts, "--epochs", "2", *no_checkpoints), cwd=tmp_path).returncode == 0
     first = (out / "summary.json").read_text()
 
     again = _run(_train(out, parts, "--epochs", "3"), cwd=tmp_path)
