@@ -479,6 +479,7 @@ class EmulatedCluster:
         cmd = [
             *("ip", "netns", "exec", self.host_ns(i), "env", "GLOO_SOCKET_IFNAME=eth0"),
             *("OMP_NUM_THREADS=1", f"{SPEC_ENV}={spec}", f"{HOST_ENV}={i}"),
+            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT=5",  # workers stop within a second of SIGTERM
             *(sys.executable, "-m", "torch.distributed.run"),
             *("--nnodes", str(self.hosts), "--node-rank", str(i)),
             *("--nproc-per-node", str(procs_per_host), "--rdzv-backend", "c10d"),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 import types
 import typing
@@ -351,6 +352,7 @@ def _coerce(value: Any, kind: Any, key: str) -> Any:
             f"expected a number, got {value!r}",
         )
         value = float(value)
+        _check(math.isfinite(value), key, f"must be a finite number, got {value!r}")
     elif kind is str:
         _check(isinstance(value, str), key, f"expected a string, got {value!r}")
     elif isinstance(kind, types.GenericAlias) and kind.__origin__ is tuple:

@@ -9,6 +9,7 @@ import logging
 import os
 import resource
 import socket
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -121,6 +122,27 @@ def init_distributed(
         )
     logger.debug("rank %d/%d on %s (%s), %d threads", rank, world_size, device, backend, threads)
     return World(rank, world_size, local_rank, local_world_size, device, backend)
+
+
+def unresponsive_peers(world: World, step: str, grace_s: float = 5.0) -> list[int] | None:
+    """After a failed collective: the ranks that do not report a failure within ``grace_s``.
+
+    Every rank that sees the failure records it in the process group's store; a peer
+    that is stopped, hung or dead records nothing, and is named. Returns None when the
+    store cannot be reached (it may have lived in a lost process).
+    """
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"adaqp/failed/{world.rank}", step)
+        missing = {q for q in range(world.world_size) if q != world.rank}
+        deadline = time.monotonic() + grace_s
+        while missing and time.monotonic() < deadline:
+            missing = {q for q in missing if not store.check([f"adaqp/failed/{q}"])}
+            if missing:
+                time.sleep(0.1)
+        return sorted(missing)
+    except Exception:  # the store's owner may be the lost process
+        return None
 
 
 def shutdown(barrier: bool = True) -> None:

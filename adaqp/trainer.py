@@ -27,7 +27,13 @@ import torch.nn.functional as F
 
 from adaqp.aggregate import SparseAdjacency
 from adaqp.checkpoint import Checkpointer
-from adaqp.comm import INPUT_CACHE_KEY, ExchangeKey, HaloTransport, NoCommTransport
+from adaqp.comm import (
+    INPUT_CACHE_KEY,
+    ExchangeError,
+    ExchangeKey,
+    HaloTransport,
+    NoCommTransport,
+)
 from adaqp.config import OVERLAP_MODES, QUANTIZED_MODES, Config
 from adaqp.layers import Propagation
 from adaqp.local_graph import LocalGraph
@@ -35,7 +41,7 @@ from adaqp.metrics import EpochCounters, EpochRecord, RunWriter, Summary, median
 from adaqp.models import GNN
 from adaqp.planner import BitWidthPlanner
 from adaqp.policy import AdaptivePolicy, ExchangePolicy
-from adaqp.runtime import World
+from adaqp.runtime import World, unresponsive_peers
 from adaqp.staleness import StalePolicy
 
 logger = logging.getLogger(__name__)
@@ -318,62 +324,74 @@ class Trainer:
         started = time.perf_counter() - resume.get("elapsed_s", 0.0)
         first = len(records) + 1
         for epoch in range(first, cfg.train.epochs + 1):
-            counters = EpochCounters()
-            if self.policy is not None:
-                self.policy.begin_epoch(epoch, counters)
-            self.world.synchronize()
-            t0 = time.perf_counter()
             try:
+                counters = EpochCounters()
+                if self.policy is not None:
+                    self.policy.begin_epoch(epoch, counters)
+                self.world.synchronize()
+                t0 = time.perf_counter()
                 loss = self.train_step(counters)
-            except RuntimeError as exc:
-                raise TrainingError(
-                    f"rank {self.world.rank}: training step failed at epoch {epoch}: {exc}"
-                ) from exc
-            self.world.synchronize()
-            epoch_time = time.perf_counter() - t0
-            record = EpochRecord.from_counters(
-                epoch,
-                loss,
-                epoch_time,
-                self._reduce(counters),
-                wall_time_s=time.perf_counter() - started,
-            )
-            if not math.isfinite(loss) and cfg.train.stop_on_nonfinite:
-                raise TrainingError(
-                    f"rank {self.world.rank}: training loss is {loss} at epoch {epoch}; "
-                    "check the learning rate and the input features (set "
-                    "train.stop_on_nonfinite=false to continue anyway)"
+                self.world.synchronize()
+                epoch_time = time.perf_counter() - t0
+                record = EpochRecord.from_counters(
+                    epoch,
+                    loss,
+                    epoch_time,
+                    self._reduce(counters),
+                    wall_time_s=time.perf_counter() - started,
                 )
-            if self.policy is not None:
-                record.assign_time_s = self.policy.end_epoch(epoch)
-            every = cfg.train.eval_every
-            if (every and epoch % every == 0) or epoch == cfg.train.epochs:
-                self._at(f"epoch {epoch} evaluation")
-                acc = self.evaluate()
-                record.train_acc, record.val_acc, record.test_acc = (
-                    acc["train_acc"],
-                    acc["val_acc"],
-                    acc["test_acc"],
-                )
-                if acc["val_acc"] > best_val:
-                    best_val, best_epoch, test_at_best = acc["val_acc"], epoch, acc["test_acc"]
-            records.append(record)
-            writer.log_epoch(record)
-            if checkpoints is not None and checkpoints.due(epoch, cfg.train.epochs):
-                self._at(f"epoch {epoch} checkpoint")
-                history = {
-                    "records": [dataclasses.asdict(r) for r in records],
-                    "best_val": best_val,
-                    "best_epoch": best_epoch,
-                    "test_at_best": test_at_best,
-                    "elapsed_s": time.perf_counter() - started,
-                }
-                checkpoints.save(epoch, self.state_dict(), history)
-            if on_epoch is not None:
-                on_epoch(record)
+                if not math.isfinite(loss) and cfg.train.stop_on_nonfinite:
+                    raise TrainingError(
+                        f"rank {self.world.rank}: training loss is {loss} at epoch {epoch}; "
+                        "check the learning rate and the input features (set "
+                        "train.stop_on_nonfinite=false to continue anyway)"
+                    )
+                if self.policy is not None:
+                    record.assign_time_s = self.policy.end_epoch(epoch)
+                every = cfg.train.eval_every
+                if (every and epoch % every == 0) or epoch == cfg.train.epochs:
+                    self._at(f"epoch {epoch} evaluation")
+                    acc = self.evaluate()
+                    record.train_acc, record.val_acc, record.test_acc = (
+                        acc["train_acc"],
+                        acc["val_acc"],
+                        acc["test_acc"],
+                    )
+                    if acc["val_acc"] > best_val:
+                        best_val, best_epoch, test_at_best = acc["val_acc"], epoch, acc["test_acc"]
+                records.append(record)
+                writer.log_epoch(record)
+                if checkpoints is not None and checkpoints.due(epoch, cfg.train.epochs):
+                    self._at(f"epoch {epoch} checkpoint")
+                    history = {
+                        "records": [dataclasses.asdict(r) for r in records],
+                        "best_val": best_val,
+                        "best_epoch": best_epoch,
+                        "test_at_best": test_at_best,
+                        "elapsed_s": time.perf_counter() - started,
+                    }
+                    checkpoints.save(epoch, self.state_dict(), history)
+                if on_epoch is not None:
+                    on_epoch(record)
+            except TrainingError:
+                raise
+            except RuntimeError as exc:  # gloo/nccl failures, timeouts, checkpoint I/O
+                raise self._failure(epoch, exc) from exc
         return self._summary(
             records, best_val, best_epoch, test_at_best, time.perf_counter() - started
         )
+
+    def _failure(self, epoch: int, exc: RuntimeError) -> TrainingError:
+        """The error of a failed epoch; names the peers that did not see the failure."""
+        message = f"rank {self.world.rank}: training step failed at epoch {epoch}: {exc}"
+        if self.world.world_size > 1 and isinstance(exc, ExchangeError | dist.DistError):
+            peers = unresponsive_peers(self.world, f"epoch {epoch}")
+            if peers:
+                message += (
+                    f"\n  rank(s) {', '.join(map(str, peers))} did not report the failure: "
+                    "stopped, hung or lost (check their hosts and logs)"
+                )
+        return TrainingError(message)
 
     def _summary(
         self,

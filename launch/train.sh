@@ -25,6 +25,11 @@ PY=python3
 [[ -x .venv/bin/python ]] && PY=.venv/bin/python
 # Keep P workers on few cores from thrashing; the trainer splits cores among local workers.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# Workers stop within a second of SIGTERM; a stopped or hung one is killed after this
+# many seconds instead of torchrun's default 30 once the run has failed.
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT="${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-5}"
+# RESTARTS > 0: a lost worker restarts the group, which resumes from the last checkpoint.
+RESTARTS="${RESTARTS:-0}"
 
 if [[ "$NNODES" == "1" ]]; then
   rdzv=(--standalone)
@@ -42,4 +47,5 @@ for arg in "$@"; do
   esac
 done
 exec "$PY" -m torch.distributed.run "${rdzv[@]}" --nproc-per-node "$NPROC" \
+  --max-restarts "$RESTARTS" \
   -m adaqp.train --config "$CONFIG" "${replace[@]}" "$@"

@@ -294,6 +294,9 @@ def _run_all(args, modes, seeds, config, overrides, runs_dir, part_dir, runs) ->
                     str(args.epochs),
                     "--out",
                     str(run_dir),
+                    "--overwrite",  # a benchmark re-run replaces its own runs
+                    "--set",
+                    "checkpoint.every=0",
                     "--set",
                     f"partition.dir={part_dir}",
                     "--set",

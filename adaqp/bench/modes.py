@@ -62,6 +62,9 @@ def _run_one(dataset: str, variant: str, seed: int, args, out_dir: Path, part_di
         str(seed),
         "--out",
         str(run_dir),
+        "--overwrite",  # a benchmark re-run replaces its own runs
+        "--set",
+        "checkpoint.every=0",
         "--epochs",
         str(args.epochs),
         *VARIANTS[variant],

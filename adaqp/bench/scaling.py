@@ -54,6 +54,9 @@ def _training_point(world_size: int, args, runs_dir: Path) -> dict:
         str(args.epochs),
         "--out",
         str(out),
+        "--overwrite",  # a benchmark re-run replaces its own runs
+        "--set",
+        "checkpoint.every=0",
     ]
     for item in (
         f"data.synthetic.num_nodes={args.train_nodes}",
