@@ -21,7 +21,6 @@ checkpoint is complete the oldest are removed, keeping the newest ``checkpoint.k
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -31,6 +30,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from adaqp.partition_format import sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -75,14 +76,6 @@ def _write_atomic(path: Path, write: Callable[[Any], None]) -> None:
     _fsync_dir(path.parent)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _to_numpy(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     arrays = {}
     for name, tensor in tensors.items():
@@ -99,7 +92,7 @@ def write_shard(root: Path, epoch: int, rank: int, tensors: dict[str, torch.Tens
     path = step / _shard_name(rank)
     arrays = _to_numpy(tensors)
     _write_atomic(path, lambda f: np.savez(f, **arrays))
-    return _sha256(path)
+    return sha256_file(path)
 
 
 def write_manifest(
@@ -212,7 +205,7 @@ def read_shard(root: Path, epoch: int, rank: int, manifest: dict[str, Any]) -> d
     expected = manifest["shards"].get(_shard_name(rank))
     if not path.is_file():
         raise CheckpointError(f"checkpoint shard {path} is missing")
-    if _sha256(path) != expected:
+    if sha256_file(path) != expected:
         raise CheckpointError(f"checkpoint shard {path} does not match its SHA-256: damaged")
     try:
         with np.load(path, allow_pickle=False) as data:

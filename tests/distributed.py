@@ -109,3 +109,19 @@ def expect_worker_failure(
     for rank, code in enumerate(codes):
         assert code != 0, f"rank {rank} exited 0 but was expected to fail"
     return _tracebacks(out_dir, world_size)
+
+
+def worker_pid(out_dir: Path, rank: int) -> int | None:
+    """The pid of the ``adaqp.train`` worker of ``rank`` whose command names ``out_dir``."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ours = b"adaqp.train" in cmdline and str(out_dir).encode() in cmdline
+        if ours and f"RANK={rank}".encode() in environ:
+            return int(proc.name)
+    return None

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from adaqp.bench import torchrun_command
 from adaqp.checkpoint import (
     Checkpointer,
     CheckpointError,
@@ -32,7 +32,7 @@ from adaqp.partition_format import load_part, read_metadata
 from adaqp.runtime import init_distributed, shutdown
 from adaqp.trainer import Trainer
 from partition.build import make_partition
-from tests.distributed import run_workers
+from tests.distributed import run_workers, worker_pid
 
 
 class _Records:
@@ -175,41 +175,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _torchrun(out: Path, parts: Path, *flags: str, nproc: int = 2) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(nproc),
-        *flags,
-        "-m",
-        "adaqp.train",
-        "--config",
-        str(ROOT / "configs/cora-gcn.toml"),
-        "--out",
-        str(out),
-        "--set",
-        f"partition.dir={parts}",
-        "--set",
-        "metrics.progress=false",
-    ]
-
-
-def _worker_pid(out: Path, rank: int) -> int | None:
-    """The pid of the adaqp.train worker of ``rank`` writing to ``out``."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        ours = b"adaqp.train" in cmdline and str(out).encode() in cmdline
-        if ours and f"RANK={rank}".encode() in environ:
-            return int(proc.name)
-    return None
+    train_args = ["--config", str(ROOT / "configs/cora-gcn.toml"), "--out", str(out)]
+    train_args += ["--set", f"partition.dir={parts}", "--set", "metrics.progress=false"]
+    return torchrun_command(nproc, train_args, flags)
 
 
 def _wait_for(condition, timeout: float, what: str) -> None:
@@ -234,7 +202,7 @@ def test_killed_worker_is_restarted_and_the_run_resumes(tmp_path):
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         _wait_for(lambda: complete_epochs(out / "checkpoints"), 240, "a first checkpoint")
-        pid = _worker_pid(out, 1)
+        pid = worker_pid(out, 1)
         assert pid is not None, "rank 1's worker not found"
         os.kill(pid, signal.SIGKILL)
         output, _ = proc.communicate(timeout=400)

@@ -16,8 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from adaqp.bench import torchrun_command
 from adaqp.datasets import load_dataset
 from partition.build import make_partition
+from tests.distributed import worker_pid
 
 ROOT = Path(__file__).resolve().parent.parent
 ARRAYS = ("indptr", "indices", "features", "labels", "train_mask", "val_mask", "test_mask")
@@ -115,43 +117,10 @@ def test_partition_of_another_graph_is_refused(tmp_path):
 
 
 def _torchrun(out: Path, parts: Path, nproc: int, *flags: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(nproc),
-        "-m",
-        "adaqp.train",
-        *CONFIG[:2],
-        "--epochs",
-        "100000",
-        "--out",
-        str(out),
-        "--set",
-        f"partition.dir={parts}",
-        "--set",
-        "metrics.progress=false",
-        "--set",
-        "checkpoint.every=0",
-        *flags,
-    ]
-
-
-def _worker_pid(out: Path, rank: int) -> int | None:
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        ours = b"adaqp.train" in cmdline and str(out).encode() in cmdline
-        if ours and f"RANK={rank}".encode() in environ:
-            return int(proc.name)
-    return None
+    train_args = [*CONFIG[:2], "--epochs", "100000", "--out", str(out)]
+    for item in (f"partition.dir={parts}", "metrics.progress=false", "checkpoint.every=0"):
+        train_args += ["--set", item]
+    return torchrun_command(nproc, [*train_args, *flags])
 
 
 def _start_and_hit(tmp_path: Path, nproc: int, sig: int, *flags: str):
@@ -174,7 +143,7 @@ def _start_and_hit(tmp_path: Path, nproc: int, sig: int, *flags: str):
             assert proc.poll() is None, proc.communicate()[0].decode()[-3000:]
             assert time.monotonic() < deadline, "the run never started training"
             time.sleep(0.2)
-        victim = _worker_pid(out, nproc - 1)
+        victim = worker_pid(out, nproc - 1)
         assert victim is not None
         os.kill(victim, sig)
         hit = time.monotonic()

@@ -28,23 +28,31 @@ MODE_VARIANTS: dict[str, tuple[str, ...]] = {
 """Benchmark variants: a name and the ``adaqp.train`` flags that select it."""
 
 
-def torchrun_train(nproc: int, train_args: list[str], timeout_s: float, what: str) -> None:
-    """Runs ``adaqp.train`` under a standalone torchrun with ``nproc`` workers.
-
-    Raises:
-        RuntimeError: the job failed; the message holds the end of its stderr.
-    """
-    cmd = [
+def torchrun_command(
+    nproc: int, train_args: list[str], launcher_args: tuple[str, ...] = ()
+) -> list[str]:
+    """The command that runs ``adaqp.train`` under a standalone torchrun on this machine."""
+    return [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
         "--nproc-per-node",
         str(nproc),
+        *launcher_args,
         "-m",
         "adaqp.train",
         *train_args,
     ]
+
+
+def torchrun_train(nproc: int, train_args: list[str], timeout_s: float, what: str) -> None:
+    """Runs ``adaqp.train`` under a standalone torchrun with ``nproc`` workers.
+
+    Raises:
+        RuntimeError: the job failed; the message holds the end of its stderr.
+    """
+    cmd = torchrun_command(nproc, train_args)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(
         cmd, capture_output=True, text=True, env=env, timeout=timeout_s, check=False
