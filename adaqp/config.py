@@ -172,6 +172,9 @@ class CommConfig:
     input dropout each worker then draws its own mask for those rows."""
     transform_first: bool = True
     """GCN: exchange h·W instead of h when that narrows the rows (exact)."""
+    overlap_allreduce: bool = True
+    """Start each layer's gradient all-reduce as soon as backward has finished that layer
+    (DDP-style buckets); false: one flat all-reduce after backward."""
 
     def __post_init__(self) -> None:
         _check(

@@ -162,7 +162,8 @@ class EpochRecord:
     comm_wait_s: float
     """Time blocked waiting for the exchange, mean over ranks."""
     allreduce_time_s: float
-    """Gradient all-reduce time, mean over ranks."""
+    """Gradient all-reduce time not hidden behind backward (blocked after it), mean over
+    ranks."""
     halo_bytes: int
     """Bytes all ranks sent in halo exchanges during this epoch."""
     train_acc: float | None = None
