@@ -163,7 +163,15 @@ class PendingExchange:
         self._started = time.perf_counter() - launch_s
         self._ready_at = ready_at
         self._rows: torch.Tensor | None = None
+        self._landed: float | None = None
         self._wait_s = self._exchange_s = self._dequant_s = 0.0
+        if work is not None:
+            # Dates the landing of an exchange that is waited for much later (buffered).
+            work.get_future().add_done_callback(self._on_landed)
+
+    def _on_landed(self, _future) -> None:
+        if self._landed is None:
+            self._landed = max(time.perf_counter(), self._ready_at)
 
     key = property(lambda self: self._key)
     bytes_sent = property(lambda self: self._bytes_sent)
@@ -194,7 +202,7 @@ class PendingExchange:
         self._finish()
         landed = time.perf_counter()
         self._wait_s = landed - began
-        self._exchange_s = landed - self._started
+        self._exchange_s = (self._landed or landed) - self._started
         if self._decode is None:
             self._rows = self._recv
         else:

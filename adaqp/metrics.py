@@ -57,6 +57,10 @@ class EpochCounters:
     staleness_by_tag: dict[str, dict[int, int]] = _reduced("sum", dict)
     """Per exchange: how many times halo rows (or gradients) s epochs old were used."""
     max_staleness: int = _reduced("max", default=0)
+    comm_time_by_tag: dict[str, float] = _reduced("mean", dict)
+    """``comm_time_s`` by exchange."""
+    comm_wait_by_tag: dict[str, float] = _reduced("mean", dict)
+    """``comm_wait_s`` by exchange (launch and wait)."""
 
     def record_launch(self, handle) -> None:
         """Bytes and launch-side times of an exchange (a ``comm.PendingExchange``)."""
@@ -68,13 +72,17 @@ class EpochCounters:
         self.quant_time_s += handle.quant_s
         # Launching may block (copies, connection set-up): that is not hidden either.
         self.comm_wait_s += handle.launch_s
+        self.comm_wait_by_tag[tag] = self.comm_wait_by_tag.get(tag, 0.0) + handle.launch_s
 
     def record_landing(self, handle, blocked_s: float) -> None:
         """Landing-side times of an exchange once waited; ``blocked_s`` is the time the
         caller was actually held up (a buffered exchange may land unobserved)."""
+        tag = str(handle.key)
         self.comm_time_s += handle.exchange_s
         self.dequant_time_s += handle.dequant_s
         self.comm_wait_s += blocked_s
+        self.comm_time_by_tag[tag] = self.comm_time_by_tag.get(tag, 0.0) + handle.exchange_s
+        self.comm_wait_by_tag[tag] = self.comm_wait_by_tag.get(tag, 0.0) + blocked_s
 
     def record_staleness(self, tag: str, staleness: int) -> None:
         hist = self.staleness_by_tag.setdefault(tag, {})
@@ -112,7 +120,7 @@ class EpochCounters:
             value = getattr(self, f.name)
             if f.name == "values_by_bits":
                 keys = list(BIT_WIDTHS)
-            elif f.name == "bytes_by_tag":
+            elif f.name.endswith("_by_tag") and f.name != "staleness_by_tag":
                 keys = list(tags)
             elif f.name == "staleness_by_tag":
                 keys = [(t, s) for t in tags for s in staleness]
@@ -139,7 +147,9 @@ class EpochCounters:
                 total = source[start] / world_size if how == "mean" else source[start]
                 setattr(out, f.name, type(getattr(self, f.name))(total))
                 continue
-            entries = {k: int(source[start + i]) for i, k in enumerate(keys)}
+            kind = float if how == "mean" else int
+            scale = world_size if how == "mean" else 1
+            entries = {k: kind(source[start + i] / scale) for i, k in enumerate(keys)}
             entries = {k: v for k, v in entries.items() if v}
             if f.name == "staleness_by_tag":
                 nested: dict[str, dict[int, int]] = {}
@@ -187,6 +197,8 @@ class EpochRecord:
     """Per exchange: how many times halo rows (or gradients) s epochs old were used."""
     max_staleness: int = 0
     """Largest staleness used in this epoch (0: every exchange was waited for)."""
+    hidden_by_tag: dict[str, float] = field(default_factory=dict)
+    """Per exchange: the share of its exchange time hidden behind compute."""
 
     @classmethod
     def from_counters(cls, epoch: int, train_loss: float, epoch_time_s: float, c, **extra):
@@ -208,6 +220,7 @@ class EpochRecord:
                 t: {str(s): v for s, v in sorted(h.items())} for t, h in c.staleness_by_tag.items()
             },
             max_staleness=c.max_staleness,
+            hidden_by_tag=hidden_fractions(c.comm_time_by_tag, c.comm_wait_by_tag),
             **extra,
         )
 
@@ -266,12 +279,23 @@ class Summary:
     """Mode onebit: the configured bound S (0 for synchronous modes)."""
     staleness_histogram: dict[str, dict[str, int]] = field(default_factory=dict)
     """Whole run, per exchange: how many times halo rows s epochs old were used."""
+    hidden_comm_fraction_by_tag: dict[str, float] = field(default_factory=dict)
+    """Per exchange, median over epochs after warm-up: the share of its time hidden."""
     restarts: int = 0
     """Times torchrun restarted the worker group (--max-restarts) during this run."""
     resumed_from_epoch: int = 0
     """The checkpoint's epoch this run continued from (0: started fresh)."""
     epochs_redone: int = 0
     """Epochs run past that checkpoint before the failure, and so trained again."""
+
+
+def hidden_fractions(time_by_tag: dict[str, float], wait_by_tag: dict[str, float]):
+    """1 - wait / exchange time, per exchange (exchanges with a time only)."""
+    return {
+        tag: max(0.0, 1.0 - wait_by_tag.get(tag, 0.0) / t)
+        for tag, t in sorted(time_by_tag.items())
+        if t > 0
+    }
 
 
 def median_after_warmup(values: list[float], warmup: int) -> float:

@@ -456,6 +456,10 @@ class Trainer:
             peak_memory_mb=float(peak) / 2**20,
             staleness_bound=cfg.staleness.bound if cfg.comm.mode == "onebit" else 0,
             staleness_histogram=_sum_histograms(r.staleness_by_tag for r in records),
+            hidden_comm_fraction_by_tag={
+                tag: median_after_warmup([r.hidden_by_tag.get(tag, 0.0) for r in records], warmup)
+                for tag in sorted({t for r in records for t in r.hidden_by_tag})
+            },
         )
 
 

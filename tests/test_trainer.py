@@ -206,15 +206,17 @@ def _run_worker(rank: int, world_size: int, init_method: str, overrides: tuple[s
         "test_acc": np.array(summary.test_acc),
         "bytes": np.array(summary.halo_bytes_per_epoch),
         "avg_bits": np.array(summary.avg_bits),
+        "max_staleness": np.array(summary.max_staleness),
     }
 
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_adaqp_on_cora_trains_within_one_point_of_vanilla(tmp_path):
-    """Same seed and split, 4 workers, 200 epochs of the Cora GCN config."""
+def test_adaqp_and_onebit_on_cora_train_close_to_vanilla(tmp_path):
+    """Same seed and split, 4 workers, 200 epochs of the Cora GCN config: adaqp within
+    one point of Vanilla's test accuracy, one-bit bounded staleness (S = 1) within two."""
     results = {}
-    for mode in ("vanilla", "adaqp"):
+    for mode in ("vanilla", "adaqp", "onebit"):
         overrides = (
             "data.dataset=cora",
             f"comm.mode={mode}",
@@ -228,3 +230,7 @@ def test_adaqp_on_cora_trains_within_one_point_of_vanilla(tmp_path):
     assert abs(float(adaqp["test_acc"]) - float(vanilla["test_acc"])) <= 0.01
     assert float(adaqp["avg_bits"]) < 8  # the quantized run really was quantized
     assert int(adaqp["bytes"]) < int(vanilla["bytes"]) / 2
+    onebit = results["onebit"]
+    assert abs(float(onebit["test_acc"]) - float(vanilla["test_acc"])) <= 0.02
+    assert float(onebit["avg_bits"]) == 1.0
+    assert int(onebit["max_staleness"]) <= 1  # the default bound S = 1 held
