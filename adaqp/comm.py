@@ -13,9 +13,10 @@ aligned with ``send_idx``. Every rank joins every exchange, also one with nothin
 or receive: a collective that one rank skipped would leave its peers waiting.
 
 With a ``BitPlan`` every row travels at its planned width: each peer gets one uint8
-buffer laid out by ``quant.quantize_mixed`` (float32 row min/max, then packed codes);
-sender and receiver know the widths, so no header travels. Without a plan, rows travel
-as float32. Every wait is bounded by ``timeout_s`` and fails naming the rank and the step.
+buffer laid out by ``quant.quantize_mixed`` (float32 row min/max, then packed codes),
+followed by the plain float32 rows of any row planned at full precision (32); sender
+and receiver know the widths, so no header travels. Without a plan, rows travel as
+float32. Every wait is bounded by ``timeout_s`` and fails naming the rank and the step.
 
 Shapes: S rows sent in forward, H halo rows, D features, R rows in one direction.
 """
@@ -101,6 +102,14 @@ class BitPlan:
     _splits: dict[int, tuple[list[int], list[int]]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    has_full: bool = field(init=False, compare=False)
+    """Whether any row travels at full precision (32) in either direction."""
+
+    def __post_init__(self) -> None:
+        full = bool((self.out_bits == FULL_PRECISION_BITS).any()) or bool(
+            (self.in_bits == FULL_PRECISION_BITS).any()
+        )
+        object.__setattr__(self, "has_full", full)  # frozen: set once, here
 
     @classmethod
     def uniform(cls, bits: int, out_rows: int, in_rows: int, device) -> BitPlan:
@@ -125,7 +134,42 @@ class BitPlan:
 
 
 def _segment_bytes(bits: torch.Tensor, counts: list[int], dim: int) -> list[int]:
-    return [mixed_buffer_bytes(seg, dim) for seg in torch.split(bits, counts)]
+    return [_rows_bytes(seg, dim) for seg in torch.split(bits, counts)]
+
+
+def _rows_bytes(bits_R: torch.Tensor, dim: int) -> int:
+    """Bytes of one peer's segment: quantized rows, then any float32 rows (computed once
+    per plan and width)."""
+    full = bits_R == FULL_PRECISION_BITS
+    num_full = int(full.sum())
+    return mixed_buffer_bytes(bits_R[~full], dim) + 4 * dim * num_full
+
+
+def _encode(rows_RD, bits_R, generator, out, has_full: bool) -> None:
+    """One peer's segment: ``quant.quantize_mixed`` layout for the quantized rows, then
+    the float32 bytes of the rows planned at full precision (both in row order)."""
+    if not has_full:
+        quantize_mixed(rows_RD, bits_R, generator, out=out)
+        return
+    full = bits_R == FULL_PRECISION_BITS
+    quantized = mixed_buffer_bytes(bits_R[~full], rows_RD.shape[1])
+    if quantized:
+        quantize_mixed(rows_RD[~full], bits_R[~full], generator, out=out[:quantized])
+    out[quantized:].copy_(rows_RD[full].contiguous().view(torch.uint8).reshape(-1))
+
+
+def _decode(buf, bits_R, dim: int, out_RD, has_full: bool) -> None:
+    """Inverse of ``_encode`` into ``out_RD``."""
+    if not has_full:
+        dequantize_mixed(buf, bits_R, dim, out=out_RD)
+        return
+    full = bits_R == FULL_PRECISION_BITS
+    quantized = mixed_buffer_bytes(bits_R[~full], dim)
+    if quantized:
+        out_RD[~full] = dequantize_mixed(buf[:quantized], bits_R[~full], dim)
+    exact = torch.empty((int(full.sum()), dim), dtype=torch.float32, device=buf.device)
+    exact.view(torch.uint8).reshape(-1).copy_(buf[quantized:])  # the slice may be unaligned
+    out_RD[full] = exact.to(out_RD.dtype)
 
 
 class PendingExchange:
@@ -331,7 +375,7 @@ class HaloTransport:
             strict=True,
         ):
             if seg_rows.shape[0]:
-                quantize_mixed(seg_rows, seg_bits, self.generator, out=seg_out)
+                _encode(seg_rows, seg_bits, self.generator, seg_out, plan.has_full)
         # The exchange clock starts once the payload is ready: quantization is counted
         # apart and is not communication that compute could hide.
         quantized = time.perf_counter()
@@ -347,7 +391,7 @@ class HaloTransport:
                 strict=True,
             ):
                 if seg_out.shape[0]:
-                    dequantize_mixed(seg_buf, seg_bits, dim, out=seg_out)
+                    _decode(seg_buf, seg_bits, dim, seg_out, plan.has_full)
             return out
 
         return PendingExchange(

@@ -210,9 +210,12 @@ class QuantConfig:
     """Time limit of one MILP solve."""
     cost_model: str = "shared"
     """Exchange time model: shared (all transfers' bytes add up, as if through one pipe),
-    sender (a rank's outgoing channels share its link), or link (every pair has its own
-    link and the slowest sets the time). shared measured best on one host and on the
-    emulated 4-host cluster (README); sender and link leave receiving links unmodelled."""
+    sender (a rank's outgoing channels share its link), link (every pair has its own
+    link and the slowest sets the time), or host (hosts with full-duplex NICs: the
+    busiest host's send or receive time, copies within a host, the measured
+    (de)quantization cost, and full precision as a choice; see adaqp/hosts.py). shared
+    measured best among shared/sender/link on the emulated 4-host cluster (README); host
+    is not yet measured there."""
     seed: int = 0
     """Seed of the stochastic rounding and of the random scheme."""
 
@@ -236,9 +239,9 @@ class QuantConfig:
         _check(self.solver in ("milp", "greedy"), "quant.solver", "must be milp or greedy")
         _check(self.time_limit_s > 0, "quant.time_limit_s", "must be positive")
         _check(
-            self.cost_model in ("shared", "sender", "link"),
+            self.cost_model in ("shared", "sender", "link", "host"),
             "quant.cost_model",
-            f"must be shared, sender or link, not {self.cost_model!r}",
+            f"must be shared, sender, link or host, not {self.cost_model!r}",
         )
 
 

@@ -26,7 +26,9 @@ import torch.distributed as dist
 
 from adaqp.aggregate import SparseAdjacency
 from adaqp.assigner import (
+    FULL_PRECISION_BITS,
     Channel,
+    HostModel,
     LinkModel,
     fit_alpha_beta,
     random_assignment,
@@ -34,6 +36,7 @@ from adaqp.assigner import (
 )
 from adaqp.comm import SETUP_KEY, BitPlan, Direction, ExchangeKey, HaloTransport
 from adaqp.config import QuantConfig
+from adaqp.hosts import host_model, host_of_rank, time_quantization
 from adaqp.local_graph import LocalGraph
 from adaqp.runtime import World
 
@@ -122,11 +125,26 @@ class BitWidthPlanner:
         self._plans: dict[ExchangeKey, BitPlan] = {}
         self._traces: dict[ExchangeKey, list] = {}
         self.link_model = None
+        self.host_model: HostModel | None = None
         self.forward_coef = None
         self.last_status: dict[str, str] = {}
         if config.scheme == "adaptive":
             self.forward_coef = self._forward_coefficients(transport, graph, adjacency)
             self.link_model = profile_links(world)
+            if config.cost_model == "host":
+                quant, dequant = time_quantization(config.allowed_bits, 64, self.device)
+                hosts = host_of_rank(p)
+                self.host_model = host_model(self.link_model, hosts, quant, dequant)
+                if world.is_main:
+                    logger.info(
+                        "hosts %s: send %s, receive %s MB/s, local copies %.0f MB/s; "
+                        "(de)quantization %s ns/value",
+                        hosts.tolist(),
+                        np.round(self.host_model.beta_out_Bps / 1e6).tolist(),
+                        np.round(self.host_model.beta_in_Bps / 1e6).tolist(),
+                        self.host_model.beta_local_Bps / 1e6,
+                        {b: round(1e9 * (quant[b] + dequant[b]), 1) for b in quant},
+                    )
             if world.is_main:
                 off = ~np.eye(p, dtype=bool)
                 logger.info(
@@ -269,6 +287,20 @@ class BitWidthPlanner:
         cfg = self.config
         if cfg.scheme == "random":
             result = random_assignment(channels, dim, cfg.allowed_bits, cfg.seed + epoch)
+            widths = result.bits
+        elif cfg.cost_model == "host":
+            # Full precision is one of the choices: an exchange is never planned slower
+            # than sending float32.
+            result = solve_assignment(
+                channels,
+                dim,
+                self.host_model,
+                bits=tuple(sorted({*cfg.allowed_bits, FULL_PRECISION_BITS})),
+                group_size=cfg.group_size,
+                lam=cfg.lam,
+                method=cfg.solver,
+                time_limit_s=cfg.time_limit_s,
+            )
             widths = result.bits
         else:
             solve_channels, link_model = channels, self.link_model

@@ -35,11 +35,16 @@ def _exchange_worker(rank: int, world_size: int, init_method: str, bits: int):
         send_idx, send_counts, recv_counts = _layout(rank, world_size)
         transport = HaloTransport(rank, send_counts, recv_counts, timeout_s=60, seed=1)
         h = _rows(rank)
-        plan = BitPlan.uniform(bits, len(send_idx), sum(recv_counts), "cpu") if bits else None
+        if bits == "mixed":  # every third row of a segment at full precision, others 4, 2
+            plan = BitPlan(_mixed_bits(send_counts), _mixed_bits(recv_counts))
+        else:
+            plan = BitPlan.uniform(bits, len(send_idx), sum(recv_counts), "cpu") if bits else None
         pending = transport.start(h[send_idx], ExchangeKey.forward(1), plan)
         halo = pending.wait()
         expected_bytes = sum(
-            mixed_buffer_bytes(torch.full((c,), bits, dtype=torch.int8), DIM)
+            _mixed_bytes(c)
+            if bits == "mixed"
+            else mixed_buffer_bytes(torch.full((c,), bits, dtype=torch.int8), DIM)
             if bits
             else 4 * c * DIM
             for c in send_counts
@@ -51,6 +56,17 @@ def _exchange_worker(rank: int, world_size: int, init_method: str, bits: int):
         }
     finally:
         shutdown()
+
+
+def _mixed_bits(counts: list[int]) -> torch.Tensor:
+    pattern = torch.tensor([32, 4, 2], dtype=torch.int8)
+    return torch.cat([pattern[torch.arange(c) % 3] for c in counts])
+
+
+def _mixed_bytes(count: int) -> int:
+    bits = _mixed_bits([count])
+    full = bits == 32
+    return mixed_buffer_bytes(bits[~full], DIM) + 4 * DIM * int(full.sum())
 
 
 def _expected_halo(rank: int, world_size: int) -> np.ndarray:
@@ -66,7 +82,7 @@ def _expected_halo(rank: int, world_size: int) -> np.ndarray:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("bits", [0, 8, 4, 2])
+@pytest.mark.parametrize("bits", [0, 8, 4, 2, "mixed"])
 def test_exchange_exact_or_within_one_step(bits, tmp_path):
     world_size = 3
     results = run_workers(_exchange_worker, world_size, tmp_path, bits)
@@ -76,6 +92,14 @@ def test_exchange_exact_or_within_one_step(bits, tmp_path):
         assert int(result["bytes"]) == int(result["expected_bytes"])
         if bits == 0:
             np.testing.assert_array_equal(got, expected)
+            continue
+        if bits == "mixed":  # rows at 32 bits arrive exact; the others within a step
+            recv_counts = _layout(rank, world_size)[2]
+            widths = _mixed_bits([c for c in recv_counts if c]).numpy()
+            np.testing.assert_array_equal(got[widths == 32], expected[widths == 32])
+            assert np.abs(got[widths == 2] - expected[widths == 2]).max() > 0
+            step = (expected.max(1) - expected.min(1)) / (2.0 ** np.maximum(widths, 1) - 1)
+            assert (np.abs(got - expected) <= step[:, None] * (1 + 1e-5) + 1e-6).all()
             continue
         # Stochastic rounding moves each value by less than one step of its row.
         step = (expected.max(1) - expected.min(1)) / (2**bits - 1)
