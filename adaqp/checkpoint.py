@@ -286,7 +286,7 @@ class Checkpointer:
         if self.world.is_main:
             shards = [bytes(g.tolist()).hex() for g in gathered]
             write_manifest(self.root, epoch, shards, self.fingerprint, history, self.keep)
-            logger.info("checkpoint at epoch %d written to %s", epoch, _step_dir(self.root, epoch))
+            logger.debug("checkpoint at epoch %d written to %s", epoch, _step_dir(self.root, epoch))
         dist.barrier()  # the checkpoint is complete for everyone before training goes on
 
     def load_latest(self) -> tuple[int, dict[str, torch.Tensor], dict[str, Any]]:
