@@ -72,14 +72,6 @@ class ExchangePolicy:
         self._training = False
         self._counters = EpochCounters()
 
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    @property
-    def is_training(self) -> bool:
-        return self._training
-
     def begin_epoch(self, epoch: int, counters: EpochCounters) -> None:
         """Training exchanges from now on belong to ``epoch`` and count into ``counters``."""
         self._epoch = epoch
