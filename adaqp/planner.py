@@ -288,39 +288,27 @@ class BitWidthPlanner:
         if cfg.scheme == "random":
             result = random_assignment(channels, dim, cfg.allowed_bits, cfg.seed + epoch)
             widths = result.bits
-        elif cfg.cost_model == "host":
-            # Full precision is one of the choices: an exchange is never planned slower
-            # than sending float32.
-            result = solve_assignment(
-                channels,
-                dim,
-                self.host_model,
-                bits=tuple(sorted({*cfg.allowed_bits, FULL_PRECISION_BITS})),
-                group_size=cfg.group_size,
-                lam=cfg.lam,
-                method=cfg.solver,
-                time_limit_s=cfg.time_limit_s,
-            )
-            widths = result.bits
         else:
-            solve_channels, link_model = channels, self.link_model
-            if cfg.cost_model != "link":
-                solve_channels, link_model, members = _merge(
+            solve_channels, model, bits, members = channels, self.link_model, cfg.allowed_bits, None
+            if cfg.cost_model == "host":
+                # Full precision is one of the choices: an exchange is never planned slower
+                # than sending float32.
+                model, bits = self.host_model, tuple(sorted({*bits, FULL_PRECISION_BITS}))
+            elif cfg.cost_model != "link":
+                solve_channels, model, members = _merge(
                     channels, self.link_model, shared=cfg.cost_model == "shared"
                 )
             result = solve_assignment(
                 solve_channels,
                 dim,
-                link_model,
-                bits=cfg.allowed_bits,
+                model,
+                bits=bits,
                 group_size=cfg.group_size,
                 lam=cfg.lam,
                 method=cfg.solver,
                 time_limit_s=cfg.time_limit_s,
             )
-            widths = result.bits
-            if cfg.cost_model != "link":
-                widths = _split(result.bits, members, channels)
+            widths = result.bits if members is None else _split(result.bits, members, channels)
         self.last_status[str(key)] = result.status
         logger.info(
             "epoch %d %s: avg %.2f bits (%s, %s, %.3fs)",
