@@ -19,7 +19,7 @@ import pytest
 from adaqp.bench import torchrun_command
 from adaqp.datasets import load_dataset
 from partition.build import make_partition
-from tests.distributed import worker_pid
+from tests.distributed import NullWriter, worker_pid
 
 ROOT = Path(__file__).resolve().parent.parent
 ARRAYS = ("indptr", "indices", "features", "labels", "train_mask", "val_mask", "test_mask")
@@ -197,15 +197,10 @@ def _citeseer_worker(rank, world_size, init_method, part_dir: str):
     try:
         meta = read_metadata(part_dir)
         graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
-        summary = Trainer(config, graph, meta, world).fit(_Nothing())
+        summary = Trainer(config, graph, meta, world).fit(NullWriter())
         return {"num_halo": np.array(graph.num_halo), "loss": np.array(summary.final_train_loss)}
     finally:
         shutdown()
-
-
-class _Nothing:
-    def log_epoch(self, record) -> None:
-        pass
 
 
 @pytest.mark.distributed

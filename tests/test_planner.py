@@ -14,12 +14,7 @@ from adaqp.planner import _merge, _split
 from adaqp.runtime import init_distributed, shutdown
 from adaqp.trainer import Trainer
 from partition.build import make_partition
-from tests.distributed import run_workers
-
-
-class _NullWriter:
-    def log_epoch(self, record) -> None:
-        pass
+from tests.distributed import NullWriter, run_workers
 
 
 def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, scheme: str):
@@ -45,7 +40,7 @@ def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, sc
         meta = read_metadata(part_dir)
         graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
         trainer = Trainer(config, graph, meta, world)
-        summary = trainer.fit(_NullWriter())
+        summary = trainer.fit(NullWriter())
         out = {
             "send_counts": np.array(graph.send_counts),
             "recv_counts": np.array(graph.recv_counts),

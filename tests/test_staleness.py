@@ -19,12 +19,7 @@ from adaqp.partition_format import load_part, read_metadata
 from adaqp.runtime import init_distributed, shutdown
 from adaqp.trainer import Trainer
 from partition.build import make_partition
-from tests.distributed import run_workers
-
-
-class _NullWriter:
-    def log_epoch(self, record) -> None:
-        pass
+from tests.distributed import NullWriter, run_workers
 
 
 def _two_components(size_a: int = 24, size_b: int = 48, seed: int = 0) -> GraphData:
@@ -57,7 +52,7 @@ def _train_worker(rank, world_size, init_method, part_dir: str, overrides: tuple
         meta = read_metadata(part_dir)
         graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
         trainer = Trainer(config, graph, meta, world)
-        summary = trainer.fit(_NullWriter())
+        summary = trainer.fit(NullWriter())
         return {
             "num_halo": np.array(graph.num_halo),
             "loss": np.array(summary.final_train_loss),

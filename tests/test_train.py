@@ -19,7 +19,7 @@ from adaqp.partition_format import load_part, read_metadata
 from adaqp.runtime import init_distributed, shutdown
 from adaqp.trainer import Trainer
 from partition.build import make_partition
-from tests.distributed import expect_worker_failure
+from tests.distributed import NullWriter, expect_worker_failure
 
 ROOT = Path(__file__).resolve().parent.parent
 SUMMARY_FIELDS = {
@@ -200,14 +200,9 @@ def _dies_after_one_step(rank: int, world_size: int, init_method: str, part_dir:
     if rank == 1:
         os._exit(3)  # a peer dies without a word
     try:
-        trainer.fit(_NullWriter())
+        trainer.fit(NullWriter())
     finally:
         shutdown(barrier=False)
-
-
-class _NullWriter:
-    def log_epoch(self, record) -> None:
-        pass
 
 
 @pytest.mark.distributed
