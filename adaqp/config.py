@@ -216,6 +216,9 @@ class QuantConfig:
     (de)quantization cost, and full precision as a choice; see adaqp/hosts.py). shared
     measured best among shared/sender/link on the emulated 4-host cluster (README); host
     is not yet measured there."""
+    profile_every: int = 0
+    """Adaptive scheme: profile the links (and, for the host model, the (de)quantization
+    cost) again before every this many re-solves; 0 profiles once, at start-up."""
     seed: int = 0
     """Seed of the stochastic rounding and of the random scheme."""
 
@@ -238,6 +241,7 @@ class QuantConfig:
         _check(self.assign_cycle >= 1, "quant.assign_cycle", "must be at least 1")
         _check(self.solver in ("milp", "greedy"), "quant.solver", "must be milp or greedy")
         _check(self.time_limit_s > 0, "quant.time_limit_s", "must be positive")
+        _check(self.profile_every >= 0, "quant.profile_every", "must be non-negative")
         _check(
             self.cost_model in ("shared", "sender", "link", "host"),
             "quant.cost_model",

@@ -61,7 +61,9 @@ def host_model(
             beta_out[h] = float(np.median(links.beta_Bps[leaving]))
         if entering.any():
             beta_in[h] = float(np.median(links.beta_Bps[entering]))
-    alpha = float(np.median(links.alpha_s[remote])) if remote.any() else 0.0
+    # Per-exchange latency: of the network if any channel crosses it, else of local copies.
+    pairs = remote if remote.any() else local
+    alpha = float(np.median(links.alpha_s[pairs])) if pairs.any() else 0.0
     beta_local = float(np.median(links.beta_Bps[local])) if local.any() else float("inf")
     return HostModel(
         hosts,

@@ -25,11 +25,13 @@ BIT_WIDTHS = (1, 2, 4, 8, FULL_PRECISION_BITS)
 """Every width a value can travel at (32: float32)."""
 
 
-def _reduced(how: str, default_factory=None, default=0.0):
-    """A counter field and how ranks combine it: sum, mean or max."""
+def _reduced(how: str, default_factory=None, default=0.0, values: type = int):
+    """A counter field and how ranks combine it: sum, mean or max. ``values``: the type
+    of a dict field's values after a sum or max (a mean is always a float)."""
+    metadata = {"reduce": how, "values": values}
     if default_factory is not None:
-        return field(default_factory=default_factory, metadata={"reduce": how})
-    return field(default=default, metadata={"reduce": how})
+        return field(default_factory=default_factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
@@ -61,6 +63,9 @@ class EpochCounters:
     """``comm_time_s`` by exchange."""
     comm_wait_by_tag: dict[str, float] = _reduced("mean", dict)
     """``comm_wait_s`` by exchange (launch and wait)."""
+    exchange_span_by_tag: dict[str, float] = _reduced("max", dict, values=float)
+    """Per exchange: quantization + exchange + dequantization, the slowest rank's: what
+    the bit-width planner's cost model predicts."""
 
     def record_launch(self, handle) -> None:
         """Bytes and launch-side times of an exchange (a ``comm.PendingExchange``)."""
@@ -83,6 +88,8 @@ class EpochCounters:
         self.comm_wait_s += blocked_s
         self.comm_time_by_tag[tag] = self.comm_time_by_tag.get(tag, 0.0) + handle.exchange_s
         self.comm_wait_by_tag[tag] = self.comm_wait_by_tag.get(tag, 0.0) + blocked_s
+        span = handle.quant_s + handle.exchange_s + handle.dequant_s
+        self.exchange_span_by_tag[tag] = self.exchange_span_by_tag.get(tag, 0.0) + span
 
     def record_staleness(self, tag: str, staleness: int) -> None:
         hist = self.staleness_by_tag.setdefault(tag, {})
@@ -147,7 +154,7 @@ class EpochCounters:
                 total = source[start] / world_size if how == "mean" else source[start]
                 setattr(out, f.name, type(getattr(self, f.name))(total))
                 continue
-            kind = float if how == "mean" else int
+            kind = float if how == "mean" else f.metadata["values"]
             scale = world_size if how == "mean" else 1
             entries = {k: kind(source[start + i] / scale) for i, k in enumerate(keys)}
             entries = {k: v for k, v in entries.items() if v}
@@ -199,6 +206,8 @@ class EpochRecord:
     """Largest staleness used in this epoch (0: every exchange was waited for)."""
     hidden_by_tag: dict[str, float] = field(default_factory=dict)
     """Per exchange: the share of its exchange time hidden behind compute."""
+    exchange_span_by_tag: dict[str, float] = field(default_factory=dict)
+    """Per exchange: quantization + exchange + dequantization seconds, slowest rank."""
 
     @classmethod
     def from_counters(cls, epoch: int, train_loss: float, epoch_time_s: float, c, **extra):
@@ -221,6 +230,7 @@ class EpochRecord:
             },
             max_staleness=c.max_staleness,
             hidden_by_tag=hidden_fractions(c.comm_time_by_tag, c.comm_wait_by_tag),
+            exchange_span_by_tag=dict(c.exchange_span_by_tag),
             **extra,
         )
 
@@ -287,6 +297,16 @@ class Summary:
     """The checkpoint's epoch this run continued from (0: started fresh)."""
     epochs_redone: int = 0
     """Epochs run past that checkpoint before the failure, and so trained again."""
+    host_of_rank: list[int] = field(default_factory=list)
+    """Adaptive widths: the host index of each rank (torchrun node or hostname)."""
+    plan_bits_by_pair: dict[str, float] = field(default_factory=dict)
+    """Adaptive widths: "src->dst" -> mean planned width of the messages src sends dst
+    under the last solve (all exchanges; 32 is full precision)."""
+    predicted_exchange_s_by_tag: dict[str, float] = field(default_factory=dict)
+    """Adaptive widths: per exchange, the cost model's time for the last solve's plan."""
+    exchange_span_s_by_tag: dict[str, float] = field(default_factory=dict)
+    """Per exchange, median over the epochs after the last re-solve (after warm-up if
+    none): quantization + exchange + dequantization, the slowest rank's."""
 
 
 def hidden_fractions(time_by_tag: dict[str, float], wait_by_tag: dict[str, float]):

@@ -18,6 +18,7 @@ switch together. The first cycle runs at ``initial_bits`` while tracing.
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import numpy as np
@@ -42,8 +43,10 @@ from adaqp.runtime import World
 
 logger = logging.getLogger(__name__)
 
-PROFILE_SIZES = (4_096, 65_536, 524_288)
-"""Bytes per probe transfer when profiling links."""
+PROFILE_SIZES = (4_096, 1_048_576, 4_194_304)
+"""Bytes per probe transfer when profiling links. The large probes exceed the burst a
+shaped link lets through at line rate (the emulated cluster's token bucket holds 256 KB),
+so the fitted bandwidth is the sustained rate that a whole exchange sees."""
 
 
 def profile_links(
@@ -124,36 +127,47 @@ class BitWidthPlanner:
         }
         self._plans: dict[ExchangeKey, BitPlan] = {}
         self._traces: dict[ExchangeKey, list] = {}
-        self.link_model = None
+        self.link_model: LinkModel | None = None
         self.host_model: HostModel | None = None
+        self.hosts = np.zeros(p, dtype=np.int64)
         self.forward_coef = None
         self.last_status: dict[str, str] = {}
+        self.solutions: dict[int, dict[str, dict[str, float]]] = {}
+        """Rank 0, per re-solve epoch: ``"predicted_s"`` (tag -> the cost model's time of
+        its plan) and ``"pair_bits"`` ("src->dst" -> mean planned width, all exchanges)."""
+        self._solves = 0
         if config.scheme == "adaptive":
             self.forward_coef = self._forward_coefficients(transport, graph, adjacency)
-            self.link_model = profile_links(world)
-            if config.cost_model == "host":
-                quant, dequant = time_quantization(config.allowed_bits, 64, self.device)
-                hosts = host_of_rank(p)
-                self.host_model = host_model(self.link_model, hosts, quant, dequant)
-                if world.is_main:
-                    logger.info(
-                        "hosts %s: send %s, receive %s MB/s, local copies %.0f MB/s; "
-                        "(de)quantization %s ns/value",
-                        hosts.tolist(),
-                        np.round(self.host_model.beta_out_Bps / 1e6).tolist(),
-                        np.round(self.host_model.beta_in_Bps / 1e6).tolist(),
-                        self.host_model.beta_local_Bps / 1e6,
-                        {b: round(1e9 * (quant[b] + dequant[b]), 1) for b in quant},
-                    )
+            self.hosts = host_of_rank(p)
+            self._profile()
+
+    def _profile(self) -> None:
+        """Profiles the links (and for the host model the hosts) of every rank (collective)."""
+        config, world = self.config, self.world
+        p = world.world_size
+        self.link_model = profile_links(world)
+        if config.cost_model == "host":
+            quant, dequant = time_quantization(config.allowed_bits, 64, self.device)
+            self.host_model = host_model(self.link_model, self.hosts, quant, dequant)
             if world.is_main:
-                off = ~np.eye(p, dtype=bool)
                 logger.info(
-                    "links: alpha %.1f-%.1f us, beta %.2f-%.2f GB/s",
-                    1e6 * self.link_model.alpha_s[off].min(),
-                    1e6 * self.link_model.alpha_s[off].max(),
-                    self.link_model.beta_Bps[off].min() / 1e9,
-                    self.link_model.beta_Bps[off].max() / 1e9,
+                    "hosts %s: send %s, receive %s MB/s, local copies %.0f MB/s; "
+                    "(de)quantization %s ns/value",
+                    self.hosts.tolist(),
+                    np.round(self.host_model.beta_out_Bps / 1e6).tolist(),
+                    np.round(self.host_model.beta_in_Bps / 1e6).tolist(),
+                    self.host_model.beta_local_Bps / 1e6,
+                    {b: round(1e9 * (quant[b] + dequant[b]), 1) for b in quant},
                 )
+        if world.is_main:
+            off = ~np.eye(p, dtype=bool)
+            logger.info(
+                "links: alpha %.1f-%.1f us, beta %.2f-%.2f GB/s",
+                1e6 * self.link_model.alpha_s[off].min(),
+                1e6 * self.link_model.alpha_s[off].max(),
+                self.link_model.beta_Bps[off].min() / 1e9,
+                self.link_model.beta_Bps[off].max() / 1e9,
+            )
 
     @property
     def tracing(self) -> bool:
@@ -236,7 +250,11 @@ class BitWidthPlanner:
         if not self.tracing or epoch % self.config.assign_cycle:
             return 0.0
         start = time.perf_counter()
+        every = self.config.profile_every
+        if self.link_model is not None and every and self._solves and self._solves % every == 0:
+            self._profile()
         self._resolve(epoch)
+        self._solves += 1
         return time.perf_counter() - start
 
     def _weights(self, key: ExchangeKey) -> np.ndarray:
@@ -267,6 +285,8 @@ class BitWidthPlanner:
                 blocks.append(self._solve(key, counts, gathered, epoch))
         total = sum(int(self.counts[k.direction].sum()) for k in keys)
         flat = torch.cat(blocks) if rank == 0 else torch.empty(total, dtype=torch.uint8)
+        if rank == 0:
+            self.solutions.setdefault(epoch, {})["pair_bits"] = self._pair_bits(keys, flat)
         dist.broadcast(flat, src=0)
         self._install(keys, flat)
         self._traces = {}
@@ -310,6 +330,9 @@ class BitWidthPlanner:
             )
             widths = result.bits if members is None else _split(result.bits, members, channels)
         self.last_status[str(key)] = result.status
+        if math.isfinite(result.time_s):
+            predicted = self.solutions.setdefault(epoch, {}).setdefault("predicted_s", {})
+            predicted[str(key)] = result.time_s
         logger.info(
             "epoch %d %s: avg %.2f bits (%s, %s, %.3fs)",
             epoch,
@@ -321,19 +344,33 @@ class BitWidthPlanner:
         )
         return torch.from_numpy(np.concatenate([b.astype(np.uint8) for b in widths]))
 
-    def _install(self, keys: list[ExchangeKey], flat: torch.Tensor) -> None:
-        p, rank = self.world.world_size, self.world.rank
-        offset = 0
+    def _channel_widths(self, keys: list[ExchangeKey], flat: torch.Tensor):
+        """Yields ``(key, src, dst, widths)`` of every channel in the broadcast buffer."""
+        p, offset = self.world.world_size, 0
         for key in keys:
             counts = self.counts[key.direction]
-            channel = {}
             for src in range(p):
                 for dst in range(p):
                     if src != dst:
                         n = int(counts[src, dst])
-                        channel[src, dst] = flat[offset : offset + n]
+                        yield key, src, dst, flat[offset : offset + n]
                         offset += n
-            empty = torch.zeros(0, dtype=torch.uint8)
+
+    def _pair_bits(self, keys: list[ExchangeKey], flat: torch.Tensor) -> dict[str, float]:
+        totals: dict[str, list[int]] = {}
+        for _, src, dst, widths in self._channel_widths(keys, flat):
+            entry = totals.setdefault(f"{src}->{dst}", [0, 0])
+            entry[0] += int(widths.sum(dtype=torch.int64))
+            entry[1] += widths.numel()
+        return {pair: bits / n for pair, (bits, n) in totals.items() if n}
+
+    def _install(self, keys: list[ExchangeKey], flat: torch.Tensor) -> None:
+        p, rank = self.world.world_size, self.world.rank
+        channels: dict[ExchangeKey, dict[tuple[int, int], torch.Tensor]] = {k: {} for k in keys}
+        for key, src, dst, widths in self._channel_widths(keys, flat):
+            channels[key][src, dst] = widths
+        empty = torch.zeros(0, dtype=torch.uint8)
+        for key, channel in channels.items():
             out_bits = torch.cat([channel.get((rank, dst), empty) for dst in range(p)])
             in_bits = torch.cat([channel.get((src, rank), empty) for src in range(p)])
             self._plans[key] = BitPlan(

@@ -126,6 +126,11 @@ class ExchangePolicy:
     def close(self) -> None:
         """Waits for every exchange still in flight (none here)."""
 
+    def report(self, solved_at: int) -> dict:
+        """Summary fields this policy adds (see ``metrics.Summary``) for the plans solved
+        after epoch ``solved_at``; rank 0's are complete."""
+        return {}
+
 
 class AdaptivePolicy(ExchangePolicy):
     """Quantized training exchanges at the widths a ``BitWidthPlanner`` chooses.
@@ -150,6 +155,17 @@ class AdaptivePolicy(ExchangePolicy):
     def end_epoch(self, epoch: int) -> float:
         self.transport.at(f"epoch {epoch} bit-width assignment")
         return self.planner.end_epoch(epoch)
+
+    def report(self, solved_at: int) -> dict:
+        planner = self.planner
+        if planner.link_model is None:
+            return {}  # uniform and random widths: no cost model, nothing planned by pair
+        solution = planner.solutions.get(solved_at, {})
+        return {
+            "host_of_rank": planner.hosts.tolist(),
+            "plan_bits_by_pair": solution.get("pair_bits", {}),
+            "predicted_exchange_s_by_tag": dict(sorted(solution.get("predicted_s", {}).items())),
+        }
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         state = super().state_dict()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -418,6 +419,14 @@ class Trainer:
 
         last = records[-1]
         exchange, wait = median("comm_time_s"), median("comm_wait_s")
+        # Exchange spans under the last plans that ran: those of the last re-solve before
+        # the final epoch (a re-solve after the final epoch plans epochs never run).
+        solved = [r.epoch for r in records if r.assign_time_s > 0 and r.epoch < last.epoch]
+        settled = [r for r in records if r.epoch > solved[-1]] if solved else records[warmup:]
+        spans = {
+            tag: float(statistics.median(r.exchange_span_by_tag.get(tag, 0.0) for r in settled))
+            for tag in sorted({t for r in settled for t in r.exchange_span_by_tag})
+        }
         peak = torch.tensor(float(self.world.peak_memory_bytes()), dtype=torch.float64)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         return Summary(
@@ -460,6 +469,8 @@ class Trainer:
                 tag: median_after_warmup([r.hidden_by_tag.get(tag, 0.0) for r in records], warmup)
                 for tag in sorted({t for r in records for t in r.hidden_by_tag})
             },
+            exchange_span_s_by_tag=spans,
+            **(self.policy.report(solved[-1] if solved else 0) if self.policy else {}),
         )
 
 

@@ -68,3 +68,35 @@ def test_table_and_plots_are_written(runs, tmp_path):
     cluster.plot(tmp_path, runs, agg)
     for name in ("breakdown.png", "time_to_accuracy.png", "bytes_by_layer.png"):
         assert (tmp_path / name).stat().st_size > 1000
+
+
+def test_adaptive_runs_report_prediction_ratio_and_bits_by_host_pair(runs):
+    """2 hosts x 2 ranks: bits grouped by host pair, measured/predicted over exchanges."""
+    planned = {
+        "predicted_exchange_s_by_tag": {"layer1/forward": 0.10, "layer1/backward": 0.30},
+        "exchange_span_s_by_tag": {"layer1/forward": 0.12, "layer1/backward": 0.28},
+        "host_of_rank": [0, 0, 1, 1],
+        "plan_bits_by_pair": {"0->1": 32.0, "1->0": 8.0, "0->2": 2.0, "2->0": 4.0, "2->3": 32.0},
+    }
+    runs["adaqp"][0]["summary"].update(planned)
+    agg = cluster._aggregate(runs, [0])
+    a = agg["adaqp"]
+    assert a["measured_over_predicted"] == pytest.approx(0.40 / 0.40)
+    assert a["measured_over_predicted_by_tag"]["layer1/forward"] == pytest.approx(1.2)
+    assert a["bits_by_host_pair"] == {"0->0": 20.0, "0->1": 2.0, "1->0": 4.0, "1->1": 32.0}
+    assert "bits_by_host_pair" not in agg["vanilla"]
+    meta = {
+        "hosts": 2,
+        "procs_per_host": 2,
+        "bandwidth": "300mbit",
+        "epochs": 3,
+        "seeds": [0],
+        "config": "c.toml",
+        "overrides": [],
+        "tta_tolerance": 0.0,
+    }
+    table = cluster._table("t", meta, agg)
+    assert (
+        "| adaqp | 400.0 | 400.0 | 1.00 | layer1/backward 0.93, layer1/forward 1.20 "
+        "| 20.00 | 2.00 | 4.00 | 32.00 |"
+    ) in table

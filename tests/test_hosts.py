@@ -21,6 +21,7 @@ def test_host_rates_come_from_the_pairs_that_leave_and_enter_each_host():
     beta[:2, 2:] = 50e6  # entering host 1
     beta[0, 1] = beta[1, 0] = beta[2, 3] = beta[3, 2] = 2e9  # within a host
     alpha = np.full((4, 4), 1e-4)
+    alpha[0, 1] = alpha[1, 0] = alpha[2, 3] = alpha[3, 2] = 1e-6  # not the network's
     model = host_model(LinkModel(alpha, beta), hosts, {2: 1e-9}, {2: 2e-9})
     assert model.beta_out_Bps.tolist() == [50e6, 25e6]
     assert model.beta_in_Bps.tolist() == [25e6, 50e6]
@@ -30,8 +31,8 @@ def test_host_rates_come_from_the_pairs_that_leave_and_enter_each_host():
     assert model.dequant_s_per_value[2] == 2e-9
 
 
-def test_one_host_copies_locally_and_has_no_network_latency():
+def test_one_host_copies_locally_at_the_latency_of_local_copies():
     model = host_model(
         LinkModel(np.full((2, 2), 1e-5), np.full((2, 2), 1e9)), np.array([0, 0]), {}, {}
     )
-    assert model.alpha_s == 0.0 and model.beta_local_Bps == pytest.approx(1e9)
+    assert model.alpha_s == pytest.approx(1e-5) and model.beta_local_Bps == pytest.approx(1e9)

@@ -22,6 +22,8 @@ MODE_VARIANTS: dict[str, tuple[str, ...]] = {
     "adaqp-q": ("--mode", "adaqp-q"),
     "adaqp-p": ("--mode", "adaqp-p"),
     "adaqp": ("--mode", "adaqp"),
+    "adaqp-shared": ("--mode", "adaqp", "--set", "quant.cost_model=shared"),
+    "adaqp-host": ("--mode", "adaqp", "--set", "quant.cost_model=host"),
     "onebit-s1": ("--mode", "onebit", "--set", "staleness.bound=1"),
     "onebit-s2": ("--mode", "onebit", "--set", "staleness.bound=2"),
 }

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from adaqp.bench import MODE_VARIANTS, SMALL_SYNTHETIC
-from adaqp.cluster import EmulatedCluster, LinkSpec
+from adaqp.cluster import EmulatedCluster, host_links
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +31,8 @@ WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
     # Sized so that a 2-core machine computes an epoch in a fraction of a second.
     "synthetic": ("configs/synthetic-gcn.toml", (*SMALL_SYNTHETIC, "train.eval_every=1")),
     "cora": ("configs/cora-gcn.toml", ("model.layers=3", "model.hidden=256")),
+    # The same size with community structure (METIS at P = 4: 3% edge cut, 79% central).
+    "synthetic-local": ("configs/synthetic-local-gcn.toml", ("train.eval_every=1",)),
 }
 
 
@@ -63,6 +65,40 @@ def _time_to(epochs: list[dict[str, Any]], target: float) -> float | None:
 
 def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
+
+
+def _planned(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """What adaptive runs planned: measured / predicted exchange time (per exchange and all
+    exchanges together, means over seeds) and the mean width by host pair (first seed)."""
+    if not summaries[0].get("predicted_exchange_s_by_tag"):
+        return {}
+    by_tag: dict[str, list[float]] = {}
+    overall = []
+    for s in summaries:
+        predicted, measured = s["predicted_exchange_s_by_tag"], s["exchange_span_s_by_tag"]
+        tags = [t for t in predicted if predicted[t] > 0 and t in measured]
+        for t in tags:
+            by_tag.setdefault(t, []).append(measured[t] / predicted[t])
+        if tags:
+            overall.append(sum(measured[t] for t in tags) / sum(predicted[t] for t in tags))
+    first = summaries[0]
+    hosts = first["host_of_rank"]
+    by_hosts: dict[str, list[float]] = {}
+    for pair, bits in first["plan_bits_by_pair"].items():
+        src, dst = (int(r) for r in pair.split("->"))
+        by_hosts.setdefault(f"{hosts[src]}->{hosts[dst]}", []).append(bits)
+    return {
+        "measured_over_predicted": _mean(overall),
+        "measured_over_predicted_by_tag": {t: _mean(v) for t, v in sorted(by_tag.items())},
+        "predicted_exchange_s": _mean(
+            [sum(s["predicted_exchange_s_by_tag"].values()) for s in summaries]
+        ),
+        "measured_exchange_s": _mean(
+            [sum(s["exchange_span_s_by_tag"].values()) for s in summaries]
+        ),
+        "host_of_rank": hosts,
+        "bits_by_host_pair": {k: _mean(v) for k, v in sorted(by_hosts.items())},
+    }
 
 
 def _aggregate(
@@ -100,6 +136,7 @@ def _aggregate(
             "time_to_vanilla_val_s": _mean(reached) if reached else None,
             "runs_reaching_vanilla_val": len(reached),
             "time_to_accuracy_ratio": _mean(ratios) if ratios else None,
+            **_planned(summaries),
         }
     base_epoch = out["vanilla"]["epoch_time_s"]
     nocomm = out.get("nocomm", {}).get("epoch_time_s")
@@ -115,7 +152,8 @@ def _table(name: str, meta: dict[str, Any], agg: dict[str, Any]) -> str:
 
     lines = [
         f"# {name}: {meta['hosts']} emulated hosts x {meta['procs_per_host']} worker, "
-        f"{meta['bandwidth']} links, {meta['epochs']} epochs, seeds {meta['seeds']}",
+        f"{meta['bandwidth']} links{' ' + meta['latency'] if meta.get('latency') else ''}, "
+        f"{meta['epochs']} epochs, seeds {meta['seeds']}",
         "",
         f"Workload: `{meta['config']}` with {', '.join(meta['overrides'])}.",
         "Epoch times are medians after warm-up, means over seeds; `nocomm` skips the halo "
@@ -141,6 +179,31 @@ def _table(name: str, meta: dict[str, Any], agg: dict[str, Any]) -> str:
             f"| {fmt(a['time_to_accuracy_ratio'], '{:.2f}x')} "
             f"({a['runs_reaching_vanilla_val']}/{len(meta['seeds'])} seeds) |"
         )
+    planned = {m: a for m, a in agg.items() if "bits_by_host_pair" in a}
+    if planned:
+        pairs = sorted({p for a in planned.values() for p in a["bits_by_host_pair"]})
+        lines += [
+            "",
+            "Adaptive modes: the planner's cost model against the measured exchange "
+            "((de)quantization + transfer, slowest rank, median over the epochs of the "
+            "last plan; summed over exchanges, mean over seeds) and the mean planned width "
+            "by sending -> receiving host (first seed; 32 = full precision).",
+            "",
+            "| mode | predicted ms | measured ms | measured / predicted | by exchange | "
+            + " | ".join(f"bits {p}" for p in pairs)
+            + " |",
+            "|---|---|---|---|---|" + "---|" * len(pairs),
+        ]
+        for mode, a in planned.items():
+            bits = a["bits_by_host_pair"]
+            by_tag = ", ".join(
+                f"{t} {r:.2f}" for t, r in a["measured_over_predicted_by_tag"].items()
+            )
+            lines.append(
+                f"| {mode} | {1e3 * a['predicted_exchange_s']:.1f} "
+                f"| {1e3 * a['measured_exchange_s']:.1f} | {a['measured_over_predicted']:.2f} "
+                f"| {by_tag} | " + " | ".join(fmt(bits.get(p), "{:.2f}") for p in pairs) + " |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -210,7 +273,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="synthetic")
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--procs-per-host", type=int, default=1)
-    parser.add_argument("--bandwidth", default="1gbit")
+    parser.add_argument(
+        "--bandwidth",
+        default="1gbit",
+        help="tc rate of every host's link, or one per host: 300mbit,300mbit,300mbit,75mbit",
+    )
+    parser.add_argument(
+        "--latency", default="", help="one-way delay per host link, e.g. 0.1ms (or one per host)"
+    )
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--modes", default=",".join(VARIANTS))
@@ -252,6 +322,7 @@ def main(args: argparse.Namespace) -> int:
         "hosts": args.hosts,
         "procs_per_host": args.procs_per_host,
         "bandwidth": args.bandwidth,
+        "latency": args.latency,
         "seeds": seeds,
         "epochs": args.epochs,
         "config": config,
@@ -280,7 +351,8 @@ def main(args: argparse.Namespace) -> int:
 def _run_all(args, modes, seeds, config, overrides, runs_dir, part_dir, runs) -> None:
     """Runs every mode and seed on one emulated cluster, appending to ``runs``."""
     total, done = len(modes) * len(seeds), 0
-    with EmulatedCluster(args.hosts, LinkSpec(bandwidth=args.bandwidth)) as cluster:
+    links = host_links(args.hosts, args.bandwidth, args.latency)
+    with EmulatedCluster(args.hosts, links=links) as cluster:
         for mode in modes:
             for seed in seeds:
                 run_dir = runs_dir / f"{mode}-seed{seed}"
