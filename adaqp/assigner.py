@@ -9,7 +9,10 @@ variance. With ``V`` the total variance and ``T`` the predicted exchange time we
     lam * (V - V_min) / (V_max - V_min) + (1 - lam) * (T - T_min) / (T_max - T_min)
 
 ``V_min``/``V_max`` and ``T_min``/``T_max`` are the least and greatest over the uniform
-assignments (every message at one allowed width); a zero range zeroes its term. Under the link
+assignments (every message at one allowed width); a zero range zeroes its term. Full
+precision is a choice but not part of the range: a range reaching float32 (many times the
+bytes) would shrink every difference in time between quantized plans and spend bytes on
+variance, which measured slower on the emulated cluster. Under the link
 model these are the all-max/all-min bit assignments; under the host model a mixed assignment can
 be faster than every uniform one, so there the time term can go below zero. Each channel's
 messages are sorted by weight (heaviest first, stable) and cut into groups of ``group_size``;
@@ -428,6 +431,13 @@ def _check_bits(bits: Sequence[int], full_precision: bool = True) -> np.ndarray:
     return arr
 
 
+def _normalising(bits: np.ndarray) -> np.ndarray:
+    """The widths whose uniform assignments set the objective's ranges: the quantized ones
+    (all of ``bits`` when full precision is the only choice)."""
+    quantized = bits[bits != FULL_PRECISION_BITS]
+    return quantized if quantized.size else bits
+
+
 def _row_bytes_table(dim: int) -> np.ndarray:
     """int64 ``[33]``: entry ``b`` is the wire bytes of one row at ``b`` bits (0 if unpriced)."""
     table = np.zeros(FULL_PRECISION_BITS + 1, dtype=np.int64)
@@ -505,11 +515,12 @@ def evaluate_assignment(
         )
 
     t = exchange_time(message_bits)
+    ranging = _normalising(allowed)
     uniform_t = [
-        exchange_time([np.full(c.num_messages, b) for c in channels]) for b in allowed.tolist()
+        exchange_time([np.full(c.num_messages, b) for c in channels]) for b in ranging.tolist()
     ]
     t_min, t_max = min(uniform_t), max(uniform_t)
-    v_min, v_max = w_sum * f[allowed].min(), w_sum * f[allowed].max()
+    v_min, v_max = w_sum * f[ranging].min(), w_sum * f[ranging].max()
     obj = lam * (var - v_min) / (v_max - v_min) if v_max > v_min else 0.0
     obj += (1.0 - lam) * (t - t_min) / (t_max - t_min) if t_max > t_min else 0.0
     return float(obj), var, t
@@ -620,9 +631,11 @@ class _HostProblem(_Groups):
         self.row_use = np.einsum("ik,icr->ckr", per_row, model._channel_map(channels))
         self.unit = self.n[:, None, None] * self.row_use[self.chan]  # [G, K, R] per group
         self.alpha = model.alpha_s
-        uniform = [self.time(np.full(self.w.size, k)) for k in range(self.bits.size)]
+        ranging = np.flatnonzero(np.isin(self.bits, _normalising(self.bits)))
+        uniform = [self.time(np.full(self.w.size, k)) for k in ranging]
         self.t_min, self.t_max = min(uniform), max(uniform)
-        self.v_max, self.v_min = self.w.sum() * self.f.max(), self.w.sum() * self.f.min()
+        f = self.f[ranging]
+        self.v_max, self.v_min = self.w.sum() * f.max(), self.w.sum() * f.min()
         self._set_weights(lam)
 
     def use(self, k: np.ndarray) -> np.ndarray:

@@ -136,6 +136,7 @@ class BitWidthPlanner:
         """Rank 0, per re-solve epoch: ``"predicted_s"`` (tag -> the cost model's time of
         its plan) and ``"pair_bits"`` ("src->dst" -> mean planned width, all exchanges)."""
         self._solves = 0
+        self._quant_costs: tuple[dict[int, float], dict[int, float]] = ({}, {})
         if config.scheme == "adaptive":
             self.forward_coef = self._forward_coefficients(transport, graph, adjacency)
             self.hosts = host_of_rank(p)
@@ -149,6 +150,7 @@ class BitWidthPlanner:
         if config.cost_model == "host":
             quant, dequant = time_quantization(config.allowed_bits, 64, self.device)
             self.host_model = host_model(self.link_model, self.hosts, quant, dequant)
+            self._quant_costs = quant, dequant
             if world.is_main:
                 logger.info(
                     "hosts %s: send %s, receive %s MB/s, local copies %.0f MB/s; "
@@ -223,6 +225,11 @@ class BitWidthPlanner:
         if self.link_model is not None:
             state["links/alpha"] = torch.from_numpy(self.link_model.alpha_s.copy())
             state["links/beta"] = torch.from_numpy(self.link_model.beta_Bps.copy())
+        if self.host_model is not None:
+            quant, dequant = self._quant_costs
+            state["hosts/costs"] = torch.tensor(
+                [[b, quant[b], dequant[b]] for b in sorted(quant)], dtype=torch.float64
+            )
         return state
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
@@ -244,6 +251,11 @@ class BitWidthPlanner:
         }
         if "links/alpha" in state:
             self.link_model = LinkModel(state["links/alpha"].numpy(), state["links/beta"].numpy())
+        if "hosts/costs" in state and self.config.cost_model == "host":
+            # The checkpoint's profile, not this start-up's: the run continues as it was.
+            rows = state["hosts/costs"].tolist()
+            self._quant_costs = {int(b): q for b, q, _ in rows}, {int(b): d for b, _, d in rows}
+            self.host_model = host_model(self.link_model, self.hosts, *self._quant_costs)
 
     def end_epoch(self, epoch: int) -> float:
         """Re-solves after every ``assign_cycle``-th epoch; returns the seconds it took."""

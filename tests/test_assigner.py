@@ -455,7 +455,9 @@ def _host_reference(channels, dim, model, bits, group_size, lam):
         return v, (model.alpha_s + t if groups else t)
 
     v, t = cost(combos)
-    uniform = [cost(np.full((1, len(groups)), k)) for k in range(bits.size)]
+    # The ranges come from the quantized widths; 32 is a choice outside them.
+    ranging = [k for k, b in enumerate(bits) if b != 32] or list(range(bits.size))
+    uniform = [cost(np.full((1, len(groups)), k)) for k in ranging]
     v_all = np.array([u[0][0] for u in uniform])
     t_all = np.array([u[1][0] for u in uniform])
     v_min, v_max, t_min, t_max = v_all.min(), v_all.max(), t_all.min(), t_all.max()
@@ -576,8 +578,10 @@ HOST_GREEDY_GAP = 1e-3
 on realistic instances; measured at most 4.4e-4 over 196 random ones of 17-305 groups, 2.5e-3
 with arbitrary per-width (de)quantization costs, 2.7e-3 on brute-force-sized ones."""
 
-HOST_PURE_GREEDY_GAP = 2e-2
-"""The same for the pure greedy (capped fills) used when HiGHS returns no LP solution."""
+HOST_PURE_GREEDY_GAP = 3e-2
+"""The same for the pure greedy (capped fills) used when HiGHS returns no LP solution;
+measured at most 2.4e-2 on these instances since the time range excludes full precision
+(a narrower range makes the same seconds a larger share of the objective)."""
 
 
 @pytest.fixture(scope="module")

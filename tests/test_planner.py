@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
+from adaqp import planner as planner_module
 from adaqp.assigner import Channel, LinkModel
 from adaqp.config import load_config
 from adaqp.datasets import load_dataset
@@ -28,6 +31,8 @@ def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, sc
             f"quant.scheme={scheme}",
             f"quant.cost_model={cost_model or 'shared'}",
             "quant.assign_cycle=2",
+            # The host model re-profiles before every re-solve but the first.
+            f"quant.profile_every={1 if cost_model == 'host' else 0}",
             "quant.group_size=10",
             "train.epochs=4",
             "model.hidden=32",
@@ -35,6 +40,9 @@ def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, sc
             "train.eval_every=0",
         ],
     )
+    profiles = []
+    profile = planner_module.profile_links
+    planner_module.profile_links = lambda world: profiles.append(1) or profile(world)
     world = init_distributed(config.comm, init_method, rank, world_size)
     try:
         meta = read_metadata(part_dir)
@@ -46,8 +54,20 @@ def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, sc
             "recv_counts": np.array(graph.recv_counts),
             "sent_ids": graph.global_ids[graph.send_idx.numpy()],
             "avg_bits": np.array(summary.avg_bits),
+            "profiles": np.array(len(profiles)),
         }
         planner = trainer.policy.planner
+        if rank == 0 and scheme == "adaptive":
+            # The last plans solved (after epoch 4), by pair, as the summary reports them
+            # for the plans that ran (solved after epoch 2).
+            report = {
+                "pair_bits_final": planner.solutions[4]["pair_bits"],
+                "pair_bits": summary.plan_bits_by_pair,
+                "predicted": summary.predicted_exchange_s_by_tag,
+                "spans": summary.exchange_span_s_by_tag,
+                "hosts": summary.host_of_rank,
+            }
+            out["report"] = np.array(json.dumps(report))  # results travel without pickle
         if planner.forward_coef is not None:
             out["forward_coef"] = planner.forward_coef.numpy()
         for key, plan in planner.plans.items():
@@ -57,6 +77,13 @@ def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, sc
         return out
     finally:
         shutdown()
+
+
+def _segments(result, tag: str, side: str) -> list[np.ndarray]:
+    """A rank's widths of one exchange, split by peer (``side``: "/out" or "/in")."""
+    forward_out = tag.endswith("/forward") == (side == "/out")
+    counts = result["send_counts" if forward_out else "recv_counts"]
+    return np.split(result[f"{tag}{side}"], np.cumsum(counts)[:-1])
 
 
 @pytest.fixture(scope="module")
@@ -77,17 +104,25 @@ def test_every_rank_applies_the_same_assignment(scheme, cora, tmp_path):
     assert "layer1/forward" in tags and "layer1/backward" in tags
     widths = set()
     for tag in tags:
-        key = "send_counts" if tag.endswith("/forward") else "recv_counts"
-        other = "recv_counts" if key == "send_counts" else "send_counts"
         for p, rp in enumerate(results):
-            out_segments = np.split(rp[f"{tag}/out"], np.cumsum(rp[key])[:-1])
+            out_segments = _segments(rp, tag, "/out")
             for q, rq in enumerate(results):
                 if p == q:
                     continue
-                in_segments = np.split(rq[f"{tag}/in"], np.cumsum(rq[other])[:-1])
+                in_segments = _segments(rq, tag, "/in")
                 # What p sends q at which width is exactly what q expects from p.
                 np.testing.assert_array_equal(out_segments[q], in_segments[p])
             widths |= set(np.unique(rp[f"{tag}/out"]).tolist())
+    assert [int(r["profiles"]) for r in results] == [2 if scheme.endswith("/host") else 1] * 3
+    if scheme.startswith("adaptive"):
+        r0, report = results[0], json.loads(str(results[0]["report"]))
+        assert report["hosts"] == [0, 0, 0]  # one machine
+        assert set(report["predicted"]) == set(report["spans"]) == set(tags)
+        assert all(t > 0 for t in report["predicted"].values())
+        assert set(report["pair_bits"]) == {"0->1", "0->2", "1->0", "1->2", "2->0", "2->1"}
+        for dst in (1, 2):
+            sent = np.concatenate([_segments(r0, t, "/out")[dst] for t in tags])
+            assert report["pair_bits_final"][f"0->{dst}"] == pytest.approx(sent.mean())
     if scheme.endswith("/host"):  # full precision is a choice of the host model
         assert widths <= {2, 4, 8, 32}
         assert widths != {8}, "the re-solve should move some messages off the initial 8 bits"
