@@ -214,8 +214,9 @@ class QuantConfig:
     link and the slowest sets the time), or host (hosts with full-duplex NICs: the
     busiest host's send or receive time, copies within a host, the measured
     (de)quantization cost, and full precision as a choice; see adaqp/hosts.py). shared
-    measured best among shared/sender/link on the emulated 4-host cluster (README); host
-    is not yet measured there."""
+    measured best on the emulated clusters (README): host equals it on uniform links and
+    is slower where hosts differ, because it spends the slack it predicts on fast hosts
+    on wider messages while the measured exchanges take 1.2-2.7x its prediction."""
     profile_every: int = 0
     """Adaptive scheme: profile the links (and, for the host model, the (de)quantization
     cost) again before every this many re-solves; 0 profiles once, at start-up."""

@@ -195,9 +195,9 @@ def test_killed_worker_is_restarted_and_the_run_resumes(tmp_path):
     resumes from the last checkpoint and finishes; the summary counts the restart and
     the epochs redone, and metrics.jsonl holds every epoch once."""
     out, parts = tmp_path / "run", tmp_path / "parts"
-    epochs = 400
+    epochs = 200  # the kill lands soon after epoch 10, far from the end
     cmd = _torchrun(out, parts, "--max-restarts", "1")
-    cmd += ["--epochs", str(epochs), "--set", "checkpoint.every=20"]
+    cmd += ["--epochs", str(epochs), "--set", "checkpoint.every=10"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -214,7 +214,7 @@ def test_killed_worker_is_restarted_and_the_run_resumes(tmp_path):
     assert proc.returncode == 0, text[-4000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["restarts"] == 1
-    assert summary["resumed_from_epoch"] >= 20
+    assert summary["resumed_from_epoch"] >= 10
     assert summary["epochs"] == epochs
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in lines] == list(range(1, epochs + 1))

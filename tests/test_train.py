@@ -67,7 +67,7 @@ def _torchrun(nproc: int) -> list[str]:
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_four_worker_cora_gcn_run_meets_accuracy_and_writes_outputs(tmp_path):
+def test_four_worker_cora_gcn_run_learns_and_writes_outputs(tmp_path):
     out = tmp_path / "run"
     proc = _run(
         _torchrun(4)
@@ -77,7 +77,7 @@ def test_four_worker_cora_gcn_run_meets_accuracy_and_writes_outputs(tmp_path):
             "--mode",
             "vanilla",
             "--epochs",
-            "200",
+            "40",  # accuracy after 200 epochs: test_trainer's 4-worker Cora comparison
             "--seed",
             "0",
             "--out",
@@ -93,9 +93,9 @@ def test_four_worker_cora_gcn_run_meets_accuracy_and_writes_outputs(tmp_path):
     assert summary["world_size"] == 4 and summary["mode"] == "vanilla"
     assert summary["avg_bits"] == 32 and summary["max_staleness"] == 0
     assert summary["halo_bytes_per_epoch"] > 0
-    assert summary["test_acc"] >= 0.77, summary
+    assert summary["test_acc"] >= 0.7, summary  # it learned (chance is 0.3)
     lines = (out / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == 200
+    assert len(lines) == 40
     config = json.loads((out / "config.json").read_text())
     assert config["model"]["hidden"] == 64 and config["world_size"] == 4
     assert "test acc" in proc.stdout

@@ -22,12 +22,16 @@ MODE_VARIANTS: dict[str, tuple[str, ...]] = {
     "adaqp-q": ("--mode", "adaqp-q"),
     "adaqp-p": ("--mode", "adaqp-p"),
     "adaqp": ("--mode", "adaqp"),
-    "adaqp-shared": ("--mode", "adaqp", "--set", "quant.cost_model=shared"),
-    "adaqp-host": ("--mode", "adaqp", "--set", "quant.cost_model=host"),
     "onebit-s1": ("--mode", "onebit", "--set", "staleness.bound=1"),
     "onebit-s2": ("--mode", "onebit", "--set", "staleness.bound=2"),
 }
 """Benchmark variants: a name and the ``adaqp.train`` flags that select it."""
+
+COST_MODEL_VARIANTS: dict[str, tuple[str, ...]] = {
+    "adaqp-shared": ("--mode", "adaqp", "--set", "quant.cost_model=shared"),
+    "adaqp-host": ("--mode", "adaqp", "--set", "quant.cost_model=host"),
+}
+"""``adaqp`` under a named cost model, for comparing them (not run unless asked for)."""
 
 
 def torchrun_command(

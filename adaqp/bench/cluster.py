@@ -19,13 +19,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from adaqp.bench import MODE_VARIANTS, SMALL_SYNTHETIC
+from adaqp.bench import COST_MODEL_VARIANTS, MODE_VARIANTS, SMALL_SYNTHETIC
 from adaqp.cluster import EmulatedCluster, host_links
 
 logger = logging.getLogger(__name__)
 
-VARIANTS: dict[str, tuple[str, ...]] = {**MODE_VARIANTS, "nocomm": ("--mode", "nocomm")}
-"""Every variant this benchmark can run (``--modes`` picks some; vanilla is the baseline)."""
+DEFAULT_MODES = (*MODE_VARIANTS, "nocomm")
+VARIANTS: dict[str, tuple[str, ...]] = {
+    **MODE_VARIANTS,
+    "nocomm": ("--mode", "nocomm"),
+    **COST_MODEL_VARIANTS,
+}
+"""Every variant this benchmark can run (``--modes`` picks some, by default
+``DEFAULT_MODES``; vanilla is the baseline)."""
 
 WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
     # Sized so that a 2-core machine computes an epoch in a fraction of a second.
@@ -283,7 +289,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--epochs", type=int, default=100)
-    parser.add_argument("--modes", default=",".join(VARIANTS))
+    parser.add_argument(
+        "--modes",
+        default=",".join(DEFAULT_MODES),
+        help=f"comma-separated subset of {', '.join(VARIANTS)}",
+    )
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     parser.add_argument(

@@ -17,12 +17,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from adaqp.bench import MODE_VARIANTS, SMALL_SYNTHETIC, torchrun_train
+from adaqp.bench import COST_MODEL_VARIANTS, MODE_VARIANTS, SMALL_SYNTHETIC, torchrun_train
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_VARIANTS = (*MODE_VARIANTS, "uniform-2", "uniform-4", "uniform-8")
 VARIANTS: dict[str, tuple[str, ...]] = {
     **MODE_VARIANTS,
+    **COST_MODEL_VARIANTS,
     "uniform-2": ("--mode", "adaqp-q", "--set", "quant.scheme=uniform", "--set", "quant.bits=2"),
     "uniform-4": ("--mode", "adaqp-q", "--set", "quant.scheme=uniform", "--set", "quant.bits=4"),
     "uniform-8": ("--mode", "adaqp-q", "--set", "quant.scheme=uniform", "--set", "quant.bits=8"),
@@ -125,7 +127,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, default=200)
     parser.add_argument(
         "--variants",
-        default=",".join(VARIANTS),
+        default=",".join(DEFAULT_VARIANTS),
         help=f"comma-separated subset of {', '.join(VARIANTS)}",
     )
     parser.add_argument(
