@@ -343,6 +343,9 @@ def _interrupt(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     setup_logging(int(os.environ.get("RANK", 0)))
     signal.signal(signal.SIGTERM, _interrupt)
+    # Ctrl-C (SIGINT) interrupts even where it was inherited as ignored: a background job
+    # of a non-interactive shell (a script, CI) starts with SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     args = parse_args(argv)
     try:
         config = config_from_args(args)

@@ -36,7 +36,7 @@ from adaqp.comm import (
     NoCommTransport,
 )
 from adaqp.config import OVERLAP_MODES, QUANTIZED_MODES, Config
-from adaqp.gradsync import GradientBuckets, gnn_layer_groups
+from adaqp.gradsync import GradientBuckets, GradientSyncError, gnn_layer_groups
 from adaqp.layers import Propagation
 from adaqp.local_graph import LocalGraph
 from adaqp.metrics import EpochCounters, EpochRecord, RunWriter, Summary, median_after_warmup
@@ -394,7 +394,7 @@ class Trainer:
     def _failure(self, epoch: int, exc: RuntimeError) -> TrainingError:
         """The error of a failed epoch; names the peers that did not see the failure."""
         message = f"rank {self.world.rank}: training step failed at epoch {epoch}: {exc}"
-        if self.world.world_size > 1 and isinstance(exc, ExchangeError | dist.DistError):
+        if self.world.world_size > 1 and _is_communication_failure(exc):
             peers = unresponsive_peers(self.world, f"epoch {epoch}")
             if peers:
                 message += (
@@ -472,6 +472,15 @@ class Trainer:
             exchange_span_s_by_tag=spans,
             **(self.policy.report(solved[-1] if solved else 0) if self.policy else {}),
         )
+
+
+def _is_communication_failure(exc: RuntimeError) -> bool:
+    """Whether a failed step failed in communication (an exchange, the gradient
+    all-reduce, or any collective: the backend's own errors name it)."""
+    if isinstance(exc, ExchangeError | GradientSyncError | dist.DistError):
+        return True
+    text = str(exc).lower()
+    return "gloo" in text or "nccl" in text
 
 
 def _sum_histograms(histograms) -> dict[str, dict[str, int]]:

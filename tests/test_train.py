@@ -285,6 +285,9 @@ def test_second_run_into_a_running_out_is_refused_and_interrupt_is_recorded(tmp_
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # As a background job of a script starts: with SIGINT ignored. Ctrl-C must still
+        # interrupt the run.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     try:
         metrics = out / "metrics.jsonl"
