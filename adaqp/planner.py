@@ -135,8 +135,6 @@ class BitWidthPlanner:
         self.solutions: dict[int, dict[str, dict[str, float]]] = {}
         """Rank 0, per re-solve epoch: ``"predicted_s"`` (tag -> the cost model's time of
         its plan) and ``"pair_bits"`` ("src->dst" -> mean planned width, all exchanges)."""
-        self._solves = 0
-        self._quant_costs: tuple[dict[int, float], dict[int, float]] = ({}, {})
         if config.scheme == "adaptive":
             self.forward_coef = self._forward_coefficients(transport, graph, adjacency)
             self.hosts = host_of_rank(p)
@@ -150,7 +148,6 @@ class BitWidthPlanner:
         if config.cost_model == "host":
             quant, dequant = time_quantization(config.allowed_bits, 64, self.device)
             self.host_model = host_model(self.link_model, self.hosts, quant, dequant)
-            self._quant_costs = quant, dequant
             if world.is_main:
                 logger.info(
                     "hosts %s: send %s, receive %s MB/s, local copies %.0f MB/s; "
@@ -226,7 +223,7 @@ class BitWidthPlanner:
             state["links/alpha"] = torch.from_numpy(self.link_model.alpha_s.copy())
             state["links/beta"] = torch.from_numpy(self.link_model.beta_Bps.copy())
         if self.host_model is not None:
-            quant, dequant = self._quant_costs
+            quant, dequant = self.host_model.quant_s_per_value, self.host_model.dequant_s_per_value
             state["hosts/costs"] = torch.tensor(
                 [[b, quant[b], dequant[b]] for b in sorted(quant)], dtype=torch.float64
             )
@@ -254,19 +251,19 @@ class BitWidthPlanner:
         if "hosts/costs" in state and self.config.cost_model == "host":
             # The checkpoint's profile, not this start-up's: the run continues as it was.
             rows = state["hosts/costs"].tolist()
-            self._quant_costs = {int(b): q for b, q, _ in rows}, {int(b): d for b, _, d in rows}
-            self.host_model = host_model(self.link_model, self.hosts, *self._quant_costs)
+            quant, dequant = {int(b): q for b, q, _ in rows}, {int(b): d for b, _, d in rows}
+            self.host_model = host_model(self.link_model, self.hosts, quant, dequant)
 
     def end_epoch(self, epoch: int) -> float:
         """Re-solves after every ``assign_cycle``-th epoch; returns the seconds it took."""
         if not self.tracing or epoch % self.config.assign_cycle:
             return 0.0
         start = time.perf_counter()
+        earlier = epoch // self.config.assign_cycle - 1  # re-solves before this one
         every = self.config.profile_every
-        if self.link_model is not None and every and self._solves and self._solves % every == 0:
+        if self.link_model is not None and every and earlier and earlier % every == 0:
             self._profile()
         self._resolve(epoch)
-        self._solves += 1
         return time.perf_counter() - start
 
     def _weights(self, key: ExchangeKey) -> np.ndarray:
