@@ -178,7 +178,9 @@ class PendingExchange:
     Read-only figures: ``bytes_sent`` and ``values_by_bits`` (known at launch),
     ``quant_s`` and ``launch_s`` (time to quantize and to launch), and once waited
     ``wait_s`` (blocked in ``wait``), ``exchange_s`` (payload ready to landing) and
-    ``dequant_s``.
+    ``dequant_s``. ``arrived_at`` and ``done_at`` date, on the wall clock that ranks
+    compare, when this rank reached the exchange (before quantizing) and when its
+    received rows were ready (after dequantizing).
     """
 
     def __init__(
@@ -205,6 +207,8 @@ class PendingExchange:
         self._quant_s = quant_s
         self._launch_s = launch_s
         self._started = time.perf_counter() - launch_s
+        self._arrived_at = time.time() - launch_s - quant_s
+        self._done_at: float | None = None
         self._ready_at = ready_at
         self._rows: torch.Tensor | None = None
         self._landed: float | None = None
@@ -225,6 +229,8 @@ class PendingExchange:
     wait_s = property(lambda self: self._wait_s)
     exchange_s = property(lambda self: self._exchange_s)
     dequant_s = property(lambda self: self._dequant_s)
+    arrived_at = property(lambda self: self._arrived_at)
+    done_at = property(lambda self: self._done_at)
 
     @property
     def waited(self) -> bool:
@@ -252,6 +258,9 @@ class PendingExchange:
         else:
             self._rows = self._decode(self._recv)
             self._dequant_s = time.perf_counter() - landed
+        # Ready when it landed (maybe long before this wait) and was decoded.
+        ready = (self._landed or landed) + self._dequant_s
+        self._done_at = time.time() - (time.perf_counter() - ready)
         self._recv = self._decode = None
         return self._rows
 

@@ -66,6 +66,10 @@ class EpochCounters:
     exchange_span_by_tag: dict[str, float] = _reduced("max", dict, values=float)
     """Per exchange: quantization + exchange + dequantization, the slowest rank's: what
     the bit-width planner's cost model predicts."""
+    exchange_arrived_at_by_tag: dict[str, float] = _reduced("max", dict, values=float)
+    """Per exchange: wall clock when the last rank reached it."""
+    exchange_done_at_by_tag: dict[str, float] = _reduced("max", dict, values=float)
+    """Per exchange: wall clock when the last rank had its rows dequantized."""
 
     def record_launch(self, handle) -> None:
         """Bytes and launch-side times of an exchange (a ``comm.PendingExchange``)."""
@@ -90,6 +94,19 @@ class EpochCounters:
         self.comm_wait_by_tag[tag] = self.comm_wait_by_tag.get(tag, 0.0) + blocked_s
         span = handle.quant_s + handle.exchange_s + handle.dequant_s
         self.exchange_span_by_tag[tag] = self.exchange_span_by_tag.get(tag, 0.0) + span
+        arrived = self.exchange_arrived_at_by_tag
+        done = self.exchange_done_at_by_tag
+        arrived[tag] = max(arrived.get(tag, 0.0), handle.arrived_at)
+        done[tag] = max(done.get(tag, 0.0), handle.done_at)
+
+    @property
+    def exchange_after_arrival_by_tag(self) -> dict[str, float]:
+        """Per exchange (reduced counters): seconds from the last rank's arrival to the
+        last rank's dequantized rows, the exchange's own time without the ranks' skew."""
+        return {
+            tag: max(0.0, self.exchange_done_at_by_tag.get(tag, arrived) - arrived)
+            for tag, arrived in sorted(self.exchange_arrived_at_by_tag.items())
+        }
 
     def record_staleness(self, tag: str, staleness: int) -> None:
         hist = self.staleness_by_tag.setdefault(tag, {})
@@ -208,6 +225,9 @@ class EpochRecord:
     """Per exchange: the share of its exchange time hidden behind compute."""
     exchange_span_by_tag: dict[str, float] = field(default_factory=dict)
     """Per exchange: quantization + exchange + dequantization seconds, slowest rank."""
+    exchange_after_arrival_by_tag: dict[str, float] = field(default_factory=dict)
+    """Per exchange: seconds from the last rank reaching it to the last rank's rows
+    dequantized (the span without waiting for late peers; wall clocks must agree)."""
 
     @classmethod
     def from_counters(cls, epoch: int, train_loss: float, epoch_time_s: float, c, **extra):
@@ -231,6 +251,7 @@ class EpochRecord:
             max_staleness=c.max_staleness,
             hidden_by_tag=hidden_fractions(c.comm_time_by_tag, c.comm_wait_by_tag),
             exchange_span_by_tag=dict(c.exchange_span_by_tag),
+            exchange_after_arrival_by_tag=c.exchange_after_arrival_by_tag,
             **extra,
         )
 
@@ -307,6 +328,9 @@ class Summary:
     exchange_span_s_by_tag: dict[str, float] = field(default_factory=dict)
     """Per exchange, median over the epochs after the last re-solve (after warm-up if
     none): quantization + exchange + dequantization, the slowest rank's."""
+    exchange_after_arrival_s_by_tag: dict[str, float] = field(default_factory=dict)
+    """Per exchange, over the same epochs: from the last rank reaching the exchange to
+    the last rank's rows dequantized (wall clocks; hosts must keep them in sync)."""
 
 
 def hidden_fractions(time_by_tag: dict[str, float], wait_by_tag: dict[str, float]):

@@ -423,10 +423,14 @@ class Trainer:
         # the final epoch (a re-solve after the final epoch plans epochs never run).
         solved = [r.epoch for r in records if r.assign_time_s > 0 and r.epoch < last.epoch]
         settled = [r for r in records if r.epoch > solved[-1]] if solved else records[warmup:]
-        spans = {
-            tag: float(statistics.median(r.exchange_span_by_tag.get(tag, 0.0) for r in settled))
-            for tag in sorted({t for r in settled for t in r.exchange_span_by_tag})
-        }
+
+        def settled_median(name: str) -> dict[str, float]:
+            by_tag = [getattr(r, name) for r in settled]
+            return {
+                tag: float(statistics.median(d.get(tag, 0.0) for d in by_tag))
+                for tag in sorted({t for d in by_tag for t in d})
+            }
+
         peak = torch.tensor(float(self.world.peak_memory_bytes()), dtype=torch.float64)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         return Summary(
@@ -469,7 +473,8 @@ class Trainer:
                 tag: median_after_warmup([r.hidden_by_tag.get(tag, 0.0) for r in records], warmup)
                 for tag in sorted({t for r in records for t in r.hidden_by_tag})
             },
-            exchange_span_s_by_tag=spans,
+            exchange_span_s_by_tag=settled_median("exchange_span_by_tag"),
+            exchange_after_arrival_s_by_tag=settled_median("exchange_after_arrival_by_tag"),
             **(self.policy.report(solved[-1] if solved else 0) if self.policy else {}),
         )
 

@@ -65,6 +65,7 @@ def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, sc
                 "pair_bits": summary.plan_bits_by_pair,
                 "predicted": summary.predicted_exchange_s_by_tag,
                 "spans": summary.exchange_span_s_by_tag,
+                "after_arrival": summary.exchange_after_arrival_s_by_tag,
                 "hosts": summary.host_of_rank,
             }
             out["report"] = np.array(json.dumps(report))  # results travel without pickle
@@ -121,6 +122,9 @@ def test_every_rank_applies_the_same_assignment(scheme, cora, tmp_path):
         r0, report = results[0], json.loads(str(results[0]["report"]))
         assert report["hosts"] == [0, 0, 0]  # one machine
         assert set(report["predicted"]) == set(report["spans"]) == set(tags)
+        assert set(report["after_arrival"]) == set(tags)
+        for tag in tags:  # the exchange alone is never longer than the slowest rank's span
+            assert 0 < report["after_arrival"][tag] <= report["spans"][tag] + 1e-3
         assert all(t > 0 for t in report["predicted"].values())
         assert set(report["pair_bits"]) == {"0->1", "0->2", "1->0", "1->2", "2->0", "2->1"}
         for dst in (1, 2):

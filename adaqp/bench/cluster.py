@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import statistics
 import time
 from pathlib import Path
@@ -73,35 +74,47 @@ def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
 
-def _planned(summaries: list[dict[str, Any]]) -> dict[str, Any]:
-    """What adaptive runs planned: measured / predicted exchange time (per exchange and all
-    exchanges together, means over seeds) and the mean width by host pair (first seed)."""
-    if not summaries[0].get("predicted_exchange_s_by_tag"):
-        return {}
+def _ratios(summaries: list[dict[str, Any]], field: str) -> tuple[float, dict[str, float]]:
+    """Measured (summary ``field``) over predicted exchange time: all exchanges together
+    and per exchange, means over seeds."""
     by_tag: dict[str, list[float]] = {}
     overall = []
     for s in summaries:
-        predicted, measured = s["predicted_exchange_s_by_tag"], s["exchange_span_s_by_tag"]
+        predicted, measured = s["predicted_exchange_s_by_tag"], s.get(field, {})
         tags = [t for t in predicted if predicted[t] > 0 and t in measured]
         for t in tags:
             by_tag.setdefault(t, []).append(measured[t] / predicted[t])
         if tags:
             overall.append(sum(measured[t] for t in tags) / sum(predicted[t] for t in tags))
+    return _mean(overall), {t: _mean(v) for t, v in sorted(by_tag.items())}
+
+
+def _planned(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """What adaptive runs planned: measured / predicted exchange time (per exchange and all
+    exchanges together, means over seeds), measured as the slowest rank's span and from
+    the last rank's arrival; and the mean width by host pair (first seed)."""
+    if not summaries[0].get("predicted_exchange_s_by_tag"):
+        return {}
+    span, span_by_tag = _ratios(summaries, "exchange_span_s_by_tag")
+    arrival, arrival_by_tag = _ratios(summaries, "exchange_after_arrival_s_by_tag")
     first = summaries[0]
     hosts = first["host_of_rank"]
     by_hosts: dict[str, list[float]] = {}
     for pair, bits in first["plan_bits_by_pair"].items():
         src, dst = (int(r) for r in pair.split("->"))
         by_hosts.setdefault(f"{hosts[src]}->{hosts[dst]}", []).append(bits)
+
+    def total(field: str) -> float:
+        return _mean([sum(s.get(field, {}).values()) for s in summaries])
+
     return {
-        "measured_over_predicted": _mean(overall),
-        "measured_over_predicted_by_tag": {t: _mean(v) for t, v in sorted(by_tag.items())},
-        "predicted_exchange_s": _mean(
-            [sum(s["predicted_exchange_s_by_tag"].values()) for s in summaries]
-        ),
-        "measured_exchange_s": _mean(
-            [sum(s["exchange_span_s_by_tag"].values()) for s in summaries]
-        ),
+        "measured_over_predicted": span,
+        "measured_over_predicted_by_tag": span_by_tag,
+        "after_arrival_over_predicted": arrival,
+        "after_arrival_over_predicted_by_tag": arrival_by_tag,
+        "predicted_exchange_s": total("predicted_exchange_s_by_tag"),
+        "measured_exchange_s": total("exchange_span_s_by_tag"),
+        "after_arrival_exchange_s": total("exchange_after_arrival_s_by_tag"),
         "host_of_rank": hosts,
         "bits_by_host_pair": {k: _mean(v) for k, v in sorted(by_hosts.items())},
     }
@@ -154,7 +167,8 @@ def _aggregate(
 
 def _table(name: str, meta: dict[str, Any], agg: dict[str, Any]) -> str:
     def fmt(value, pattern: str) -> str:
-        return "n/a" if value is None else pattern.format(value)
+        missing = value is None or (isinstance(value, float) and math.isnan(value))
+        return "n/a" if missing else pattern.format(value)
 
     lines = [
         f"# {name}: {meta['hosts']} emulated hosts x {meta['procs_per_host']} worker, "
@@ -191,23 +205,29 @@ def _table(name: str, meta: dict[str, Any], agg: dict[str, Any]) -> str:
         lines += [
             "",
             "Adaptive modes: the planner's cost model against the measured exchange "
-            "((de)quantization + transfer, slowest rank, median over the epochs of the "
-            "last plan; summed over exchanges, mean over seeds) and the mean planned width "
-            "by sending -> receiving host (first seed; 32 = full precision).",
+            "((de)quantization + transfer, median over the epochs of the last plan, summed "
+            "over exchanges, mean over seeds), measured two ways: the slowest rank's span "
+            "(it includes waiting for peers that reach the exchange later), and from the "
+            "last rank's arrival to the last rank's rows (the exchange alone, which is what "
+            "the model prices). Then the mean planned width by sending -> receiving host "
+            "(first seed; 32 = full precision).",
             "",
-            "| mode | predicted ms | measured ms | measured / predicted | by exchange | "
+            "| mode | predicted ms | span ms | span / predicted | after arrival ms "
+            "| after arrival / predicted | after arrival / predicted by exchange | "
             + " | ".join(f"bits {p}" for p in pairs)
             + " |",
-            "|---|---|---|---|---|" + "---|" * len(pairs),
+            "|---|---|---|---|---|---|---|" + "---|" * len(pairs),
         ]
         for mode, a in planned.items():
             bits = a["bits_by_host_pair"]
             by_tag = ", ".join(
-                f"{t} {r:.2f}" for t, r in a["measured_over_predicted_by_tag"].items()
+                f"{t} {r:.2f}" for t, r in a["after_arrival_over_predicted_by_tag"].items()
             )
             lines.append(
                 f"| {mode} | {1e3 * a['predicted_exchange_s']:.1f} "
                 f"| {1e3 * a['measured_exchange_s']:.1f} | {a['measured_over_predicted']:.2f} "
+                f"| {1e3 * a['after_arrival_exchange_s']:.1f} "
+                f"| {fmt(a['after_arrival_over_predicted'], '{:.2f}')} "
                 f"| {by_tag} | " + " | ".join(fmt(bits.get(p), "{:.2f}") for p in pairs) + " |"
             )
     return "\n".join(lines) + "\n"
