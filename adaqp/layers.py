@@ -1,21 +1,28 @@
 """Graph convolution layers over a partitioned graph.
 
-A layer never sees the partition: it calls ``propagate(h, layer)`` which returns the
-aggregation of the in-neighbours of every inner node, halo rows included. Where the
-input already holds its halo rows (the cached layer-0 input, ``[I + H, D]``) the
-``Propagation`` is told so when it is built, and no exchange runs for that layer.
-Otherwise the halo exchange and the aggregation live together in one autograd function,
-``_HaloAggregate``, which also owns the overlap: with ``overlap`` on, the central rows
-(no halo in-neighbour) are aggregated while the exchange is in flight, and the marginal
-rows after it lands; backward mirrors it, returning halo gradients to their owners while
-the central rows' gradients are computed. Which rows the exchange resolves to (fresh,
-quantized, or buffered from an earlier epoch) is the exchange policy's business.
+A layer never sees the partition: it calls ``propagate(h, layer, finish)``, which
+aggregates the in-neighbours of every inner node, halo rows included, and applies the
+layer's row-wise ``finish(agg, rows)`` (its dense transform) to the aggregated rows.
+Where the input already holds its halo rows (the cached layer-0 input, ``[I + H, D]``)
+the ``Propagation`` is told so when it is built, and no exchange runs for that layer.
+
+Otherwise the exchange is two autograd nodes around the layer's local work:
+``_ExchangeStart`` sends the boundary rows and ``_ExchangeLand`` waits for the halo rows.
+With ``overlap`` on, the central rows (no halo in-neighbour) are aggregated *and
+transformed* between the two, while the exchange is in flight, and the marginal rows
+after it lands. Backward mirrors it: ``_ExchangeLand``'s backward sends the halo
+gradients to their owners and ``_ExchangeStart``'s waits for them, and autograd, which
+runs the nodes recorded last first, computes the central rows' gradients (transform and
+aggregation) in between. Which rows an exchange resolves to (fresh, quantized, or
+buffered from an earlier epoch) is the exchange policy's business.
 
 Shapes: I inner rows (C central first, then M marginal), H halo rows, S rows sent to
-peers, D features.
+peers, D features, O output features.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -23,45 +30,60 @@ from torch import nn
 from adaqp.aggregate import SparseAdjacency, spmm
 from adaqp.comm import ExchangeKey
 from adaqp.local_graph import LocalGraph
-from adaqp.policy import ExchangePolicy
+from adaqp.policy import ExchangePolicy, Pending
+
+Finish = Callable[[torch.Tensor, slice], torch.Tensor]
+"""A layer's row-wise work after aggregation: ``finish(agg_XD, rows) -> [X, O]`` for
+the inner rows ``rows`` (a slice of 0..I)."""
 
 
-class _HaloAggregate(torch.autograd.Function):
-    """out = A @ [h ; halo(h)], where halo(h) are peers' rows fetched through the policy."""
+class _InFlight:
+    """The exchange between its two autograd nodes: the pending forward exchange, then
+    the pending backward one."""
+
+    def __init__(self, prop: Propagation, layer: int):
+        self.prop = prop
+        self.layer = layer
+        self.pending: Pending | None = None
+
+
+class _ExchangeStart(torch.autograd.Function):
+    """Sends the boundary rows; returns an empty ticket for ``_ExchangeLand``."""
 
     @staticmethod
-    def forward(ctx, h_ID: torch.Tensor, prop: Propagation, layer: int) -> torch.Tensor:
-        ctx.prop, ctx.layer = prop, layer
-        h_ID = h_ID.detach()
-        send_SD = h_ID.index_select(0, prop.graph.send_idx)
-        pending = prop.policy.start(ExchangeKey.forward(layer), send_SD)
-        if not prop.overlap:
-            return torch.sparse.mm(prop.adjacency.forward, torch.cat([h_ID, pending.wait()]))
-        # Central rows need no halo: computed while the exchange is in flight.
-        central_CD = torch.sparse.mm(prop.central.forward, h_ID)
-        marginal_MD = torch.sparse.mm(prop.marginal.forward, torch.cat([h_ID, pending.wait()]))
-        return torch.cat([central_CD, marginal_MD])
+    def forward(ctx, send_SD: torch.Tensor, flight: _InFlight) -> torch.Tensor:
+        ctx.flight = flight
+        key = ExchangeKey.forward(flight.layer)
+        flight.pending = flight.prop.policy.start(key, send_SD.detach())
+        return send_SD.new_empty(0)
 
     @staticmethod
-    def backward(ctx, grad_ID: torch.Tensor):
-        prop = ctx.prop
-        grad_ID = grad_ID.contiguous()
-        num_inner = grad_ID.shape[0]
-        key = ExchangeKey.backward(ctx.layer)
-        if not prop.overlap:
-            grad_all = torch.sparse.mm(prop.adjacency.transpose, grad_ID)
-            pending = prop.policy.start(key, grad_all[num_inner:])
-            grad_inner = grad_all[:num_inner]
-        else:
-            num_central = prop.graph.num_central
-            grad_all = torch.sparse.mm(prop.marginal.transpose, grad_ID[num_central:])
-            pending = prop.policy.start(key, grad_all[num_inner:])
-            # The central rows' gradient is computed while the halo gradients travel.
-            grad_inner = grad_all[:num_inner] + torch.sparse.mm(
-                prop.central.transpose, grad_ID[:num_central]
-            )
-        grad_SD = pending.wait()
-        return grad_inner.index_add(0, prop.graph.send_idx, grad_SD), None, None
+    def backward(ctx, _grad_ticket: torch.Tensor):
+        # The halo gradients were sent by _ExchangeLand.backward: collect the boundary's.
+        flight = ctx.flight
+        grad_SD, flight.pending = flight.pending.wait(), None
+        return grad_SD, None
+
+
+class _ExchangeLand(torch.autograd.Function):
+    """Waits for the halo rows [H, D]; backward sends their gradients to the owners."""
+
+    @staticmethod
+    def forward(ctx, _ticket: torch.Tensor, flight: _InFlight) -> torch.Tensor:
+        ctx.flight = flight
+        halo_HD, flight.pending = flight.pending.wait(), None
+        return halo_HD
+
+    @staticmethod
+    def backward(ctx, grad_HD: torch.Tensor):
+        flight = ctx.flight
+        key = ExchangeKey.backward(flight.layer)
+        flight.pending = flight.prop.policy.start(key, grad_HD.contiguous())
+        return grad_HD.new_empty(0), None
+
+
+def _whole(agg: torch.Tensor, rows: slice) -> torch.Tensor:
+    return agg
 
 
 class Propagation:
@@ -71,7 +93,7 @@ class Propagation:
         graph: this worker's local graph.
         adjacency: its ``[I, I + H]`` aggregation matrix (``graph.adjacency(norm)``).
         policy: the exchange policy; None for a single worker (no halo).
-        overlap: aggregate central rows while the exchange is in flight.
+        overlap: aggregate and finish the central rows while the exchange is in flight.
         cached_input: layer 0's input already holds the halo rows ``[I + H, D]``.
     """
 
@@ -96,12 +118,26 @@ class Propagation:
             self.central = self.adjacency.row_slice(0, num_central, num_cols=num_inner)
             self.marginal = self.adjacency.row_slice(num_central, num_inner)
 
-    def __call__(self, h_RD: torch.Tensor, layer: int) -> torch.Tensor:
+    def __call__(self, h_RD: torch.Tensor, layer: int, finish: Finish = _whole) -> torch.Tensor:
+        """Returns ``finish`` of the aggregation of every inner row, [I, O]."""
+        every = slice(0, self.graph.num_inner)
         if self.policy is None or (layer == 0 and self.cached_input):
-            return spmm(self.adjacency, h_RD)  # no halo, or its rows already present
+            # No halo, or its rows already present.
+            return finish(spmm(self.adjacency, h_RD), every)
         # Every rank joins every exchange, also one whose part has no halo rows: its
         # peers may still need its rows.
-        return _HaloAggregate.apply(h_RD, self, layer)
+        flight = _InFlight(self, layer)
+        ticket = _ExchangeStart.apply(h_RD.index_select(0, self.graph.send_idx), flight)
+        if not self.overlap:
+            halo_HD = _ExchangeLand.apply(ticket, flight)
+            return finish(spmm(self.adjacency, torch.cat([h_RD, halo_HD])), every)
+        # Central rows need no halo: aggregated and finished while the exchange travels.
+        num_central = self.graph.num_central
+        central_CO = finish(spmm(self.central, h_RD), slice(0, num_central))
+        halo_HD = _ExchangeLand.apply(ticket, flight)
+        marginal = spmm(self.marginal, torch.cat([h_RD, halo_HD]))
+        marginal_MO = finish(marginal, slice(num_central, self.graph.num_inner))
+        return torch.cat([central_CO, marginal_MO])
 
 
 class GCNConv(nn.Module):
@@ -122,7 +158,7 @@ class GCNConv(nn.Module):
         if self.transform_first:
             hw = nn.functional.linear(h, self.linear.weight)
             return propagate(hw, layer) + self.linear.bias
-        return self.linear(propagate(h, layer))
+        return propagate(h, layer, lambda agg, rows: self.linear(agg))
 
 
 class SAGEConv(nn.Module):
@@ -141,9 +177,8 @@ class SAGEConv(nn.Module):
         self.transform_first = transform_first
 
     def forward(self, h: torch.Tensor, propagate, layer: int) -> torch.Tensor:
+        # h may carry halo rows after the inner ones (cached input): the root term is
+        # taken over the inner rows, row range by row range with the aggregation.
         if self.transform_first:
-            agg = propagate(self.neigh(h), layer)
-            return self.root(h[: agg.shape[0]]) + agg
-        agg = propagate(h, layer)
-        # h may carry halo rows after the inner ones (cached input): the root term is inner.
-        return self.root(h[: agg.shape[0]]) + self.neigh(agg)
+            return propagate(self.neigh(h), layer, lambda agg, rows: self.root(h[rows]) + agg)
+        return propagate(h, layer, lambda agg, rows: self.root(h[rows]) + self.neigh(agg))

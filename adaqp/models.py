@@ -12,7 +12,8 @@ from adaqp.layers import GCNConv, SAGEConv
 
 CONVS = {"gcn": GCNConv, "sage": SAGEConv}
 
-Propagate = Callable[[torch.Tensor, int], torch.Tensor]
+Propagate = Callable[..., torch.Tensor]
+"""``propagate(h, layer, finish)``: see ``adaqp.layers.Propagation``."""
 
 
 class GNN(nn.Module):
