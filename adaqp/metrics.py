@@ -328,6 +328,13 @@ class Summary:
     exchange_span_s_by_tag: dict[str, float] = field(default_factory=dict)
     """Per exchange, median over the epochs after the last re-solve (after warm-up if
     none): quantization + exchange + dequantization, the slowest rank's."""
+    calibrated_exchange_s_by_tag: dict[str, float] = field(default_factory=dict)
+    """Adaptive widths: per exchange, the last solve's predicted time through the
+    calibration (``cost_calibration``) fitted on the exchanges measured before it."""
+    cost_calibration: dict[str, float] = field(default_factory=dict)
+    """Adaptive widths: the last solve's calibration, ``fixed_s + scale * predicted``,
+    fitted on the exchange times measured (after the last arrival) under the plans
+    before it; empty before the second re-solve."""
     exchange_after_arrival_s_by_tag: dict[str, float] = field(default_factory=dict)
     """Per exchange, over the same epochs: from the last rank reaching the exchange to
     the last rank's rows dequantized (wall clocks; hosts must keep them in sync)."""

@@ -13,6 +13,13 @@ which solves every exchange with ``adaqp.assigner`` (a pure function) against th
 alpha-beta link model profiled at start-up, and broadcasts all per-message widths in
 one buffer. Every rank installs the same plans before the next epoch, so all ranks
 switch together. The first cycle runs at ``initial_bits`` while tracing.
+
+The cost model prices an exchange from the profiled links; what it does not see (the
+fixed cost of a collective among busy processes, a slower rate than the probes saw) is
+measured: each re-solve fits ``fixed + scale * model`` to the exchange times measured
+under the plans in force since the previous one (``fit_calibration``), and states the
+new plans' times through it. An affine map changes no choice between plans; it turns
+the model's figures into seconds that can be checked.
 """
 
 from __future__ import annotations
@@ -47,6 +54,30 @@ PROFILE_SIZES = (4_096, 1_048_576, 4_194_304)
 """Bytes per probe transfer when profiling links. The large probes exceed the burst a
 shaped link lets through at line rate (the emulated cluster's token bucket holds 256 KB),
 so the fitted bandwidth is the sustained rate that a whole exchange sees."""
+
+
+def fit_calibration(predicted: dict[str, float], measured: dict[str, float]) -> tuple[float, float]:
+    """``(fixed, scale)``, both >= 0, minimising the relative error of
+    ``fixed + scale * predicted[t]`` against ``measured[t]`` over the tags of both."""
+    tags = sorted(t for t in predicted if t in measured and measured[t] > 0)
+    if not tags:
+        return 0.0, 1.0
+    x = np.array([predicted[t] for t in tags])
+    y = np.array([measured[t] for t in tags])
+    rows = np.stack([np.ones_like(x), x], axis=1) / y[:, None]  # relative residuals
+    candidates = []
+    if len(tags) > 1 and np.ptp(x) > 0:
+        fixed, scale = np.linalg.lstsq(rows, np.ones_like(y), rcond=None)[0]
+        candidates.append((float(fixed), float(scale)))
+    # One parameter: the scale alone, or the fixed cost alone.
+    candidates.append((0.0, float(rows[:, 1] @ np.ones_like(y) / (rows[:, 1] @ rows[:, 1]))))
+    candidates.append((float(rows[:, 0].sum() / (rows[:, 0] @ rows[:, 0])), 0.0))
+    feasible = [(f, s) for f, s in candidates if f >= 0 and s >= 0]
+
+    def error(c: tuple[float, float]) -> float:
+        return float(np.sum((rows @ np.array(c) - 1.0) ** 2))
+
+    return min(feasible, key=error)
 
 
 def profile_links(
@@ -134,7 +165,12 @@ class BitWidthPlanner:
         self.last_status: dict[str, str] = {}
         self.solutions: dict[int, dict[str, dict[str, float]]] = {}
         """Rank 0, per re-solve epoch: ``"predicted_s"`` (tag -> the cost model's time of
-        its plan) and ``"pair_bits"`` ("src->dst" -> mean planned width, all exchanges)."""
+        its plan), ``"pair_bits"`` ("src->dst" -> mean planned width, all exchanges), and
+        once measured exchanges are there ``"calibration"`` ({"fixed_s", "scale"}, fitted
+        on the plans before) and ``"calibrated_s"`` (tag -> the plan's time through it)."""
+        self._measured: dict[str, list[float]] = {}
+        """Measured exchange seconds by tag, one per epoch since the last re-solve."""
+        self._solved_at: int | None = None
         if config.scheme == "adaptive":
             self.forward_coef = self._forward_coefficients(transport, graph, adjacency)
             self.hosts = host_of_rank(p)
@@ -254,8 +290,13 @@ class BitWidthPlanner:
             quant, dequant = {int(b): q for b, q, _ in rows}, {int(b): d for b, _, d in rows}
             self.host_model = host_model(self.link_model, self.hosts, quant, dequant)
 
-    def end_epoch(self, epoch: int) -> float:
-        """Re-solves after every ``assign_cycle``-th epoch; returns the seconds it took."""
+    def end_epoch(self, epoch: int, exchange_s_by_tag: dict[str, float] | None = None) -> float:
+        """Re-solves after every ``assign_cycle``-th epoch; returns the seconds it took.
+
+        ``exchange_s_by_tag``: this epoch's measured exchange times (the same on every
+        rank), which calibrate the cost model's figures at the next re-solve."""
+        for tag, seconds in (exchange_s_by_tag or {}).items():
+            self._measured.setdefault(tag, []).append(seconds)
         if not self.tracing or epoch % self.config.assign_cycle:
             return 0.0
         start = time.perf_counter()
@@ -296,9 +337,26 @@ class BitWidthPlanner:
         flat = torch.cat(blocks) if rank == 0 else torch.empty(total, dtype=torch.uint8)
         if rank == 0:
             self.solutions.setdefault(epoch, {})["pair_bits"] = self._pair_bits(keys, flat)
+            self._calibrate(epoch)
         dist.broadcast(flat, src=0)
         self._install(keys, flat)
         self._traces = {}
+        self._measured, self._solved_at = {}, epoch
+
+    def _calibrate(self, epoch: int) -> None:
+        """Rank 0: fits the calibration on the plans that ran since the last re-solve and
+        states this re-solve's plans through it."""
+        before = self.solutions.get(self._solved_at, {}).get("predicted_s", {})
+        predicted = {t: s for t, s in before.items() if self._measured.get(t)}
+        if not predicted:
+            return
+        measured = {t: float(np.median(self._measured[t])) for t in predicted}
+        fixed, scale = fit_calibration(predicted, measured)
+        solution = self.solutions.setdefault(epoch, {})
+        solution["calibration"] = {"fixed_s": fixed, "scale": scale}
+        solution["calibrated_s"] = {
+            t: fixed + scale * s for t, s in solution.get("predicted_s", {}).items()
+        }
 
     def _solve(
         self, key: ExchangeKey, counts: np.ndarray, gathered: list[torch.Tensor], epoch: int

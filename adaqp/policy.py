@@ -109,8 +109,9 @@ class ExchangePolicy:
         self._counters.record_launch(handle)
         return handle
 
-    def end_epoch(self, epoch: int) -> float:
-        """After the step of ``epoch``: policy upkeep; returns the seconds it took."""
+    def end_epoch(self, epoch: int, exchange_s_by_tag: dict[str, float] | None = None) -> float:
+        """After the step of ``epoch``: policy upkeep; returns the seconds it took.
+        ``exchange_s_by_tag``: the epoch's measured exchange times (all ranks' view)."""
         return 0.0
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -152,9 +153,9 @@ class AdaptivePolicy(ExchangePolicy):
             self.planner.trace(key, rows_RD)
         return super().start(key, rows_RD)
 
-    def end_epoch(self, epoch: int) -> float:
+    def end_epoch(self, epoch: int, exchange_s_by_tag: dict[str, float] | None = None) -> float:
         self.transport.at(f"epoch {epoch} bit-width assignment")
-        return self.planner.end_epoch(epoch)
+        return self.planner.end_epoch(epoch, exchange_s_by_tag)
 
     def report(self, solved_at: int) -> dict:
         planner = self.planner
@@ -165,6 +166,8 @@ class AdaptivePolicy(ExchangePolicy):
             "host_of_rank": planner.hosts.tolist(),
             "plan_bits_by_pair": solution.get("pair_bits", {}),
             "predicted_exchange_s_by_tag": dict(sorted(solution.get("predicted_s", {}).items())),
+            "calibrated_exchange_s_by_tag": dict(sorted(solution.get("calibrated_s", {}).items())),
+            "cost_calibration": dict(solution.get("calibration", {})),
         }
 
     def state_dict(self) -> dict[str, torch.Tensor]:

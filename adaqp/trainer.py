@@ -357,7 +357,9 @@ class Trainer:
                         "train.stop_on_nonfinite=false to continue anyway)"
                     )
                 if self.policy is not None:
-                    record.assign_time_s = self.policy.end_epoch(epoch)
+                    record.assign_time_s = self.policy.end_epoch(
+                        epoch, record.exchange_after_arrival_by_tag
+                    )
                 every = cfg.train.eval_every
                 if (every and epoch % every == 0) or epoch == cfg.train.epochs:
                     self._at(f"epoch {epoch} evaluation")

@@ -76,6 +76,7 @@ def test_adaptive_runs_report_prediction_ratio_and_bits_by_host_pair(runs):
         "predicted_exchange_s_by_tag": {"layer1/forward": 0.10, "layer1/backward": 0.30},
         "exchange_span_s_by_tag": {"layer1/forward": 0.12, "layer1/backward": 0.28},
         "exchange_after_arrival_s_by_tag": {"layer1/forward": 0.09, "layer1/backward": 0.21},
+        "calibrated_exchange_s_by_tag": {"layer1/forward": 0.10, "layer1/backward": 0.20},
         "host_of_rank": [0, 0, 1, 1],
         "plan_bits_by_pair": {"0->1": 32.0, "1->0": 8.0, "0->2": 2.0, "2->0": 4.0, "2->3": 32.0},
     }
@@ -87,6 +88,8 @@ def test_adaptive_runs_report_prediction_ratio_and_bits_by_host_pair(runs):
     assert a["after_arrival_over_predicted"] == pytest.approx(0.30 / 0.40)
     assert a["after_arrival_over_predicted_by_tag"]["layer1/backward"] == pytest.approx(0.7)
     assert a["after_arrival_exchange_s"] == pytest.approx(0.30)
+    assert a["after_arrival_over_calibrated"] == pytest.approx(0.30 / 0.30)
+    assert a["after_arrival_over_calibrated_by_tag"]["layer1/forward"] == pytest.approx(0.9)
     assert a["bits_by_host_pair"] == {"0->0": 20.0, "0->1": 2.0, "1->0": 4.0, "1->1": 32.0}
     assert "bits_by_host_pair" not in agg["vanilla"]
     meta = {
@@ -101,6 +104,6 @@ def test_adaptive_runs_report_prediction_ratio_and_bits_by_host_pair(runs):
     }
     table = cluster._table("t", meta, agg)
     assert (
-        "| adaqp | 400.0 | 400.0 | 1.00 | 300.0 | 0.75 | layer1/backward 0.70, "
-        "layer1/forward 0.90 | 20.00 | 2.00 | 4.00 | 32.00 |"
+        "| adaqp | 400.0 | 400.0 | 1.00 | 300.0 | 0.75 | 300.0 | 1.00 | layer1/backward "
+        "1.05, layer1/forward 0.90 | 20.00 | 2.00 | 4.00 | 32.00 |"
     ) in table

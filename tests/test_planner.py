@@ -13,7 +13,7 @@ from adaqp.config import load_config
 from adaqp.datasets import load_dataset
 from adaqp.local_graph import LocalGraph
 from adaqp.partition_format import load_part, read_metadata
-from adaqp.planner import _merge, _split
+from adaqp.planner import _merge, _split, fit_calibration
 from adaqp.runtime import init_distributed, shutdown
 from adaqp.trainer import Trainer
 from partition.build import make_partition
@@ -34,7 +34,7 @@ def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, sc
             # The host model re-profiles before every re-solve but the first.
             f"quant.profile_every={1 if cost_model == 'host' else 0}",
             "quant.group_size=10",
-            "train.epochs=4",
+            "train.epochs=6",
             "model.hidden=32",
             "model.layers=3",
             "train.eval_every=0",
@@ -58,10 +58,12 @@ def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, sc
         }
         planner = trainer.policy.planner
         if rank == 0 and scheme == "adaptive":
-            # The last plans solved (after epoch 4), by pair, as the summary reports them
-            # for the plans that ran (solved after epoch 2).
+            # The last plans solved (after epoch 6), by pair, as the summary reports them
+            # for the plans that ran (solved after epoch 4).
             report = {
-                "pair_bits_final": planner.solutions[4]["pair_bits"],
+                "pair_bits_final": planner.solutions[6]["pair_bits"],
+                "calibrated": summary.calibrated_exchange_s_by_tag,
+                "calibration": summary.cost_calibration,
                 "pair_bits": summary.plan_bits_by_pair,
                 "predicted": summary.predicted_exchange_s_by_tag,
                 "spans": summary.exchange_span_s_by_tag,
@@ -78,6 +80,21 @@ def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, sc
         return out
     finally:
         shutdown()
+
+
+def test_calibration_recovers_an_affine_relation_and_stays_non_negative():
+    predicted = {"a": 0.010, "b": 0.050, "c": 0.002}
+    measured = {t: 0.020 + 1.5 * s for t, s in predicted.items()}
+    assert fit_calibration(predicted, measured) == pytest.approx((0.020, 1.5))
+    # Measured falls as predicted rises: no negative scale, the fixed cost alone.
+    fixed, scale = fit_calibration({"a": 0.01, "b": 0.05}, {"a": 0.04, "b": 0.02})
+    assert scale == 0.0 and 0.02 < fixed < 0.04
+    # Proportional, but a fitted fixed cost would be negative: the scale alone.
+    fixed, scale = fit_calibration({"a": 0.01, "b": 0.05}, {"a": 0.001, "b": 0.1})
+    assert fixed == 0.0 and scale > 0
+    # One tag: the ratio; nothing measured: the identity.
+    assert fit_calibration({"a": 0.01}, {"a": 0.03}) == pytest.approx((0.0, 3.0))
+    assert fit_calibration({"a": 0.01}, {}) == (0.0, 1.0)
 
 
 def _segments(result, tag: str, side: str) -> list[np.ndarray]:
@@ -114,9 +131,9 @@ def test_every_rank_applies_the_same_assignment(scheme, cora, tmp_path):
                 # What p sends q at which width is exactly what q expects from p.
                 np.testing.assert_array_equal(out_segments[q], in_segments[p])
             widths |= set(np.unique(rp[f"{tag}/out"]).tolist())
-    # Links are profiled for the adaptive scheme only; again before the second re-solve
-    # with profile_every=1 (the host case).
-    profiles = {"adaptive": 1, "random": 0, "adaptive/host": 2}[scheme]
+    # Links are profiled for the adaptive scheme only; again before the second and third
+    # re-solves with profile_every=1 (the host case).
+    profiles = {"adaptive": 1, "random": 0, "adaptive/host": 3}[scheme]
     assert [int(r["profiles"]) for r in results] == [profiles] * 3
     if scheme.startswith("adaptive"):
         r0, report = results[0], json.loads(str(results[0]["report"]))
@@ -125,6 +142,14 @@ def test_every_rank_applies_the_same_assignment(scheme, cora, tmp_path):
         assert set(report["after_arrival"]) == set(tags)
         for tag in tags:  # the exchange alone is never longer than the slowest rank's span
             assert 0 < report["after_arrival"][tag] <= report["spans"][tag] + 1e-3
+        # The solve after epoch 4 states its plans through the calibration fitted on the
+        # exchanges of epochs 3-4.
+        fixed, scale = report["calibration"]["fixed_s"], report["calibration"]["scale"]
+        assert fixed >= 0 and scale >= 0 and fixed + scale > 0
+        assert set(report["calibrated"]) == set(tags)
+        for tag in tags:
+            expected = fixed + scale * report["predicted"][tag]
+            assert report["calibrated"][tag] == pytest.approx(expected)
         assert all(t > 0 for t in report["predicted"].values())
         assert set(report["pair_bits"]) == {"0->1", "0->2", "1->0", "1->2", "2->0", "2->1"}
         for dst in (1, 2):

@@ -74,13 +74,15 @@ def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
 
-def _ratios(summaries: list[dict[str, Any]], field: str) -> tuple[float, dict[str, float]]:
-    """Measured (summary ``field``) over predicted exchange time: all exchanges together
-    and per exchange, means over seeds."""
+def _ratios(
+    summaries: list[dict[str, Any]], field: str, model: str = "predicted_exchange_s_by_tag"
+) -> tuple[float, dict[str, float]]:
+    """Measured (summary ``field``) over the model's exchange time (summary ``model``):
+    all exchanges together and per exchange, means over seeds."""
     by_tag: dict[str, list[float]] = {}
     overall = []
     for s in summaries:
-        predicted, measured = s["predicted_exchange_s_by_tag"], s.get(field, {})
+        predicted, measured = s.get(model, {}), s.get(field, {})
         tags = [t for t in predicted if predicted[t] > 0 and t in measured]
         for t in tags:
             by_tag.setdefault(t, []).append(measured[t] / predicted[t])
@@ -97,6 +99,9 @@ def _planned(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         return {}
     span, span_by_tag = _ratios(summaries, "exchange_span_s_by_tag")
     arrival, arrival_by_tag = _ratios(summaries, "exchange_after_arrival_s_by_tag")
+    calibrated, calibrated_by_tag = _ratios(
+        summaries, "exchange_after_arrival_s_by_tag", model="calibrated_exchange_s_by_tag"
+    )
     first = summaries[0]
     hosts = first["host_of_rank"]
     by_hosts: dict[str, list[float]] = {}
@@ -112,6 +117,9 @@ def _planned(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         "measured_over_predicted_by_tag": span_by_tag,
         "after_arrival_over_predicted": arrival,
         "after_arrival_over_predicted_by_tag": arrival_by_tag,
+        "after_arrival_over_calibrated": calibrated,
+        "after_arrival_over_calibrated_by_tag": calibrated_by_tag,
+        "calibrated_exchange_s": total("calibrated_exchange_s_by_tag"),
         "predicted_exchange_s": total("predicted_exchange_s_by_tag"),
         "measured_exchange_s": total("exchange_span_s_by_tag"),
         "after_arrival_exchange_s": total("exchange_after_arrival_s_by_tag"),
@@ -209,26 +217,33 @@ def _table(name: str, meta: dict[str, Any], agg: dict[str, Any]) -> str:
             "over exchanges, mean over seeds), measured two ways: the slowest rank's span "
             "(it includes waiting for peers that reach the exchange later), and from the "
             "last rank's arrival to the last rank's rows (the exchange alone, which is what "
-            "the model prices). Then the mean planned width by sending -> receiving host "
-            "(first seed; 32 = full precision).",
+            "the model prices); and the model's times through the calibration fitted on "
+            "the exchanges measured before the last solve (`cost_calibration`). Then the "
+            "mean planned width by sending -> receiving host (first seed; 32 = full "
+            "precision).",
             "",
             "| mode | predicted ms | span ms | span / predicted | after arrival ms "
-            "| after arrival / predicted | after arrival / predicted by exchange | "
+            "| after arrival / predicted | calibrated ms | after arrival / calibrated "
+            "| after arrival / calibrated by exchange | "
             + " | ".join(f"bits {p}" for p in pairs)
             + " |",
-            "|---|---|---|---|---|---|---|" + "---|" * len(pairs),
+            "|---|---|---|---|---|---|---|---|---|" + "---|" * len(pairs),
         ]
         for mode, a in planned.items():
             bits = a["bits_by_host_pair"]
             by_tag = ", ".join(
-                f"{t} {r:.2f}" for t, r in a["after_arrival_over_predicted_by_tag"].items()
+                f"{t} {r:.2f}" for t, r in a["after_arrival_over_calibrated_by_tag"].items()
             )
             lines.append(
                 f"| {mode} | {1e3 * a['predicted_exchange_s']:.1f} "
                 f"| {1e3 * a['measured_exchange_s']:.1f} | {a['measured_over_predicted']:.2f} "
                 f"| {1e3 * a['after_arrival_exchange_s']:.1f} "
                 f"| {fmt(a['after_arrival_over_predicted'], '{:.2f}')} "
-                f"| {by_tag} | " + " | ".join(fmt(bits.get(p), "{:.2f}") for p in pairs) + " |"
+                f"| {1e3 * a['calibrated_exchange_s']:.1f} "
+                f"| {fmt(a['after_arrival_over_calibrated'], '{:.2f}')} "
+                f"| {by_tag or 'n/a'} | "
+                + " | ".join(fmt(bits.get(p), "{:.2f}") for p in pairs)
+                + " |"
             )
     return "\n".join(lines) + "\n"
 
