@@ -104,12 +104,15 @@ class BitPlan:
     )
     has_full: bool = field(init=False, compare=False)
     """Whether any row travels at full precision (32) in either direction."""
+    all_full: bool = field(init=False, compare=False)
+    """Whether every row does, both ways: the exchange is then Vanilla's (same bytes)."""
 
     def __post_init__(self) -> None:
-        full = bool((self.out_bits == FULL_PRECISION_BITS).any()) or bool(
-            (self.in_bits == FULL_PRECISION_BITS).any()
-        )
-        object.__setattr__(self, "has_full", full)  # frozen: set once, here
+        out_full = self.out_bits == FULL_PRECISION_BITS
+        in_full = self.in_bits == FULL_PRECISION_BITS
+        # Frozen: set once, here.
+        object.__setattr__(self, "has_full", bool(out_full.any()) or bool(in_full.any()))
+        object.__setattr__(self, "all_full", bool(out_full.all()) and bool(in_full.all()))
 
     @classmethod
     def uniform(cls, bits: int, out_rows: int, in_rows: int, device) -> BitPlan:
@@ -359,7 +362,9 @@ class HaloTransport:
             )
         rows_RD = rows_RD.contiguous()
         dim, in_rows = rows_RD.shape[1], sum(in_counts)
-        if plan is None:
+        if plan is None or plan.all_full:
+            # Float32 rows go as they are: no copy into a byte buffer and back (the
+            # layout of a plan's float32 rows is exactly theirs).
             recv = rows_RD.new_empty((in_rows, dim))
             began = time.perf_counter()
             work = self._launch(recv, rows_RD, in_counts, out_counts, key)

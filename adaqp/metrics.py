@@ -334,7 +334,7 @@ class Summary:
     cost_calibration: dict[str, float] = field(default_factory=dict)
     """Adaptive widths: the last solve's calibration, ``fixed_s + scale * predicted``,
     fitted on the exchange times measured (after the last arrival) under the plans
-    before it; empty before the second re-solve."""
+    before it; empty until a re-solve follows another in the same process."""
     exchange_after_arrival_s_by_tag: dict[str, float] = field(default_factory=dict)
     """Per exchange, over the same epochs: from the last rank reaching the exchange to
     the last rank's rows dequantized (wall clocks; hosts must keep them in sync)."""

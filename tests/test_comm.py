@@ -45,12 +45,13 @@ def _exchange_worker(rank: int, world_size: int, init_method: str, bits: int):
             _mixed_bytes(c)
             if bits == "mixed"
             else mixed_buffer_bytes(torch.full((c,), bits, dtype=torch.int8), DIM)
-            if bits
+            if bits not in (0, 32)
             else 4 * c * DIM
             for c in send_counts
         )
         return {
             "halo": halo.numpy(),
+            "copy_s": np.array(pending.quant_s + pending.dequant_s),
             "bytes": np.array(pending.bytes_sent),
             "expected_bytes": np.array(expected_bytes),
         }
@@ -82,16 +83,20 @@ def _expected_halo(rank: int, world_size: int) -> np.ndarray:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("bits", [0, 8, 4, 2, "mixed"])
+@pytest.mark.parametrize("bits", [0, 32, 8, 4, 2, "mixed"])
 def test_exchange_exact_or_within_one_step(bits, tmp_path):
+    """No plan (0), a plan at full precision everywhere (32), quantized, mixed."""
     world_size = 3
     results = run_workers(_exchange_worker, world_size, tmp_path, bits)
     for rank, result in enumerate(results):
         expected = _expected_halo(rank, world_size)
         got = result["halo"]
         assert int(result["bytes"]) == int(result["expected_bytes"])
-        if bits == 0:
+        if bits in (0, 32):
             np.testing.assert_array_equal(got, expected)
+            # An all-float32 plan sends the rows as Vanilla does, without copying them
+            # into a byte buffer and out again.
+            assert float(result["copy_s"]) == 0.0
             continue
         if bits == "mixed":  # rows at 32 bits arrive exact; the others within a step
             recv_counts = _layout(rank, world_size)[2]
