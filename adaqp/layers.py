@@ -72,7 +72,9 @@ class _ExchangeLand(torch.autograd.Function):
     def forward(ctx, _ticket: torch.Tensor, flight: _InFlight) -> torch.Tensor:
         ctx.flight = flight
         halo_HD, flight.pending = flight.pending.wait(), None
-        return halo_HD
+        # A new tensor object: the policy may hand out the same buffer again (stale rows
+        # reused by a later epoch), and autograd marks what a node returns as its output.
+        return halo_HD.view_as(halo_HD)
 
     @staticmethod
     def backward(ctx, grad_HD: torch.Tensor):
