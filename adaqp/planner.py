@@ -170,7 +170,6 @@ class BitWidthPlanner:
         on the plans before) and ``"calibrated_s"`` (tag -> the plan's time through it)."""
         self._measured: dict[str, list[float]] = {}
         """Measured exchange seconds by tag, one per epoch since the last re-solve."""
-        self._solved_at: int | None = None
         if config.scheme == "adaptive":
             self.forward_coef = self._forward_coefficients(transport, graph, adjacency)
             self.hosts = host_of_rank(p)
@@ -341,12 +340,13 @@ class BitWidthPlanner:
         dist.broadcast(flat, src=0)
         self._install(keys, flat)
         self._traces = {}
-        self._measured, self._solved_at = {}, epoch
+        self._measured = {}
 
     def _calibrate(self, epoch: int) -> None:
         """Rank 0: fits the calibration on the plans that ran since the last re-solve and
         states this re-solve's plans through it."""
-        before = self.solutions.get(self._solved_at, {}).get("predicted_s", {})
+        previous = epoch - self.config.assign_cycle  # absent after a resume: no fit yet
+        before = self.solutions.get(previous, {}).get("predicted_s", {})
         predicted = {t: s for t, s in before.items() if self._measured.get(t)}
         if not predicted:
             return
