@@ -45,22 +45,27 @@ def _two_components(size_a: int = 24, size_b: int = 48, seed: int = 0) -> GraphD
     return GraphData("two-components", indptr, src.astype(np.int64), features, labels, *masks, 3)
 
 
-def _train_worker(rank, world_size, init_method, part_dir: str, overrides: tuple[str, ...]):
-    config = load_config(None, [*overrides, f"partition.dir={part_dir}", "comm.timeout_s=60"])
-    world = init_distributed(config.comm, init_method, rank, world_size)
+def _train_runs(rank, world_size, init_method, part_dir: str, runs: dict[str, tuple[str, ...]]):
+    """One process group, one training run per entry of ``runs`` (name -> overrides);
+    the results' keys carry the run's name as a prefix."""
+    base = [f"partition.dir={part_dir}", "comm.timeout_s=60"]
+    configs = {name: load_config(None, [*o, *base]) for name, o in runs.items()}
+    world = init_distributed(next(iter(configs.values())).comm, init_method, rank, world_size)
     try:
         meta = read_metadata(part_dir)
         graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
-        trainer = Trainer(config, graph, meta, world)
-        summary = trainer.fit(NullWriter())
-        return {
-            "num_halo": np.array(graph.num_halo),
-            "loss": np.array(summary.final_train_loss),
-            "max_staleness": np.array(summary.max_staleness),
-            "weights": torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
-            .numpy()
-            .copy(),
-        }
+        out = {}
+        for name, config in configs.items():
+            trainer = Trainer(config, graph, meta, world)
+            summary = trainer.fit(NullWriter())
+            weights = [p.detach().reshape(-1) for p in trainer.model.parameters()]
+            out |= {
+                f"{name}num_halo": np.array(graph.num_halo),
+                f"{name}loss": np.array(summary.final_train_loss),
+                f"{name}max_staleness": np.array(summary.max_staleness),
+                f"{name}weights": torch.cat(weights).numpy().copy(),
+            }
+        return out
     finally:
         shutdown()
 
@@ -73,20 +78,23 @@ def test_a_part_without_halo_trains_without_waiting(mode, tmp_path):
     graph = _two_components()
     part_dir = tmp_path / "parts"
     make_partition(graph, part_dir, num_parts=3, spec={"name": graph.name}, method="contiguous")
-    for model in ("gcn", "sage"):
-        overrides = (
+    runs = {
+        f"{model}/": (
             f"comm.mode={mode}",
             f"model.name={model}",
             "model.hidden=8",
             "train.epochs=3",
             "quant.assign_cycle=2",
         )
-        results = run_workers(_train_worker, 3, tmp_path, str(part_dir), overrides, timeout=150)
-        assert int(results[0]["num_halo"]) == 0, "part 0 is the first component, whole"
-        assert all(int(r["num_halo"]) > 0 for r in results[1:])
-        assert all(np.isfinite(float(r["loss"])) for r in results)
+        for model in ("gcn", "sage")
+    }
+    results = run_workers(_train_runs, 3, tmp_path, str(part_dir), runs, timeout=150)
+    for name in runs:
+        assert int(results[0][f"{name}num_halo"]) == 0, "part 0 is the first component, whole"
+        assert all(int(r[f"{name}num_halo"]) > 0 for r in results[1:])
+        assert all(np.isfinite(float(r[f"{name}loss"])) for r in results)
         for r in results[1:]:
-            np.testing.assert_array_equal(r["weights"], results[0]["weights"])
+            np.testing.assert_array_equal(r[f"{name}weights"], results[0][f"{name}weights"])
 
 
 @pytest.fixture(scope="module")
@@ -109,13 +117,12 @@ def test_bound_zero_equals_synchronous_one_bit_training(cora_parts, tmp_path):
         "sync-1bit": ("comm.mode=adaqp", "quant.scheme=uniform", "quant.bits=1"),
         "vanilla": ("comm.mode=vanilla",),
     }
-    weights = {}
-    for name, extra in runs.items():
-        results = run_workers(_train_worker, 3, tmp_path, cora_parts, (*_SMALL, *extra))
-        weights[name] = results[0]["weights"]
-        assert int(results[0]["max_staleness"]) == 0
-    np.testing.assert_array_equal(weights["onebit-s0"], weights["sync-1bit"])
-    assert np.abs(weights["onebit-s0"] - weights["vanilla"]).max() > 1e-4
+    runs = {f"{name}/": (*_SMALL, *extra) for name, extra in runs.items()}
+    result = run_workers(_train_runs, 3, tmp_path, cora_parts, runs)[0]
+    assert all(int(result[f"{name}max_staleness"]) == 0 for name in runs)
+    onebit, sync, vanilla = (result[f"{n}/weights"] for n in ("onebit-s0", "sync-1bit", "vanilla"))
+    np.testing.assert_array_equal(onebit, sync)
+    assert np.abs(onebit - vanilla).max() > 1e-4
 
 
 DELAY_S = 2.0
