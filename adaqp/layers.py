@@ -41,8 +41,8 @@ class _InFlight:
     """The exchange between its two autograd nodes: the pending forward exchange, then
     the pending backward one."""
 
-    def __init__(self, prop: Propagation, layer: int):
-        self.prop = prop
+    def __init__(self, policy: ExchangePolicy, layer: int):
+        self.policy = policy
         self.layer = layer
         self.pending: Pending | None = None
 
@@ -54,7 +54,7 @@ class _ExchangeStart(torch.autograd.Function):
     def forward(ctx, send_SD: torch.Tensor, flight: _InFlight) -> torch.Tensor:
         ctx.flight = flight
         key = ExchangeKey.forward(flight.layer)
-        flight.pending = flight.prop.policy.start(key, send_SD.detach())
+        flight.pending = flight.policy.start(key, send_SD.detach())
         return send_SD.new_empty(0)
 
     @staticmethod
@@ -80,7 +80,7 @@ class _ExchangeLand(torch.autograd.Function):
     def backward(ctx, grad_HD: torch.Tensor):
         flight = ctx.flight
         key = ExchangeKey.backward(flight.layer)
-        flight.pending = flight.prop.policy.start(key, grad_HD.contiguous())
+        flight.pending = flight.policy.start(key, grad_HD.contiguous())
         return grad_HD.new_empty(0), None
 
 
@@ -128,7 +128,7 @@ class Propagation:
             return finish(spmm(self.adjacency, h_RD), every)
         # Every rank joins every exchange, also one whose part has no halo rows: its
         # peers may still need its rows.
-        flight = _InFlight(self, layer)
+        flight = _InFlight(self.policy, layer)
         ticket = _ExchangeStart.apply(h_RD.index_select(0, self.graph.send_idx), flight)
         if not self.overlap:
             halo_HD = _ExchangeLand.apply(ticket, flight)

@@ -169,7 +169,8 @@ class BitWidthPlanner:
         once measured exchanges are there ``"calibration"`` ({"fixed_s", "scale"}, fitted
         on the plans before) and ``"calibrated_s"`` (tag -> the plan's time through it)."""
         self._measured: dict[str, list[float]] = {}
-        """Measured exchange seconds by tag, one per epoch since the last re-solve."""
+        """Rank 0, with a cost model: measured exchange seconds by tag, one per epoch
+        since the last re-solve."""
         if config.scheme == "adaptive":
             self.forward_coef = self._forward_coefficients(transport, graph, adjacency)
             self.hosts = host_of_rank(p)
@@ -294,8 +295,9 @@ class BitWidthPlanner:
 
         ``exchange_s_by_tag``: this epoch's measured exchange times (the same on every
         rank), which calibrate the cost model's figures at the next re-solve."""
-        for tag, seconds in (exchange_s_by_tag or {}).items():
-            self._measured.setdefault(tag, []).append(seconds)
+        if self.link_model is not None and self.world.is_main:  # what _calibrate reads
+            for tag, seconds in (exchange_s_by_tag or {}).items():
+                self._measured.setdefault(tag, []).append(seconds)
         if not self.tracing or epoch % self.config.assign_cycle:
             return 0.0
         start = time.perf_counter()
