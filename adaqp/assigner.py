@@ -23,20 +23,27 @@ Cost models (the type of ``link_model`` picks one):
 * :class:`LinkModel`: channel ``p -> q`` takes ``alpha_pq + bytes_pq / beta_pq`` seconds (0 when
   it carries nothing); ``T`` is the slowest channel. Widths up to 8 bits only.
 * :class:`HostModel`: ranks live on hosts with full-duplex NICs behind a switch. One exchange
-  (an all-to-all) ends when its busiest host is done::
+  (an all-to-all) ends when its busiest host is done, or when the switch has carried every
+  byte between hosts, whichever is later::
 
-      T   = alpha + max_h [max(out_h / beta_out_h, in_h / beta_in_h) + max_{r on h} c_r]
+      T   = alpha + max(max_h [max(out_h / beta_out_h, in_h / beta_in_h) + max_{r on h} c_r],
+                        F)
       c_r = D * (sum of quant_s[b_v] over r's sent values + sum of dequant_s[b_v] over
             r's received values) + local_r / beta_local
+      F   = (out_0 + ... + out_{H-1}) / fabric
 
   ``out_h``/``in_h`` are the bytes of the channels that leave/enter host ``h``: ranks on one host
   share its NIC. A channel between two ranks of one host never touches the network; its bytes
   ``local_r`` are a copy charged to the sending rank ``r`` (it writes into the receiver's
-  buffer). Modelling choices: a rank quantizes before it sends and dequantizes after it has
-  received, so compute and network add (no overlap is assumed); ranks of one host (de)quantize
-  in parallel (each on its own device), so a host waits for its slowest rank; ``alpha`` is paid
-  once per exchange and not at all by an empty one. Full precision (32) has no (de)quantization
-  cost unless the model gives one, so a fast network with a slow quantizer selects it.
+  buffer). ``fabric`` is what the switch carries in all (``inf`` by default: no bound), less
+  than the NICs together where it is oversubscribed or forwards in software on shared cores.
+  Modelling choices: a rank quantizes before it sends and dequantizes after it has received,
+  so compute and network add (no overlap is assumed); ranks of one host (de)quantize in
+  parallel (each on its own device), so a host waits for its slowest rank; ``F`` counts
+  transfer only, not (de)quantization: it bounds the switch's own work, which no host's
+  compute occupies; ``alpha`` is paid once per exchange and not at all by an empty one. Full
+  precision (32) has no (de)quantization cost unless the model gives one, so a fast network
+  with a slow quantizer selects it.
 
 Solvers (:func:`solve_assignment`):
 
@@ -45,14 +52,15 @@ Solvers (:func:`solve_assignment`):
   (equivalent to one-hot ``x[g, b] = y[g, b] - y[g, b+1]`` with ``sum_b x[g, b] = 1``). A
   continuous ``tau = (T - T_min) / (T_max - T_min)`` bounds every channel's time (link model),
   or every host's ``N_h + C_h`` with continuous ``N_h >= out_h / beta_out_h``, ``N_h >=
-  in_h / beta_in_h`` and ``C_h >= c_r`` for its ranks (host model). On a time limit the better
-  of HiGHS's incumbent and the greedy is used. HiGHS does not check its clock inside every
-  root-node heuristic: from ~10k groups it overruns the limit by up to ~0.5 s, and once (20k
-  groups, 2 s limit) took 6 s. Such models rarely finish anyway (the gap is ~1e-5), so use the
-  greedy for them, or a group size that keeps groups to a few thousand. The host model is
-  harder to prove: planner-sized exchanges (240-280 groups, 2-8 ranks) took 0.04-0.4 s, but
-  about 2% of random instances of 20-300 groups needed more than 20 s (one of 82 groups took
-  9 s: a real integrality gap); the rounded LP is then the usual answer.
+  in_h / beta_in_h`` and ``C_h >= c_r`` for its ranks, and the fabric's ``F`` where it is finite
+  (host model). On a time limit the better of HiGHS's incumbent and the greedy is used. HiGHS
+  does not check its clock inside every root-node heuristic: from ~10k groups it overruns the
+  limit by up to ~0.5 s, and once (20k groups, 2 s limit) took 6 s. Such models rarely finish
+  anyway (the gap is ~1e-5), so use the greedy for them, or a group size that keeps groups to
+  a few thousand. The host model is harder to prove: planner-sized exchanges (240-280 groups,
+  2-8 ranks) took 0.04-0.4 s, but about 2% of random instances of 20-300 groups needed more
+  than 20 s (one of 82 groups took 9 s: a real integrality gap); the rounded LP is then the
+  usual answer.
 * ``"greedy"``: link model: for every candidate time cap, each channel independently fills its
   budget with width upgrades in order of variance decrease per byte (a multiple-choice knapsack
   greedy); the best cap wins. Host model: the MILP's LP relaxation (HiGHS) with every group
@@ -60,14 +68,14 @@ Solvers (:func:`solve_assignment`):
   returns no LP solution, a pure greedy instead: each group starts at its cheapest width and
   climbs the lower convex hull of its (priced seconds, variance) options; for a grid of caps on
   ``T``, upgrades are taken in order of variance saved per priced second wherever every host
-  stays within the cap; seconds are priced alike on every resource, then by where the best so
-  far sets ``T``. (That greedy alone, being blind to which resources bind, was up to 1e-2 off
-  the MILP where the rounded LP is within 1e-3; see ``tests/test_assigner.py``.)
+  and the fabric stay within the cap; seconds are priced alike on every resource, then by where
+  the best so far sets ``T``. (That greedy alone, being blind to which resources bind, was up
+  to 1e-2 off the MILP where the rounded LP is within 1e-3; see ``tests/test_assigner.py``.)
 * ``"brute"``: enumerates all combinations (refused above ``max_combos``); for tests.
 
 MILP and greedy results are then polished by single-group moves (strict improvements first, then
-moves that save bytes, or seconds of resource use under the host model, without raising the
-objective, e.g. for zero-weight messages), and each channel's full-size groups are sorted to
+moves that save bytes, or seconds of the hosts' resources under the host model, without raising
+the objective, e.g. for zero-weight messages), and each channel's full-size groups are sorted to
 non-increasing widths, which keeps every resource's use and cannot raise variance: ties between
 equal weights go to the earlier messages.
 
@@ -176,6 +184,9 @@ class HostModel:
         quant_s_per_value: seconds to quantize one value, per width. Every quantized width a
             solve allows must be given; ``FULL_PRECISION_BITS`` defaults to 0.
         dequant_s_per_value: seconds to dequantize one value, per width; same rules.
+        fabric_Bps: bytes per second the switch carries in all, summed over every channel
+            between two hosts (> 0; ``inf``, the default, for a non-blocking switch). Copies
+            within a host do not load it.
     """
 
     host_of_rank: np.ndarray
@@ -185,6 +196,7 @@ class HostModel:
     beta_local_Bps: float
     quant_s_per_value: Mapping[int, float] = field(default_factory=dict)
     dequant_s_per_value: Mapping[int, float] = field(default_factory=dict)
+    fabric_Bps: float = math.inf
 
     def __post_init__(self) -> None:
         hosts = np.array(self.host_of_rank)
@@ -212,6 +224,8 @@ class HostModel:
             raise ValueError(f"alpha_s must be finite and non-negative, got {self.alpha_s}")
         if not self.beta_local_Bps > 0:  # inf is allowed: free local copies
             raise ValueError(f"beta_local_Bps must be positive, got {self.beta_local_Bps}")
+        if not self.fabric_Bps > 0:  # inf is allowed: no aggregate bound
+            raise ValueError(f"fabric_Bps must be positive, got {self.fabric_Bps}")
         hosts = hosts.astype(np.int64)
         for arr in (hosts, beta_out, beta_in):
             arr.flags.writeable = False
@@ -220,6 +234,7 @@ class HostModel:
         object.__setattr__(self, "beta_out_Bps", beta_out)
         object.__setattr__(self, "beta_in_Bps", beta_in)
         object.__setattr__(self, "beta_local_Bps", float(self.beta_local_Bps))
+        object.__setattr__(self, "fabric_Bps", float(self.fabric_Bps))
         for name in ("quant_s_per_value", "dequant_s_per_value"):
             costs = {int(b): float(s) for b, s in dict(getattr(self, name)).items()}
             if any(b not in _WIDTHS or not (math.isfinite(s) and s >= 0) for b, s in costs.items()):
@@ -237,6 +252,7 @@ class HostModel:
         *,
         quant_s_per_value: float = 0.0,
         dequant_s_per_value: float = 0.0,
+        fabric_Bps: float = math.inf,
     ) -> HostModel:
         """Equal NICs both ways, and one (de)quantization cost for every quantized width."""
         num_hosts = int(max(host_of_rank)) + 1
@@ -249,6 +265,7 @@ class HostModel:
             beta_local_Bps,
             dict.fromkeys(SUPPORTED_BITS, quant_s_per_value),
             dict.fromkeys(SUPPORTED_BITS, dequant_s_per_value),
+            fabric_Bps,
         )
 
     @property
@@ -261,8 +278,8 @@ class HostModel:
 
     @property
     def num_resources(self) -> int:
-        """Resources a message uses: each host's send and receive NIC, then each rank."""
-        return 2 * self.num_hosts + self.num_ranks
+        """Resources a message uses: each host's send and receive NIC, each rank, the fabric."""
+        return 2 * self.num_hosts + self.num_ranks + 1
 
     def _per_value_costs(self, widths: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """float64 ``([33], [33])`` quantize/dequantize seconds per value, indexed by width.
@@ -288,9 +305,10 @@ class HostModel:
         """float64 ``[3, C, R]``: seconds each resource spends per byte, per second of
         quantization and per second of dequantization of each channel.
 
-        Resources (``R = 2H + P``): columns ``[0, H)`` host send NICs, ``[H, 2H)`` host receive
-        NICs, ``[2H, 2H + P)`` ranks. Bytes between two hosts load the sender's send NIC and the
-        receiver's receive NIC; bytes within a host are a copy by the sending rank.
+        Resources (``R = 2H + P + 1``): columns ``[0, H)`` host send NICs, ``[H, 2H)`` host
+        receive NICs, ``[2H, 2H + P)`` ranks, ``2H + P`` (the last) the fabric. Bytes between two
+        hosts load the sender's send NIC, the receiver's receive NIC and the fabric (not at all
+        when it is infinite); bytes within a host are a copy by the sending rank.
         """
         h, hosts = self.num_hosts, self.host_of_rank
         out = np.zeros((3, len(channels), self.num_resources))
@@ -301,19 +319,21 @@ class HostModel:
             else:
                 out[0, c, src_host] = 1.0 / self.beta_out_Bps[src_host]
                 out[0, c, h + dst_host] = 1.0 / self.beta_in_Bps[dst_host]
+                out[0, c, -1] = 1.0 / self.fabric_Bps
             out[1, c, 2 * h + ch.src] = 1.0
             out[2, c, 2 * h + ch.dst] = 1.0
         return out
 
     def _host_times(self, use: np.ndarray) -> np.ndarray:
-        """float64 ``[..., H]`` host times (without ``alpha``) from resource use ``[..., R]``."""
+        """float64 ``[..., H + 1]`` host times, then the fabric's (all without ``alpha``), from
+        resource use ``[..., R]``; ``T`` is ``alpha`` plus their maximum."""
         h = self.num_hosts
         net = np.maximum(use[..., :h], use[..., h : 2 * h])
         order = np.argsort(self.host_of_rank, kind="stable")
         used, starts = np.unique(self.host_of_rank[order], return_index=True)
         compute = np.zeros(net.shape)
         compute[..., used] = np.maximum.reduceat(use[..., 2 * h + order], starts, axis=-1)
-        return net + compute
+        return np.concatenate([net + compute, use[..., -1:]], axis=-1)
 
 
 def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> tuple[float, float]:
@@ -798,7 +818,8 @@ def _brute(p: _Problem, max_combos: int) -> np.ndarray:
 
 
 def _host_polish(p: _HostProblem, k: np.ndarray, deadline: float) -> np.ndarray:
-    """:func:`_polish` under the host model; ties must lower the group's resource seconds."""
+    """:func:`_polish` under the host model; ties must lower the seconds the group takes on
+    the hosts' resources (the fabric's seconds repeat the bytes on the NICs)."""
     k = k.copy()
     groups = np.arange(k.size)
     use = p.use(k)
@@ -811,7 +832,7 @@ def _host_polish(p: _HostProblem, k: np.ndarray, deadline: float) -> np.ndarray:
         dobj = p.wv * p.w[:, None] * (p.f[None, :] - p.f[k][:, None]) + p.wt * (new_t - t)
         best = int(np.argmin(dobj))
         if dobj.flat[best] >= -_TOL:
-            tie = (dobj <= _TOL) & (delta.sum(axis=-1) < 0)
+            tie = (dobj <= _TOL) & (delta[..., :-1].sum(axis=-1) < 0)
             if not tie.any():
                 break
             best = int(np.argmax(tie))
@@ -845,20 +866,21 @@ def _host_prices(p: _HostProblem, k: np.ndarray) -> np.ndarray:
     """float64 ``[R]`` price per second of each resource, from where ``T`` is set at ``k``.
 
     A resource costs 1 where it sets its host's time (the busier NIC direction, the slowest
-    rank) on a host within 1% of the busiest, and ``_SLACK_PRICE`` elsewhere: growing it
-    barely moves ``T``.
+    rank) on a host within 1% of ``T``, or is the fabric within 1% of ``T`` (both without
+    ``alpha``), and ``_SLACK_PRICE`` elsewhere: growing it barely moves ``T``.
     """
     H, use = p.model.num_hosts, p.use(k)
-    times = p.model._host_times(use)
+    times = p.model._host_times(use)  # [H + 1]: the fabric's last
     net = np.maximum(use[:H], use[H : 2 * H])
     busiest_rank = np.zeros(H)
-    np.maximum.at(busiest_rank, p.model.host_of_rank, use[2 * H :])
+    np.maximum.at(busiest_rank, p.model.host_of_rank, use[2 * H : -1])
     tight = np.r_[
         use[:H] >= 0.99 * net,
         use[H : 2 * H] >= 0.99 * net,
-        use[2 * H :] >= 0.99 * busiest_rank[p.model.host_of_rank],
+        use[2 * H : -1] >= 0.99 * busiest_rank[p.model.host_of_rank],
+        True,
     ]
-    owner = np.r_[np.arange(H), np.arange(H), p.model.host_of_rank]
+    owner = np.r_[np.arange(H), np.arange(H), p.model.host_of_rank, H]  # index into times
     tight &= times[owner] >= 0.99 * times.max()
     return np.where(tight, 1.0, _SLACK_PRICE)
 
@@ -868,11 +890,13 @@ def _host_fill(p: _HostProblem, price: np.ndarray, num_caps: int) -> list[np.nda
 
     Each group starts at its cheapest width and climbs the lower convex hull of its (priced
     seconds, variance) options; upgrades are taken in order of variance saved per priced
-    second while every host stays within the cap. Caps span the base's ``T`` to the top of
-    every hull, then a finer grid around the best of them.
+    second while every host and the fabric stay within the cap. Caps span the base's ``T`` to
+    the top of every hull, then a finer grid around the best of them.
     """
-    G, H = p.w.size, p.model.num_hosts
-    cost = p.row_use @ price  # [C, K] priced seconds per row
+    G, H, R = p.w.size, p.model.num_hosts, p.model.num_resources
+    # [C, K] priced seconds per row. The fabric's are added after the hosts' are summed, so that
+    # an infinite fabric (zero seconds) rounds nothing differently from a model without one.
+    cost = p.row_use[..., :-1] @ price[:-1] + p.row_use[..., -1] * price[-1]
     chains = [_hull(cost[c], p.f) for c in range(p.num_channels)]
     depth = max(len(ch) for ch in chains)
     chain_k = np.array([ch + ch[-1:] * (depth - len(ch)) for ch in chains], np.int64)  # [C, L]
@@ -883,15 +907,16 @@ def _host_fill(p: _HostProblem, price: np.ndarray, num_caps: int) -> list[np.nda
     a, b = chain_k[sc, sj], chain_k[sc, sj + 1]
     eff = p.w[sg] * (p.f[a] - p.f[b]) / np.maximum(p.n[sg] * (cost[sc, b] - cost[sc, a]), 1e-300)
     order = np.lexsort((sj, sg, -eff))  # best variance saved per priced second first
-    # The columns that set each channel's hosts' times: per host its send and receive NIC,
-    # then its ranks; reduceat at `starts` gives each host's busier NIC and slowest rank.
+    # The columns that set the times of each channel's hosts and of the fabric: per host its
+    # send and receive NIC, then its ranks; then the fabric. reduceat at `starts` gives each
+    # host's busier NIC and slowest rank, then the fabric's use.
     cols, starts = [], []
     for c in p.channels:
         hosts = sorted({int(p.model.host_of_rank[c.src]), int(p.model.host_of_rank[c.dst])})
         parts = [np.r_[h, H + h, 2 * H + np.flatnonzero(p.model.host_of_rank == h)] for h in hosts]
-        offsets = np.cumsum([0] + [x.size for x in parts[:-1]])
-        cols.append(np.concatenate(parts))
-        starts.append(np.sort(np.r_[offsets, offsets + 2]))
+        offsets = np.cumsum([0] + [x.size for x in parts])
+        cols.append(np.r_[np.concatenate(parts), R - 1])
+        starts.append(np.sort(np.r_[offsets[:-1], offsets[:-1] + 2, offsets[-1]]))
     base = chain_k[p.chan, 0]
 
     def fill(caps: np.ndarray) -> list[np.ndarray]:
@@ -906,7 +931,8 @@ def _host_fill(p: _HostProblem, price: np.ndarray, num_caps: int) -> list[np.nda
             x = cols[sc[i]]
             delta = p.unit[g, b[i], x] - p.unit[g, a[i], x]
             parts = np.maximum.reduceat(use[:, x] + delta, starts[sc[i]], axis=1)
-            ok &= (parts[:, ::2] + parts[:, 1::2] <= limit[:, None]).all(axis=1)
+            ok &= (parts[:, :-1:2] + parts[:, 1:-1:2] <= limit[:, None]).all(axis=1)
+            ok &= parts[:, -1] <= limit
             use[:, x] += ok[:, None] * delta
             pos[:, g] += ok
         return [chain_k[p.chan, row] for row in pos]
@@ -945,10 +971,10 @@ def _host_formulation(p: _HostProblem) -> tuple:
     """The MILP of the module docstring: ``(cost, lower, upper, A, ub)``.
 
     Variables are ``y`` (``[G, K-1]`` row-major), ``tau``, ``N`` ``[H]``, ``C`` ``[H]``; the
-    constraints are ``A @ x <= ub``.
+    constraints are ``A @ x <= ub``. An infinite fabric gets no row: it never sets ``T``.
     """
     G, K1 = p.w.size, p.bits.size - 1
-    H, R = p.model.num_hosts, p.model.num_resources
+    H, R = p.model.num_hosts, p.model.num_resources - 1  # R: the hosts' resources
     ny = G * K1
     i_tau, i_net, i_cpu = ny, ny + 1, ny + 1 + H  # then tau, N_h [H], C_h [H]
     nv = ny + 1 + 2 * H
@@ -964,20 +990,28 @@ def _host_formulation(p: _HostProblem) -> tuple:
     free = np.zeros(nv - ny)  # tau, N, C stay 0 when time does not count
     if p.wt > 0:
         dt = p.t_max - p.t_min
+        use0 = p.use(np.zeros(G, np.int64))  # [R + 1], the fabric's last
+        step = p.unit[:, 1:, :] - p.unit[:, :-1, :]  # [G, K1, R + 1]
         # Resource rows: use(y) / dt <= N_h (NICs of h) or C_h (ranks on h).
-        step = p.unit[:, 1:, :] - p.unit[:, :-1, :]  # [G, K1, R]
-        g, k, res = np.nonzero(step)
+        g, k, res = np.nonzero(step[..., :-1])
         owner = np.r_[i_net + np.arange(H), i_net + np.arange(H), i_cpu + p.model.host_of_rank]
         rows += [first + res, first + np.arange(R)]
         cols += [var[g, k], owner]
         vals += [step[g, k, res] / dt, -np.ones(R)]
-        ub.append(-p.use(np.zeros(G, np.int64)) / dt)
+        ub.append(-use0[:-1] / dt)
         # Host rows: alpha + dt * (N_h + C_h) <= T_min + dt * tau.
         hosts = first + R + np.arange(H)
         rows += [hosts, hosts, hosts]
         cols += [i_net + np.arange(H), i_cpu + np.arange(H), np.full(H, i_tau)]
         vals += [np.ones(H), np.ones(H), -np.ones(H)]
         ub.append(np.full(H, (p.t_min - p.alpha) / dt))
+        if math.isfinite(p.model.fabric_Bps):
+            # Fabric row: alpha + F <= T_min + dt * tau, with F = use(y) of the fabric.
+            g, k = np.nonzero(step[..., -1])
+            rows.append(np.full(g.size + 1, first + R + H))
+            cols.append(np.r_[var[g, k], i_tau])
+            vals.append(np.r_[step[g, k, -1] / dt, -1.0])
+            ub.append([(p.t_min - p.alpha - use0[-1]) / dt])
         free = np.r_[np.inf, np.full(2 * H, np.inf)]
     ub = np.concatenate(ub)
     a = coo_matrix(

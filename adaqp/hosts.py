@@ -7,10 +7,18 @@ from the per-pair profile (``planner.profile_links``, each pair timed alone): a 
 send rate is the median over pairs leaving it, its receive rate the median over pairs
 entering it, and copies between two ranks of one host run at the median of those pairs.
 (De)quantization is timed on every rank and the slowest rank's figure is used.
+
+Pairs timed alone do not show what the network carries when every host sends at once: a
+switch whose backplane (or uplinks) carry less than the sum of its ports, or hosts whose
+packets are forwarded by shared cores, as in the emulated cluster. ``profile_fabric``
+times one all-to-all in which every host's NIC is busy for about as long as its rates
+allow; if it takes clearly longer than those rates predict, the fabric's aggregate rate is
+the inter-host bytes over the time taken, else it is unbounded.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -40,11 +48,86 @@ def hosts_from_names(names: list) -> np.ndarray:
     return np.array([index.setdefault(n, len(index)) for n in names], dtype=np.int64)
 
 
+FABRIC_PROBE_BYTES = 1_048_576
+"""Bytes per probe channel between two ranks on the fastest hosts (slower hosts' channels
+carry proportionally less), as large as a profiled link's largest probes need to reach
+their sustained rate."""
+
+FABRIC_MARGIN = 1.15
+"""An all-to-all this much slower than the NICs predict is fabric-bound; below it, the
+difference is taken for noise and the fabric left unbounded."""
+
+
+def fabric_probe(hosts: np.ndarray, beta_out: np.ndarray, beta_in: np.ndarray) -> np.ndarray:
+    """int64 [P, P]: bytes each rank sends each other rank in the fabric probe.
+
+    A channel between hosts carries ``FABRIC_PROBE_BYTES`` scaled by the slower of the
+    sender's send and the receiver's receive rate relative to the fastest pair; then the
+    channels of a host whose NIC would stay busy longer than the least busy host's are
+    shortened to match, so that no single NIC sets the probe's time (a slow host would
+    otherwise hide the fabric). Channels within a host carry nothing.
+    """
+    src, dst = np.meshgrid(hosts, hosts, indexing="ij")
+    remote = src != dst
+    rate = np.minimum(beta_out[src], beta_in[dst])
+    volume = FABRIC_PROBE_BYTES * rate / rate.max() * remote
+    busy = _nic_seconds(hosts, volume, beta_out, beta_in)
+    if remote.any():
+        share = np.where(busy > 0, busy[busy > 0].min() / np.maximum(busy, 1e-300), 1.0)
+        volume = volume * np.minimum(share[src], share[dst])
+    return np.where(remote, np.maximum(np.floor(volume), 1), 0).astype(np.int64)
+
+
+def _nic_seconds(
+    hosts: np.ndarray, volume: np.ndarray, beta_out: np.ndarray, beta_in: np.ndarray
+) -> np.ndarray:
+    """float64 [H]: seconds each host's busier NIC direction needs for ``volume`` [P, P]
+    (bytes between ranks; the caller zeroes channels within a host)."""
+    num_hosts = beta_out.size
+    out = np.bincount(hosts, weights=volume.sum(1), minlength=num_hosts)
+    into = np.bincount(hosts, weights=volume.sum(0), minlength=num_hosts)
+    return np.maximum(out / beta_out, into / beta_in)
+
+
+def fabric_rate(model: HostModel, volume: np.ndarray, seconds: float) -> float:
+    """Aggregate bytes per second of the fabric, given that the all-to-all ``volume``
+    [P, P] took ``seconds``: ``inf`` unless that is over ``FABRIC_MARGIN`` times what the
+    NICs alone predict (pure)."""
+    hosts = model.host_of_rank
+    remote = hosts[:, None] != hosts[None, :]
+    total = float(volume[remote].sum())
+    if total == 0:
+        return math.inf
+    nics = float(_nic_seconds(hosts, volume * remote, model.beta_out_Bps, model.beta_in_Bps).max())
+    if seconds - model.alpha_s <= FABRIC_MARGIN * nics:
+        return math.inf
+    return total / (seconds - model.alpha_s)
+
+
+def profile_fabric(model: HostModel, repeats: int = 3) -> float:
+    """Times ``fabric_probe`` as one all-to-all (fastest of ``repeats``, slowest rank)
+    and returns ``fabric_rate`` (collective; the same on every rank)."""
+    volume = fabric_probe(model.host_of_rank, model.beta_out_Bps, model.beta_in_Bps)
+    rank = dist.get_rank()
+    send = torch.zeros(int(volume[rank].sum()), dtype=torch.uint8)
+    recv = torch.empty(int(volume[:, rank].sum()), dtype=torch.uint8)
+    best = math.inf
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_to_all_single(recv, send, volume[:, rank].tolist(), volume[rank].tolist())
+        took = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)
+        best = min(best, float(took))
+    return fabric_rate(model, volume, best)
+
+
 def host_model(
     links: LinkModel,
     hosts: np.ndarray,
     quant_s_per_value: dict[int, float],
     dequant_s_per_value: dict[int, float],
+    fabric_Bps: float = math.inf,
 ) -> HostModel:
     """A ``HostModel`` from a per-pair profile (see the module docstring)."""
     p = links.num_ranks
@@ -73,6 +156,7 @@ def host_model(
         beta_local,
         quant_s_per_value={**quant_s_per_value, FULL_PRECISION_BITS: 0.0},
         dequant_s_per_value={**dequant_s_per_value, FULL_PRECISION_BITS: 0.0},
+        fabric_Bps=fabric_Bps,
     )
 
 

@@ -331,10 +331,16 @@ class Summary:
     calibrated_exchange_s_by_tag: dict[str, float] = field(default_factory=dict)
     """Adaptive widths: per exchange, the last solve's predicted time through the
     calibration (``cost_calibration``) fitted on the exchanges measured before it."""
-    cost_calibration: dict[str, float] = field(default_factory=dict)
-    """Adaptive widths: the last solve's calibration, ``fixed_s + scale * predicted``,
-    fitted on the exchange times measured (after the last arrival) under the plans
-    before it; empty until a re-solve follows another in the same process."""
+    cost_calibration: dict[str, Any] = field(default_factory=dict)
+    """Adaptive widths: the last solve's calibration, fitted on the exchange times
+    measured (after the last arrival) under the plans before it: ``fixed_s`` and
+    ``scale`` (one fixed cost for all exchanges), ``fixed_s_by_tag`` (each exchange's
+    own; a plan's calibrated time is ``fixed_s_by_tag[t] + scale * predicted``). Empty
+    until a re-solve follows another in the same process."""
+    fabric_Bps: float | None = None
+    """Host cost model: the aggregate rate the network carried between hosts when all
+    sent at once, as profiled (None: not bounded below the hosts' own rates, or no host
+    model)."""
     exchange_after_arrival_s_by_tag: dict[str, float] = field(default_factory=dict)
     """Per exchange, over the same epochs: from the last rank reaching the exchange to
     the last rank's rows dequantized (wall clocks; hosts must keep them in sync)."""

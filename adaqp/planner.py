@@ -16,10 +16,11 @@ switch together. The first cycle runs at ``initial_bits`` while tracing.
 
 The cost model prices an exchange from the profiled links; what it does not see (the
 fixed cost of a collective among busy processes, a slower rate than the probes saw) is
-measured: each re-solve fits ``fixed + scale * model`` to the exchange times measured
-under the plans in force since the previous one (``fit_calibration``), and states the
-new plans' times through it. An affine map changes no choice between plans; it turns
-the model's figures into seconds that can be checked.
+measured: each re-solve fits ``fixed_t + scale * model`` to the exchange times measured
+under the last ``CALIBRATION_PLANS`` plans (``fit_calibration``; one scale, a fixed
+cost per exchange ``t``), and states the new plans' times through it. An affine map
+with fixed costs changes no choice between plans; it turns the model's figures into
+seconds that can be checked.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
+from scipy.optimize import nnls
 
 from adaqp.aggregate import SparseAdjacency
 from adaqp.assigner import (
@@ -44,7 +46,7 @@ from adaqp.assigner import (
 )
 from adaqp.comm import SETUP_KEY, BitPlan, Direction, ExchangeKey, HaloTransport
 from adaqp.config import QuantConfig
-from adaqp.hosts import host_model, host_of_rank, time_quantization
+from adaqp.hosts import host_model, host_of_rank, profile_fabric, time_quantization
 from adaqp.local_graph import LocalGraph
 from adaqp.runtime import World
 
@@ -56,21 +58,21 @@ shaped link lets through at line rate (the emulated cluster's token bucket holds
 so the fitted bandwidth is the sustained rate that a whole exchange sees."""
 
 
-def fit_calibration(predicted: dict[str, float], measured: dict[str, float]) -> tuple[float, float]:
-    """``(fixed, scale)``, both >= 0, minimising the relative error of
-    ``fixed + scale * predicted[t]`` against ``measured[t]`` over the tags of both."""
-    tags = sorted(t for t in predicted if t in measured and measured[t] > 0)
-    if not tags:
-        return 0.0, 1.0
-    x = np.array([predicted[t] for t in tags])
-    y = np.array([measured[t] for t in tags])
+CALIBRATION_PLANS = 3
+"""Plans whose measured exchanges a calibration is fitted on: the last few, so that it
+follows a host that slows down without chasing one noisy cycle."""
+
+
+def _fit_affine(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """``(fixed, scale)``, both >= 0, minimising the relative error of ``fixed + scale * x``
+    against ``y`` (all ``y > 0``)."""
     rows = np.stack([np.ones_like(x), x], axis=1) / y[:, None]  # relative residuals
     candidates = []
-    if len(tags) > 1 and np.ptp(x) > 0:
+    if x.size > 1 and np.ptp(x) > 0:
         fixed, scale = np.linalg.lstsq(rows, np.ones_like(y), rcond=None)[0]
         candidates.append((float(fixed), float(scale)))
     # One parameter: the scale alone, or the fixed cost alone.
-    candidates.append((0.0, float(rows[:, 1] @ np.ones_like(y) / (rows[:, 1] @ rows[:, 1]))))
+    candidates.append((0.0, float(rows[:, 1].sum() / (rows[:, 1] @ rows[:, 1]))))
     candidates.append((float(rows[:, 0].sum() / (rows[:, 0] @ rows[:, 0])), 0.0))
     feasible = [(f, s) for f, s in candidates if f >= 0 and s >= 0]
 
@@ -78,6 +80,49 @@ def fit_calibration(predicted: dict[str, float], measured: dict[str, float]) -> 
         return float(np.sum((rows @ np.array(c) - 1.0) ** 2))
 
     return min(feasible, key=error)
+
+
+def fit_calibration(
+    plans: list[tuple[dict[str, float], dict[str, float]]],
+) -> dict[str, float | dict[str, float]]:
+    """The calibration of the cost model from ``(predicted, measured)`` seconds by tag,
+    one pair per plan that ran.
+
+    Returns ``{"fixed_s", "scale", "fixed_s_by_tag"}``, all >= 0: a plan's time for
+    exchange ``t`` is ``fixed_s_by_tag[t] + scale * predicted[t]`` (``fixed_s``, the
+    median of the exchanges' fixed costs, for one not measured yet). Small exchanges cost
+    mostly a fixed time that differs between them (the first backward exchange meets
+    ranks as they leave the loss), which one shared fixed cost cannot follow. The fit
+    minimises the relative error: jointly (non-negative least squares) once the plans
+    moved some exchange's prediction; before that, ``fixed + scale * predicted`` over
+    every exchange gives the scale, and each exchange's fixed cost is the median over
+    the plans of what the scaled model leaves unexplained in it.
+    """
+    points = [(t, x[t], y[t]) for x, y in plans for t in sorted(x) if t in y and y[t] > 0]
+    if not points:
+        return {"fixed_s": 0.0, "scale": 1.0, "fixed_s_by_tag": {}}
+    tags = sorted({t for t, _, _ in points})
+    x = np.array([p[1] for p in points])
+    y = np.array([p[2] for p in points])
+    column = np.array([tags.index(t) for t, _, _ in points])
+    moved = any(np.ptp(x[column == i]) > 0 for i in range(len(tags)))
+    if moved and len(points) > len(tags):
+        design = np.zeros((len(points), len(tags) + 1))
+        design[np.arange(len(points)), column] = 1.0
+        design[:, -1] = x
+        solution = nnls(design / y[:, None], np.ones_like(y))[0]
+        by_tag, scale = dict(zip(tags, solution[:-1].tolist(), strict=True)), float(solution[-1])
+    else:
+        scale = _fit_affine(x, y)[1]
+        left: dict[str, list[float]] = {}
+        for tag, xt, yt in points:
+            left.setdefault(tag, []).append(yt - scale * xt)
+        by_tag = {t: max(0.0, float(np.median(r))) for t, r in left.items()}
+    return {
+        "fixed_s": float(np.median(list(by_tag.values()))),
+        "scale": scale,
+        "fixed_s_by_tag": dict(sorted(by_tag.items())),
+    }
 
 
 def profile_links(
@@ -166,11 +211,14 @@ class BitWidthPlanner:
         self.solutions: dict[int, dict[str, dict[str, float]]] = {}
         """Rank 0, per re-solve epoch: ``"predicted_s"`` (tag -> the cost model's time of
         its plan), ``"pair_bits"`` ("src->dst" -> mean planned width, all exchanges), and
-        once measured exchanges are there ``"calibration"`` ({"fixed_s", "scale"}, fitted
-        on the plans before) and ``"calibrated_s"`` (tag -> the plan's time through it)."""
+        once measured exchanges are there ``"calibration"`` (``fit_calibration``'s, on the
+        plans before) and ``"calibrated_s"`` (tag -> the plan's time through it)."""
         self._measured: dict[str, list[float]] = {}
         """Rank 0, with a cost model: measured exchange seconds by tag, one per epoch
         since the last re-solve."""
+        self._ran: list[tuple[dict[str, float], dict[str, float]]] = []
+        """Rank 0: ``(predicted, measured median)`` seconds by tag of the last plans that
+        ran, oldest first (at most ``CALIBRATION_PLANS``)."""
         if config.scheme == "adaptive":
             self.forward_coef = self._forward_coefficients(transport, graph, adjacency)
             self.hosts = host_of_rank(p)
@@ -183,14 +231,17 @@ class BitWidthPlanner:
         self.link_model = profile_links(world)
         if config.cost_model == "host":
             quant, dequant = time_quantization(config.allowed_bits, 64, self.device)
-            self.host_model = host_model(self.link_model, self.hosts, quant, dequant)
+            nics = host_model(self.link_model, self.hosts, quant, dequant)
+            fabric = profile_fabric(nics)
+            self.host_model = host_model(self.link_model, self.hosts, quant, dequant, fabric)
             if world.is_main:
                 logger.info(
-                    "hosts %s: send %s, receive %s MB/s, local copies %.0f MB/s; "
-                    "(de)quantization %s ns/value",
+                    "hosts %s: send %s, receive %s MB/s, all hosts at once %s, local "
+                    "copies %.0f MB/s; (de)quantization %s ns/value",
                     self.hosts.tolist(),
                     np.round(self.host_model.beta_out_Bps / 1e6).tolist(),
                     np.round(self.host_model.beta_in_Bps / 1e6).tolist(),
+                    "unbounded" if math.isinf(fabric) else f"{fabric / 1e6:.0f} MB/s",
                     self.host_model.beta_local_Bps / 1e6,
                     {b: round(1e9 * (quant[b] + dequant[b]), 1) for b in quant},
                 )
@@ -263,6 +314,7 @@ class BitWidthPlanner:
             state["hosts/costs"] = torch.tensor(
                 [[b, quant[b], dequant[b]] for b in sorted(quant)], dtype=torch.float64
             )
+            state["hosts/fabric"] = torch.tensor([self.host_model.fabric_Bps], dtype=torch.float64)
         return state
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
@@ -288,7 +340,8 @@ class BitWidthPlanner:
             # The checkpoint's profile, not this start-up's: the run continues as it was.
             rows = state["hosts/costs"].tolist()
             quant, dequant = {int(b): q for b, q, _ in rows}, {int(b): d for b, _, d in rows}
-            self.host_model = host_model(self.link_model, self.hosts, quant, dequant)
+            fabric = float(state["hosts/fabric"]) if "hosts/fabric" in state else math.inf
+            self.host_model = host_model(self.link_model, self.hosts, quant, dequant, fabric)
 
     def end_epoch(self, epoch: int, exchange_s_by_tag: dict[str, float] | None = None) -> float:
         """Re-solves after every ``assign_cycle``-th epoch; returns the seconds it took.
@@ -345,19 +398,23 @@ class BitWidthPlanner:
         self._measured = {}
 
     def _calibrate(self, epoch: int) -> None:
-        """Rank 0: fits the calibration on the plans that ran since the last re-solve and
-        states this re-solve's plans through it."""
+        """Rank 0: adds the plans that ran since the last re-solve to the calibration's
+        history, refits it, and states this re-solve's plans through it."""
         previous = epoch - self.config.assign_cycle  # absent after a resume: no fit yet
         before = self.solutions.get(previous, {}).get("predicted_s", {})
-        predicted = {t: s for t, s in before.items() if self._measured.get(t)}
-        if not predicted:
+        measured = {t: float(np.median(self._measured[t])) for t in before if self._measured.get(t)}
+        if measured:
+            self._ran.append((before, measured))
+            del self._ran[:-CALIBRATION_PLANS]
+        if not self._ran:
             return
-        measured = {t: float(np.median(self._measured[t])) for t in predicted}
-        fixed, scale = fit_calibration(predicted, measured)
+        calibration = fit_calibration(self._ran)
+        fixed, scale = calibration["fixed_s_by_tag"], calibration["scale"]
         solution = self.solutions.setdefault(epoch, {})
-        solution["calibration"] = {"fixed_s": fixed, "scale": scale}
+        solution["calibration"] = calibration
         solution["calibrated_s"] = {
-            t: fixed + scale * s for t, s in solution.get("predicted_s", {}).items()
+            t: fixed.get(t, calibration["fixed_s"]) + scale * s
+            for t, s in solution.get("predicted_s", {}).items()
         }
 
     def _solve(

@@ -22,6 +22,7 @@ policy.training():``, then ``end_epoch(epoch)``, and ``close()`` once at the end
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Protocol
@@ -168,6 +169,9 @@ class AdaptivePolicy(ExchangePolicy):
             "predicted_exchange_s_by_tag": dict(sorted(solution.get("predicted_s", {}).items())),
             "calibrated_exchange_s_by_tag": dict(sorted(solution.get("calibrated_s", {}).items())),
             "cost_calibration": dict(solution.get("calibration", {})),
+            "fabric_Bps": _finite_or_none(planner.host_model.fabric_Bps)
+            if planner.host_model is not None
+            else None,
         }
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -181,3 +185,8 @@ class AdaptivePolicy(ExchangePolicy):
         self.planner.load_state_dict(
             {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
         )
+
+
+def _finite_or_none(value: float) -> float | None:
+    """JSON has no infinity: an unbounded rate is reported as None."""
+    return value if math.isfinite(value) else None

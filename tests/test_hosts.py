@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from adaqp.assigner import FULL_PRECISION_BITS, LinkModel
-from adaqp.hosts import host_model, hosts_from_names
+from adaqp.hosts import (
+    FABRIC_PROBE_BYTES,
+    fabric_probe,
+    fabric_rate,
+    host_model,
+    hosts_from_names,
+)
 
 
 def test_hosts_are_numbered_by_first_appearance():
@@ -36,3 +44,34 @@ def test_one_host_copies_locally_at_the_latency_of_local_copies():
         LinkModel(np.full((2, 2), 1e-5), np.full((2, 2), 1e9)), np.array([0, 0]), {}, {}
     )
     assert model.alpha_s == pytest.approx(1e-5) and model.beta_local_Bps == pytest.approx(1e9)
+
+
+def test_fabric_probe_keeps_every_nic_about_equally_busy():
+    """2 hosts x 2 ranks at one rate; then 4 hosts, host 3 at a quarter of the rate."""
+    hosts = np.array([0, 0, 1, 1])
+    volume = fabric_probe(hosts, np.full(2, 100e6), np.full(2, 100e6))
+    assert volume[0, 1] == volume[2, 3] == 0  # within a host: no network
+    assert np.diag(volume).sum() == 0
+    assert (volume[:2, 2:] == FABRIC_PROBE_BYTES).all()
+    hosts, rate = np.arange(4), np.array([100e6, 100e6, 100e6, 25e6])
+    volume = fabric_probe(hosts, rate, rate)
+    busy = np.maximum(volume.sum(1) / rate, volume.sum(0) / rate)
+    assert busy.max() / busy.min() < 1.05  # the slow host does not set the time alone
+    assert volume[0, 1] == FABRIC_PROBE_BYTES  # between fast hosts: the whole probe
+    assert 0 < volume[3, 0] < FABRIC_PROBE_BYTES // 4
+
+
+def test_fabric_rate_is_unbounded_unless_the_all_to_all_is_clearly_slower_than_the_nics():
+    hosts = np.array([0, 1, 2])
+    model = host_model(LinkModel(np.full((3, 3), 1e-3), np.full((3, 3), 100e6)), hosts, {}, {})
+    volume = fabric_probe(hosts, model.beta_out_Bps, model.beta_in_Bps)
+    total = volume.sum()  # every channel crosses hosts
+    nics = 2 * FABRIC_PROBE_BYTES / 100e6  # each host sends (and receives) two probes
+    assert fabric_rate(model, volume, model.alpha_s + nics) == math.inf
+    assert fabric_rate(model, volume, model.alpha_s + 1.1 * nics) == math.inf  # noise
+    assert fabric_rate(model, volume, model.alpha_s + 2 * nics) == pytest.approx(total / (2 * nics))
+    # One host: nothing crosses the network.
+    one = host_model(
+        LinkModel(np.full((2, 2), 1e-5), np.full((2, 2), 1e9)), np.array([0, 0]), {}, {}
+    )
+    assert fabric_rate(one, np.zeros((2, 2), np.int64), 1.0) == math.inf

@@ -69,6 +69,7 @@ def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, sc
                 "spans": summary.exchange_span_s_by_tag,
                 "after_arrival": summary.exchange_after_arrival_s_by_tag,
                 "hosts": summary.host_of_rank,
+                "fabric": summary.fabric_Bps,
             }
             out["report"] = np.array(json.dumps(report))  # results travel without pickle
         if planner.forward_coef is not None:
@@ -82,19 +83,58 @@ def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, sc
         shutdown()
 
 
+def _affine(plans):
+    c = fit_calibration(plans)
+    return c["fixed_s"], c["scale"]
+
+
 def test_calibration_recovers_an_affine_relation_and_stays_non_negative():
+    """One plan: one scale for all exchanges, fitted with one fixed cost."""
     predicted = {"a": 0.010, "b": 0.050, "c": 0.002}
     measured = {t: 0.020 + 1.5 * s for t, s in predicted.items()}
-    assert fit_calibration(predicted, measured) == pytest.approx((0.020, 1.5))
-    # Measured falls as predicted rises: no negative scale, the fixed cost alone.
-    fixed, scale = fit_calibration({"a": 0.01, "b": 0.05}, {"a": 0.04, "b": 0.02})
-    assert scale == 0.0 and 0.02 < fixed < 0.04
-    # Proportional, but a fitted fixed cost would be negative: the scale alone.
-    fixed, scale = fit_calibration({"a": 0.01, "b": 0.05}, {"a": 0.001, "b": 0.1})
-    assert fixed == 0.0 and scale > 0
+    c = fit_calibration([(predicted, measured)])
+    assert c["scale"] == pytest.approx(1.5)
+    assert c["fixed_s_by_tag"] == pytest.approx(dict.fromkeys(predicted, 0.020))
+    # Measured falls as predicted rises: no negative scale, each exchange its own time.
+    c = fit_calibration([({"a": 0.01, "b": 0.05}, {"a": 0.04, "b": 0.02})])
+    assert c["scale"] == 0.0 and c["fixed_s_by_tag"] == pytest.approx({"a": 0.04, "b": 0.02})
+    # Proportional, but a fitted fixed cost would be negative: the scale, nothing negative.
+    c = fit_calibration([({"a": 0.01, "b": 0.05}, {"a": 0.001, "b": 0.1})])
+    assert c["scale"] > 0 and min(c["fixed_s_by_tag"].values()) == 0.0
     # One tag: the ratio; nothing measured: the identity.
-    assert fit_calibration({"a": 0.01}, {"a": 0.03}) == pytest.approx((0.0, 3.0))
-    assert fit_calibration({"a": 0.01}, {}) == (0.0, 1.0)
+    assert _affine([({"a": 0.01}, {"a": 0.03})]) == pytest.approx((0.0, 3.0))
+    assert fit_calibration([({"a": 0.01}, {})]) == {
+        "fixed_s": 0.0,
+        "scale": 1.0,
+        "fixed_s_by_tag": {},
+    }
+
+
+def test_calibration_gives_each_exchange_its_fixed_cost_and_predicts_a_new_plan():
+    """Two large exchanges and two small ones whose fixed costs differ (4 and 12 ms): one
+    shared fixed cost misses the small ones by a third; per exchange, the next plan's
+    times are recovered from the two plans before it."""
+    fixed = {"l1/fwd": 0.004, "l1/bwd": 0.004, "l2/fwd": 0.004, "l2/bwd": 0.012}
+
+    def measured(predicted):
+        return {t: fixed[t] + 1.5 * s for t, s in predicted.items()}
+
+    plans = [
+        {"l1/fwd": 0.050, "l1/bwd": 0.045, "l2/fwd": 0.003, "l2/bwd": 0.003},
+        {"l1/fwd": 0.040, "l1/bwd": 0.042, "l2/fwd": 0.002, "l2/bwd": 0.002},
+    ]
+    c = fit_calibration([(x, measured(x)) for x in plans])
+    assert c["scale"] == pytest.approx(1.5, rel=0.05)
+    assert c["fixed_s_by_tag"] == pytest.approx(fixed, abs=1e-3)
+    new = {"l1/fwd": 0.030, "l1/bwd": 0.060, "l2/fwd": 0.004, "l2/bwd": 0.001}
+    truth = measured(new)
+    for t, s in new.items():
+        assert c["fixed_s_by_tag"][t] + c["scale"] * s == pytest.approx(truth[t], rel=0.05)
+    shared = c["fixed_s"] + c["scale"] * new["l2/bwd"]
+    assert abs(shared / truth["l2/bwd"] - 1) > 0.3
+    # Noise that leaves less than the scaled model: no negative fixed cost.
+    low = fit_calibration([(x, {**measured(x), "l2/fwd": 1e-4}) for x in plans])
+    assert min(low["fixed_s_by_tag"].values()) >= 0 and low["scale"] > 0
 
 
 def _segments(result, tag: str, side: str) -> list[np.ndarray]:
@@ -144,12 +184,16 @@ def test_every_rank_applies_the_same_assignment(scheme, cora, tmp_path):
             assert 0 < report["after_arrival"][tag] <= report["spans"][tag] + 1e-3
         # The solve after epoch 4 states its plans through the calibration fitted on the
         # exchanges of epochs 3-4.
-        fixed, scale = report["calibration"]["fixed_s"], report["calibration"]["scale"]
-        assert fixed >= 0 and scale >= 0 and fixed + scale > 0
-        assert set(report["calibrated"]) == set(tags)
+        calibration = report["calibration"]
+        fixed, scale = calibration["fixed_s_by_tag"], calibration["scale"]
+        assert calibration["fixed_s"] >= 0 and scale >= 0
+        assert set(fixed) == set(report["calibrated"]) == set(tags)
         for tag in tags:
-            expected = fixed + scale * report["predicted"][tag]
+            assert fixed[tag] >= 0 and fixed[tag] + scale > 0
+            expected = fixed[tag] + scale * report["predicted"][tag]
             assert report["calibrated"][tag] == pytest.approx(expected)
+        # One machine: the all-to-all is as fast as the pairs, or measured bounded.
+        assert report["fabric"] is None or report["fabric"] > 0
         assert all(t > 0 for t in report["predicted"].values())
         assert set(report["pair_bits"]) == {"0->1", "0->2", "1->0", "1->2", "2->0", "2->1"}
         for dst in (1, 2):
