@@ -151,27 +151,30 @@ def _rows_bytes(bits_R: torch.Tensor, dim: int) -> int:
 def _encode(rows_RD, bits_R, generator, out, has_full: bool) -> None:
     """One peer's segment: ``quant.quantize_mixed`` layout for the quantized rows, then
     the float32 bytes of the rows planned at full precision (both in row order)."""
-    if not has_full:
+    full = bits_R == FULL_PRECISION_BITS if has_full else None
+    if full is None or not full.any():
         quantize_mixed(rows_RD, bits_R, generator, out=out)
-        return
-    full = bits_R == FULL_PRECISION_BITS
-    quantized = mixed_buffer_bytes(bits_R[~full], rows_RD.shape[1])
-    if quantized:
+    elif full.all():  # a segment of float32 rows is their bytes: one copy
+        out.copy_(rows_RD.to(torch.float32).contiguous().view(torch.uint8).reshape(-1))
+    else:
+        quantized = mixed_buffer_bytes(bits_R[~full], rows_RD.shape[1])
         quantize_mixed(rows_RD[~full], bits_R[~full], generator, out=out[:quantized])
-    out[quantized:].copy_(rows_RD[full].contiguous().view(torch.uint8).reshape(-1))
+        out[quantized:].copy_(rows_RD[full].contiguous().view(torch.uint8).reshape(-1))
 
 
 def _decode(buf, bits_R, dim: int, out_RD, has_full: bool) -> None:
     """Inverse of ``_encode`` into ``out_RD``."""
-    if not has_full:
+    full = bits_R == FULL_PRECISION_BITS if has_full else None
+    if full is None or not full.any():
         dequantize_mixed(buf, bits_R, dim, out=out_RD)
         return
-    full = bits_R == FULL_PRECISION_BITS
     quantized = mixed_buffer_bytes(bits_R[~full], dim)
-    if quantized:
-        out_RD[~full] = dequantize_mixed(buf[:quantized], bits_R[~full], dim)
     exact = torch.empty((int(full.sum()), dim), dtype=torch.float32, device=buf.device)
     exact.view(torch.uint8).reshape(-1).copy_(buf[quantized:])  # the slice may be unaligned
+    if quantized == 0:
+        out_RD.copy_(exact)
+        return
+    out_RD[~full] = dequantize_mixed(buf[:quantized], bits_R[~full], dim)
     out_RD[full] = exact.to(out_RD.dtype)
 
 

@@ -32,7 +32,6 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
-from scipy.optimize import nnls
 
 from adaqp.aggregate import SparseAdjacency
 from adaqp.assigner import (
@@ -90,38 +89,28 @@ def fit_calibration(
 
     Returns ``{"fixed_s", "scale", "fixed_s_by_tag"}``, all >= 0: a plan's time for
     exchange ``t`` is ``fixed_s_by_tag[t] + scale * predicted[t]`` (``fixed_s``, the
-    median of the exchanges' fixed costs, for one not measured yet). Small exchanges cost
-    mostly a fixed time that differs between them (the first backward exchange meets
-    ranks as they leave the loss), which one shared fixed cost cannot follow. The fit
-    minimises the relative error: jointly (non-negative least squares) once the plans
-    moved some exchange's prediction; before that, ``fixed + scale * predicted`` over
-    every exchange gives the scale, and each exchange's fixed cost is the median over
-    the plans of what the scaled model leaves unexplained in it.
+    median of the exchanges' fixed costs, for one not measured yet). The scale comes
+    from ``fixed + scale * predicted`` fitted over every measured exchange (relative
+    least squares): exchanges of different sizes identify it, where one exchange's
+    few plans, often nearly alike, would not. Each exchange's fixed cost is then the
+    median over the plans of what the scaled model leaves unexplained in it: small
+    exchanges cost mostly a fixed time that differs between them (the first backward
+    exchange meets ranks as they leave the loss), which one shared fixed cost misses.
     """
     points = [(t, x[t], y[t]) for x, y in plans for t in sorted(x) if t in y and y[t] > 0]
     if not points:
         return {"fixed_s": 0.0, "scale": 1.0, "fixed_s_by_tag": {}}
-    tags = sorted({t for t, _, _ in points})
     x = np.array([p[1] for p in points])
     y = np.array([p[2] for p in points])
-    column = np.array([tags.index(t) for t, _, _ in points])
-    moved = any(np.ptp(x[column == i]) > 0 for i in range(len(tags)))
-    if moved and len(points) > len(tags):
-        design = np.zeros((len(points), len(tags) + 1))
-        design[np.arange(len(points)), column] = 1.0
-        design[:, -1] = x
-        solution = nnls(design / y[:, None], np.ones_like(y))[0]
-        by_tag, scale = dict(zip(tags, solution[:-1].tolist(), strict=True)), float(solution[-1])
-    else:
-        scale = _fit_affine(x, y)[1]
-        left: dict[str, list[float]] = {}
-        for tag, xt, yt in points:
-            left.setdefault(tag, []).append(yt - scale * xt)
-        by_tag = {t: max(0.0, float(np.median(r))) for t, r in left.items()}
+    scale = _fit_affine(x, y)[1]
+    left: dict[str, list[float]] = {}
+    for tag, xt, yt in points:
+        left.setdefault(tag, []).append(yt - scale * xt)
+    by_tag = {t: max(0.0, float(np.median(r))) for t, r in sorted(left.items())}
     return {
         "fixed_s": float(np.median(list(by_tag.values()))),
         "scale": scale,
-        "fixed_s_by_tag": dict(sorted(by_tag.items())),
+        "fixed_s_by_tag": by_tag,
     }
 
 

@@ -37,17 +37,26 @@ def _exchange_worker(rank: int, world_size: int, init_method: str, bits: int):
         h = _rows(rank)
         if bits == "mixed":  # every third row of a segment at full precision, others 4, 2
             plan = BitPlan(_mixed_bits(send_counts), _mixed_bits(recv_counts))
+        elif bits == "by-peer":  # rows to the next rank at full precision, others at 2
+            plan = BitPlan(
+                _peer_bits(send_counts, (rank + 1) % world_size),
+                _peer_bits(recv_counts, (rank - 1) % world_size),
+            )
         else:
             plan = BitPlan.uniform(bits, len(send_idx), sum(recv_counts), "cpu") if bits else None
         pending = transport.start(h[send_idx], ExchangeKey.forward(1), plan)
         halo = pending.wait()
         expected_bytes = sum(
-            _mixed_bytes(c)
+            4 * c * DIM
+            if bits == "by-peer" and q == (rank + 1) % world_size
+            else mixed_buffer_bytes(torch.full((c,), 2, dtype=torch.int8), DIM)
+            if bits == "by-peer"
+            else _mixed_bytes(c)
             if bits == "mixed"
             else mixed_buffer_bytes(torch.full((c,), bits, dtype=torch.int8), DIM)
             if bits not in (0, 32)
             else 4 * c * DIM
-            for c in send_counts
+            for q, c in enumerate(send_counts)
         )
         return {
             "halo": halo.numpy(),
@@ -62,6 +71,15 @@ def _exchange_worker(rank: int, world_size: int, init_method: str, bits: int):
 def _mixed_bits(counts: list[int]) -> torch.Tensor:
     pattern = torch.tensor([32, 4, 2], dtype=torch.int8)
     return torch.cat([pattern[torch.arange(c) % 3] for c in counts])
+
+
+def _peer_bits(counts: list[int], full_peer: int) -> torch.Tensor:
+    return torch.cat(
+        [
+            torch.full((c,), 32 if q == full_peer else 2, dtype=torch.int8)
+            for q, c in enumerate(counts)
+        ]
+    )
 
 
 def _mixed_bytes(count: int) -> int:
@@ -83,9 +101,11 @@ def _expected_halo(rank: int, world_size: int) -> np.ndarray:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("bits", [0, 32, 8, 4, 2, "mixed"])
+@pytest.mark.parametrize("bits", [0, 32, 8, 4, 2, "mixed", "by-peer"])
 def test_exchange_exact_or_within_one_step(bits, tmp_path):
-    """No plan (0), a plan at full precision everywhere (32), quantized, mixed."""
+    """No plan (0), a plan at full precision everywhere (32), quantized, mixed within
+    each peer's segment, and mixed by peer (one peer's whole segment at full precision,
+    as between two ranks of one host)."""
     world_size = 3
     results = run_workers(_exchange_worker, world_size, tmp_path, bits)
     for rank, result in enumerate(results):
@@ -98,9 +118,12 @@ def test_exchange_exact_or_within_one_step(bits, tmp_path):
             # into a byte buffer and out again.
             assert float(result["copy_s"]) == 0.0
             continue
-        if bits == "mixed":  # rows at 32 bits arrive exact; the others within a step
+        if bits in ("mixed", "by-peer"):  # rows at 32 bits arrive exact, others within a step
             recv_counts = _layout(rank, world_size)[2]
-            widths = _mixed_bits([c for c in recv_counts if c]).numpy()
+            if bits == "mixed":
+                widths = _mixed_bits([c for c in recv_counts if c]).numpy()
+            else:
+                widths = _peer_bits(recv_counts, (rank - 1) % world_size).numpy()
             np.testing.assert_array_equal(got[widths == 32], expected[widths == 32])
             assert np.abs(got[widths == 2] - expected[widths == 2]).max() > 0
             step = (expected.max(1) - expected.min(1)) / (2.0 ** np.maximum(widths, 1) - 1)
