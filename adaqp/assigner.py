@@ -27,7 +27,7 @@ Cost models (the type of ``link_model`` picks one):
   byte between hosts, whichever is later::
 
       T   = alpha + max(max_h [max(out_h / beta_out_h, in_h / beta_in_h) + max_{r on h} c_r],
-                        F)
+                        F + max_r c_r)
       c_r = D * (sum of quant_s[b_v] over r's sent values + sum of dequant_s[b_v] over
             r's received values) + local_r / beta_local
       F   = (out_0 + ... + out_{H-1}) / fabric
@@ -39,9 +39,11 @@ Cost models (the type of ``link_model`` picks one):
   than the NICs together where it is oversubscribed or forwards in software on shared cores.
   Modelling choices: a rank quantizes before it sends and dequantizes after it has received,
   so compute and network add (no overlap is assumed); ranks of one host (de)quantize in
-  parallel (each on its own device), so a host waits for its slowest rank; ``F`` counts
-  transfer only, not (de)quantization: it bounds the switch's own work, which no host's
-  compute occupies; ``alpha`` is paid once per exchange and not at all by an empty one. Full
+  parallel (each on its own device), so a host waits for its slowest rank; rows cross the
+  fabric after they are quantized and are dequantized after, so the fabric's ``F`` adds
+  to the slowest rank's ``c_r`` as a NIC's time adds to its host's (without that, a fabric
+  slower than the NICs would make quantization look free until the hosts catch up with
+  it); ``alpha`` is paid once per exchange and not at all by an empty one. Full
   precision (32) has no (de)quantization cost unless the model gives one, so a fast network
   with a slow quantizer selects it.
 
@@ -52,15 +54,15 @@ Solvers (:func:`solve_assignment`):
   (equivalent to one-hot ``x[g, b] = y[g, b] - y[g, b+1]`` with ``sum_b x[g, b] = 1``). A
   continuous ``tau = (T - T_min) / (T_max - T_min)`` bounds every channel's time (link model),
   or every host's ``N_h + C_h`` with continuous ``N_h >= out_h / beta_out_h``, ``N_h >=
-  in_h / beta_in_h`` and ``C_h >= c_r`` for its ranks, and the fabric's ``F`` where it is finite
-  (host model). On a time limit the better of HiGHS's incumbent and the greedy is used. HiGHS
-  does not check its clock inside every root-node heuristic: from ~10k groups it overruns the
-  limit by up to ~0.5 s, and once (20k groups, 2 s limit) took 6 s. Such models rarely finish
-  anyway (the gap is ~1e-5), so use the greedy for them, or a group size that keeps groups to
-  a few thousand. The host model is harder to prove: planner-sized exchanges (240-280 groups,
-  2-8 ranks) took 0.04-0.4 s, but about 2% of random instances of 20-300 groups needed more
-  than 20 s (one of 82 groups took 9 s: a real integrality gap); the rounded LP is then the
-  usual answer.
+  in_h / beta_in_h`` and ``C_h >= c_r`` for its ranks, and, where the fabric is finite, every
+  ``F + C_h`` (host model). On a time limit the better of HiGHS's incumbent and the greedy is
+  used. HiGHS does not check its clock inside every root-node heuristic: from ~10k groups it
+  overruns the limit by up to ~0.5 s, and once (20k groups, 2 s limit) took 6 s. Such models
+  rarely finish anyway (the gap is ~1e-5), so use the greedy for them, or a group size that
+  keeps groups to a few thousand. The host model is harder to prove: planner-sized exchanges
+  (240-280 groups, 2-8 ranks) took 0.04-0.4 s, but about 2% of random instances of 20-300
+  groups needed more than 20 s (one of 82 groups took 9 s: a real integrality gap); the
+  rounded LP is then the usual answer.
 * ``"greedy"``: link model: for every candidate time cap, each channel independently fills its
   budget with width upgrades in order of variance decrease per byte (a multiple-choice knapsack
   greedy); the best cap wins. Host model: the MILP's LP relaxation (HiGHS) with every group
@@ -325,15 +327,17 @@ class HostModel:
         return out
 
     def _host_times(self, use: np.ndarray) -> np.ndarray:
-        """float64 ``[..., H + 1]`` host times, then the fabric's (all without ``alpha``), from
-        resource use ``[..., R]``; ``T`` is ``alpha`` plus their maximum."""
+        """float64 ``[..., H + 1]`` host times, then the fabric's (its use plus the slowest
+        rank's; all without ``alpha``), from resource use ``[..., R]``; ``T`` is ``alpha``
+        plus their maximum."""
         h = self.num_hosts
         net = np.maximum(use[..., :h], use[..., h : 2 * h])
         order = np.argsort(self.host_of_rank, kind="stable")
         used, starts = np.unique(self.host_of_rank[order], return_index=True)
         compute = np.zeros(net.shape)
         compute[..., used] = np.maximum.reduceat(use[..., 2 * h + order], starts, axis=-1)
-        return np.concatenate([net + compute, use[..., -1:]], axis=-1)
+        fabric = use[..., -1:] + compute.max(axis=-1, keepdims=True)
+        return np.concatenate([net + compute, fabric], axis=-1)
 
 
 def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> tuple[float, float]:
@@ -866,8 +870,9 @@ def _host_prices(p: _HostProblem, k: np.ndarray) -> np.ndarray:
     """float64 ``[R]`` price per second of each resource, from where ``T`` is set at ``k``.
 
     A resource costs 1 where it sets its host's time (the busier NIC direction, the slowest
-    rank) on a host within 1% of ``T``, or is the fabric within 1% of ``T`` (both without
-    ``alpha``), and ``_SLACK_PRICE`` elsewhere: growing it barely moves ``T``.
+    rank) on a host within 1% of ``T``, or is the fabric, or the slowest rank, with the
+    fabric's time within 1% of ``T`` (both without ``alpha``), and ``_SLACK_PRICE``
+    elsewhere: growing it barely moves ``T``.
     """
     H, use = p.model.num_hosts, p.use(k)
     times = p.model._host_times(use)  # [H + 1]: the fabric's last
@@ -882,6 +887,10 @@ def _host_prices(p: _HostProblem, k: np.ndarray) -> np.ndarray:
     ]
     owner = np.r_[np.arange(H), np.arange(H), p.model.host_of_rank, H]  # index into times
     tight &= times[owner] >= 0.99 * times.max()
+    if math.isfinite(p.model.fabric_Bps) and times[-1] >= 0.99 * times.max():
+        # The fabric's time includes the slowest rank's.
+        ranks = use[2 * H : -1]
+        tight[2 * H : -1] |= ranks >= 0.99 * ranks.max()
     return np.where(tight, 1.0, _SLACK_PRICE)
 
 
@@ -894,6 +903,7 @@ def _host_fill(p: _HostProblem, price: np.ndarray, num_caps: int) -> list[np.nda
     the top of every hull, then a finer grid around the best of them.
     """
     G, H, R = p.w.size, p.model.num_hosts, p.model.num_resources
+    fabric = math.isfinite(p.model.fabric_Bps)
     # [C, K] priced seconds per row. The fabric's are added after the hosts' are summed, so that
     # an infinite fabric (zero seconds) rounds nothing differently from a model without one.
     cost = p.row_use[..., :-1] @ price[:-1] + p.row_use[..., -1] * price[-1]
@@ -919,6 +929,9 @@ def _host_fill(p: _HostProblem, price: np.ndarray, num_caps: int) -> list[np.nda
         starts.append(np.sort(np.r_[offsets[:-1], offsets[:-1] + 2, offsets[-1]]))
     base = chain_k[p.chan, 0]
 
+    ranks = slice(2 * H, R - 1)
+    is_rank = [(x >= 2 * H) & (x < R - 1) for x in cols]
+
     def fill(caps: np.ndarray) -> list[np.ndarray]:
         limit = caps - p.alpha + 1e-12 * np.abs(caps)
         use = np.tile(p.use(base), (caps.size, 1))
@@ -930,9 +943,14 @@ def _host_fill(p: _HostProblem, price: np.ndarray, num_caps: int) -> list[np.nda
                 continue
             x = cols[sc[i]]
             delta = p.unit[g, b[i], x] - p.unit[g, a[i], x]
-            parts = np.maximum.reduceat(use[:, x] + delta, starts[sc[i]], axis=1)
+            moved = use[:, x] + delta
+            parts = np.maximum.reduceat(moved, starts[sc[i]], axis=1)
             ok &= (parts[:, :-1:2] + parts[:, 1:-1:2] <= limit[:, None]).all(axis=1)
-            ok &= parts[:, -1] <= limit
+            if fabric:  # its time: its use plus the slowest rank's, with this move
+                slowest = np.maximum(
+                    use[:, ranks].max(axis=1), moved[:, is_rank[sc[i]]].max(axis=1)
+                )
+                ok &= parts[:, -1] + slowest <= limit
             use[:, x] += ok[:, None] * delta
             pos[:, g] += ok
         return [chain_k[p.chan, row] for row in pos]
@@ -1006,12 +1024,14 @@ def _host_formulation(p: _HostProblem) -> tuple:
         vals += [np.ones(H), np.ones(H), -np.ones(H)]
         ub.append(np.full(H, (p.t_min - p.alpha) / dt))
         if math.isfinite(p.model.fabric_Bps):
-            # Fabric row: alpha + F <= T_min + dt * tau, with F = use(y) of the fabric.
+            # Fabric rows, one per host: alpha + dt * (F + C_h) <= T_min + dt * tau, with
+            # F = use(y) of the fabric (so F plus the slowest rank's C).
             g, k = np.nonzero(step[..., -1])
-            rows.append(np.full(g.size + 1, first + R + H))
-            cols.append(np.r_[var[g, k], i_tau])
-            vals.append(np.r_[step[g, k, -1] / dt, -1.0])
-            ub.append([(p.t_min - p.alpha - use0[-1]) / dt])
+            for h in range(H):
+                rows.append(np.full(g.size + 2, first + R + H + h))
+                cols.append(np.r_[var[g, k], i_cpu + h, i_tau])
+                vals.append(np.r_[step[g, k, -1] / dt, 1.0, -1.0])
+                ub.append([(p.t_min - p.alpha - use0[-1]) / dt])
         free = np.r_[np.inf, np.full(2 * H, np.inf)]
     ub = np.concatenate(ub)
     a = coo_matrix(
