@@ -775,19 +775,23 @@ def _all_to_all(num_ranks, messages, rng=None, weight=1.0):
     ]
 
 
+def _slow_host_case(method):
+    """Four hosts of one rank, host 0's NIC at a quarter of the others' rate both ways, free
+    quantization: ``(channels, beta, free costs, channels touching host 0, solver kwargs)``."""
+    channels = _all_to_all(4, 200, np.random.default_rng(21))
+    beta = np.array([2.5e7, 1e8, 1e8, 1e8])
+    touches = np.array([0 in (c.src, c.dst) for c in channels])
+    kw = dict(group_size=20, lam=0.5, method=method)
+    return channels, beta, dict.fromkeys((2, 4, 8), 0.0), touches, kw
+
+
 @pytest.mark.parametrize("method", ["milp", "greedy"])
 def test_slow_host_gets_fewer_bits(method):
-    # Four hosts of one rank; host 0's NIC runs at a quarter of the others' both ways. Its
-    # channels must carry fewer bytes, or it alone sets T.
-    rng = np.random.default_rng(21)
-    channels = _all_to_all(4, 200, rng)
-    beta = np.array([2.5e7, 1e8, 1e8, 1e8])
-    free = dict.fromkeys((2, 4, 8), 0.0)
+    # The slow host's channels must carry fewer bytes, or it alone sets T.
+    channels, beta, free, touches, kw = _slow_host_case(method)
     model = HostModel(np.arange(4), 1e-5, beta, beta, np.inf, free, free)
     fast = HostModel(np.arange(4), 1e-5, np.full(4, 1e8), np.full(4, 1e8), np.inf, free, free)
-    kw = dict(group_size=20, lam=0.5, method=method)
     res = solve_assignment(channels, 64, model, **kw)
-    touches = np.array([0 in (c.src, c.dst) for c in channels])
     per_channel = np.array([b.mean() for b in res.bits])
     assert per_channel[touches].max() < per_channel[~touches].min()
     # On equal hosts every channel gets the same; the slow host sets T, so the fast hosts'
@@ -801,12 +805,7 @@ def test_slow_host_gets_fewer_bits(method):
 def test_fabric_caps_the_fast_hosts(method):
     # The hosts of the test above behind a switch that carries a third of their NICs' rates
     # together: the fast hosts can no longer fill their channels up to the slow host's time.
-    rng = np.random.default_rng(21)
-    channels = _all_to_all(4, 200, rng)
-    beta = np.array([2.5e7, 1e8, 1e8, 1e8])
-    free = dict.fromkeys((2, 4, 8), 0.0)
-    touches = np.array([0 in (c.src, c.dst) for c in channels])
-    kw = dict(group_size=20, lam=0.5, method=method)
+    channels, beta, free, touches, kw = _slow_host_case(method)
     per_channel = {}
     for fabric in (math.inf, beta.sum() / 3):
         model = HostModel(np.arange(4), 1e-5, beta, beta, np.inf, free, free, fabric_Bps=fabric)
