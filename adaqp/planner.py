@@ -25,6 +25,7 @@ seconds that can be checked.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -222,7 +223,7 @@ class BitWidthPlanner:
             quant, dequant = time_quantization(config.allowed_bits, 64, self.device)
             nics = host_model(self.link_model, self.hosts, quant, dequant)
             fabric = profile_fabric(nics)
-            self.host_model = host_model(self.link_model, self.hosts, quant, dequant, fabric)
+            self.host_model = dataclasses.replace(nics, fabric_Bps=fabric)
             if world.is_main:
                 logger.info(
                     "hosts %s: send %s, receive %s MB/s, all hosts at once %s, local "
