@@ -1,8 +1,12 @@
 """Spawns real gloo worker processes for multi-process tests.
 
-``run_workers(fn, world_size, tmp_path, *args)`` starts ``world_size`` processes (spawn
-context) that call ``fn(rank, world_size, init_method, *args)`` and rendezvous through a
-file in ``tmp_path``. It fails the test on a hang (with every process killed), on a
+``run_workers(fn, world_size, tmp_path, *args)`` starts ``world_size`` processes that call
+``fn(rank, world_size, init_method, *args)`` and rendezvous through a file in
+``tmp_path``. The processes are forked from a server process that has imported torch and
+adaqp once (multiprocessing's forkserver): a fresh interpreter importing them costs
+seconds of CPU per rank, which on two cores is most of a short distributed test. The
+server imports and starts nothing else (no thread, no process group), so each rank begins
+as a new process would. It fails the test on a hang (with every process killed), on a
 signal, on a non-zero exit, and shows each failing child's traceback. ``fn`` returns a
 dict of numpy arrays (or nothing), saved without pickle and returned to the test.
 """
@@ -18,6 +22,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+_PRELOAD = ["torch", "numpy", "adaqp.train", "adaqp.trainer", "tests.distributed"]
+
+
+def _context():
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
 
 
 def _entry(fn, rank: int, world_size: int, init_method: str, out_dir: str, args) -> None:
@@ -45,7 +57,7 @@ def _spawn(fn, world_size: int, tmp_path: Path, args, timeout: float):
 
     Returns (exit codes, ranks that hung, output dir).
     """
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     out_dir = tmp_path / f"workers-{time.monotonic_ns()}"
     out_dir.mkdir(parents=True)
     init_method = f"file://{out_dir / 'rendezvous'}"

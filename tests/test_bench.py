@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
-from adaqp.bench import cluster
+from adaqp.bench import cluster, costmodel
 
 
 def _run(epoch_s, wait_s, val_curve, test_acc, nbytes, quant_s=0.0):
@@ -107,3 +109,46 @@ def test_adaptive_runs_report_prediction_ratio_and_bits_by_host_pair(runs):
         "| adaqp | 400.0 | 400.0 | 1.00 | 300.0 | 0.75 | 300.0 | 1.00 | layer1/backward "
         "1.05, layer1/forward 0.90 | 20.00 | 2.00 | 4.00 | 32.00 |"
     ) in table
+
+
+def _cluster_json(bandwidth: str, calibrated: dict, measured: dict) -> dict:
+    adaptive = {
+        "calibrated_exchange_s_by_tag": calibrated,
+        "exchange_after_arrival_s_by_tag": measured,
+    }
+    return {
+        "meta": {"bandwidth": bandwidth, "seeds": [0, 1]},
+        "runs": {"vanilla": [{}, {}], "adaqp-host": [adaptive, adaptive]},
+    }
+
+
+def test_cost_model_report_ranges_and_tolerance(tmp_path):
+    """Measured / calibrated per seed and exchange; the verdict covers shaped clusters."""
+    shaped = _cluster_json(
+        "300mbit",
+        {"layer1/forward": 0.10, "layer1/backward": 0.02},
+        {"layer1/forward": 0.12, "layer1/backward": 0.016, "layer2/forward": 0.5},
+    )
+    unshaped = _cluster_json("", {"layer1/forward": 0.01}, {"layer1/forward": 0.02})
+    report = costmodel.summarise({"a": shaped, "b": unshaped}, tolerance=0.25)
+    entry = report["clusters"]["a"]["modes"]["adaqp-host"]
+    assert "vanilla" not in report["clusters"]["a"]["modes"]
+    assert len(entry["points"]) == 4  # 2 seeds x the 2 exchanges the model priced
+    assert (entry["ratio_min"], entry["ratio_max"]) == pytest.approx((0.8, 1.2))
+    assert entry["within_tolerance"]
+    assert not report["clusters"]["b"]["modes"]["adaqp-host"]["within_tolerance"]
+    assert report["within_tolerance_on_shaped_clusters"]  # the unshaped 2.0 is not counted
+    tight = costmodel.summarise({"a": shaped}, tolerance=0.1)
+    assert not tight["within_tolerance_on_shaped_clusters"]
+    with pytest.raises(ValueError, match="no adaptive run"):
+        costmodel.summarise({"c": _cluster_json("1gbit", {}, {})}, tolerance=0.25)
+    pytest.importorskip("matplotlib")
+    costmodel.plot(report, tmp_path / "cost_model.png")
+    assert (tmp_path / "cost_model.png").stat().st_size > 1000
+
+
+def test_cost_model_report_names_a_missing_cluster(tmp_path):
+    args = argparse.Namespace(clusters="absent", tolerance=0.25, out_dir=tmp_path)
+    with pytest.raises(SystemExit, match="absent/cluster.json: not found"):
+        costmodel.main(args)
+    assert not (tmp_path / "cost_model.json").exists()

@@ -6,12 +6,13 @@ import argparse
 import logging
 import sys
 
-from adaqp.bench import aggregate, cluster, modes, quant, scaling
+from adaqp.bench import aggregate, cluster, costmodel, modes, quant, scaling
 
 BENCHMARKS = {
     "aggregate": aggregate,
     "modes": modes,
     "cluster": cluster,
+    "costmodel": costmodel,
     "scaling": scaling,
     "quant": quant,
 }

@@ -1,0 +1,144 @@
+"""Cost model against measured exchange times, over saved emulated-cluster runs.
+
+Reads the ``cluster.json`` that ``bench cluster`` wrote for each named cluster (nothing
+is run again) and, for every adaptive run (mode and seed) and every exchange, sets the
+cost model's calibrated time for the plan in force at the end (the time the planner
+stated for a plan it was not fitted on) against the measured time of that exchange from
+the last rank's arrival (median over that plan's epochs). Writes
+``results/bench/cost_model.json`` (every point, and the range of measured / calibrated
+per cluster and mode) and ``cost_model.png`` (measured against calibrated, log-log, with
+the tolerance band).
+
+    python -m adaqp.bench costmodel --clusters cluster-synthetic-hetero-75mbit,...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+MODEL_FIELD = "calibrated_exchange_s_by_tag"
+MEASURED_FIELD = "exchange_after_arrival_s_by_tag"
+
+
+def points(cluster: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Per adaptive mode, one point per seed and exchange of one ``cluster.json``."""
+    seeds = cluster["meta"]["seeds"]
+    by_mode: dict[str, list[dict[str, Any]]] = {}
+    for mode, summaries in cluster["runs"].items():
+        for seed, summary in zip(seeds, summaries, strict=True):
+            model, measured = summary.get(MODEL_FIELD) or {}, summary.get(MEASURED_FIELD) or {}
+            for tag in sorted(model):
+                if model[tag] > 0 and tag in measured:
+                    by_mode.setdefault(mode, []).append(
+                        {
+                            "seed": seed,
+                            "tag": tag,
+                            "calibrated_s": model[tag],
+                            "measured_s": measured[tag],
+                            "ratio": measured[tag] / model[tag],
+                        }
+                    )
+    return by_mode
+
+
+def summarise(clusters: dict[str, dict[str, Any]], tolerance: float) -> dict[str, Any]:
+    """The report: per cluster and mode, the points and their ratio range."""
+    report: dict[str, Any] = {"tolerance": tolerance, "clusters": {}}
+    for name, cluster in clusters.items():
+        modes = {}
+        for mode, pts in points(cluster).items():
+            ratios = [p["ratio"] for p in pts]
+            modes[mode] = {
+                "ratio_min": min(ratios),
+                "ratio_max": max(ratios),
+                "within_tolerance": all(abs(r - 1) <= tolerance for r in ratios),
+                "points": pts,
+            }
+        if not modes:
+            raise ValueError(
+                f"{name}: no adaptive run with {MODEL_FIELD} and {MEASURED_FIELD} "
+                "(written by bench cluster for adaqp-q, adaqp and their cost-model variants)"
+            )
+        report["clusters"][name] = {
+            "bandwidth": cluster["meta"]["bandwidth"],
+            "shaped": bool(cluster["meta"]["bandwidth"]),
+            "modes": modes,
+        }
+    shaped = [c for c in report["clusters"].values() if c["shaped"]]
+    report["within_tolerance_on_shaped_clusters"] = bool(shaped) and all(
+        m["within_tolerance"] for c in shaped for m in c["modes"].values()
+    )
+    return report
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5.5))
+    # Colour by cluster, marker by mode.
+    modes = sorted({m for c in report["clusters"].values() for m in c["modes"]})
+    markers = dict(zip(modes, "o^sDv<>ph*", strict=False))
+    values = []
+    for i, (name, cluster) in enumerate(report["clusters"].items()):
+        for mode, entry in cluster["modes"].items():
+            x = [1e3 * p["calibrated_s"] for p in entry["points"]]
+            y = [1e3 * p["measured_s"] for p in entry["points"]]
+            values += x + y
+            label = f"{name.removeprefix('cluster-synthetic-')} {mode}"
+            ax.scatter(x, y, color=f"C{i % 10}", marker=markers.get(mode, "x"), label=label)
+    low, high = 0.8 * min(values), 1.25 * max(values)
+    tol = report["tolerance"]
+    ax.plot([low, high], [low, high], color="black", linewidth=1)
+    for factor in (1 - tol, 1 + tol):
+        ax.plot([low, high], [factor * low, factor * high], "--", color="grey", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("calibrated cost model (ms)")
+    ax.set_ylabel("measured from the last rank's arrival (ms)")
+    ax.set_title(f"Exchange time: measured against predicted (dashed: ±{tol:.0%})")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--clusters",
+        required=True,
+        help="comma-separated names of bench cluster results (directories under --out-dir)",
+    )
+    parser.add_argument("--tolerance", type=float, default=0.25)
+    parser.add_argument("--out-dir", type=Path, default=Path("results/bench"))
+
+
+def main(args: argparse.Namespace) -> int:
+    clusters = {}
+    for name in (n for n in args.clusters.split(",") if n):
+        path = args.out_dir / name / "cluster.json"
+        if not path.is_file():
+            raise SystemExit(f"{path}: not found (run `python -m adaqp.bench cluster` first)")
+        clusters[name] = json.loads(path.read_text())
+    try:
+        report = summarise(clusters, args.tolerance)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    (args.out_dir / "cost_model.json").write_text(json.dumps(report, indent=2) + "\n")
+    plot(report, args.out_dir / "cost_model.png")
+    for name, cluster in report["clusters"].items():
+        for mode, entry in cluster["modes"].items():
+            print(
+                f"{name} {mode}: measured / calibrated {entry['ratio_min']:.2f}-"
+                f"{entry['ratio_max']:.2f} over {len(entry['points'])} exchanges"
+            )
+    print(
+        f"within ±{args.tolerance:.0%} on every shaped cluster: "
+        f"{report['within_tolerance_on_shaped_clusters']}"
+    )
+    return 0
