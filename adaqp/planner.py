@@ -12,7 +12,8 @@ At the end of every ``assign_cycle`` epochs the ranks send their weights to rank
 which solves every exchange with ``adaqp.assigner`` (a pure function) against the
 alpha-beta link model profiled at start-up, and broadcasts all per-message widths in
 one buffer. Every rank installs the same plans before the next epoch, so all ranks
-switch together. The first cycle runs at ``initial_bits`` while tracing.
+switch together. The first cycle runs at ``initial_bits`` while tracing (under the host
+cost model at full precision where that is predicted no slower).
 
 The cost model prices an exchange from the profiled links; what it does not see (the
 fixed cost of a collective among busy processes, a slower rate than the probes saw) is
@@ -43,6 +44,7 @@ from adaqp.assigner import (
     fit_alpha_beta,
     random_assignment,
     solve_assignment,
+    uniform_assignment,
 )
 from adaqp.comm import SETUP_KEY, BitPlan, Direction, ExchangeKey, HaloTransport
 from adaqp.config import QuantConfig
@@ -266,14 +268,36 @@ class BitWidthPlanner:
         transport.at("set-up (aggregation coefficients)")
         return transport.start(halo, SETUP_KEY).wait()[:, 0].double().cpu()
 
-    def plan(self, key: ExchangeKey, out_rows: int, in_rows: int) -> BitPlan:
-        """The plan of a training exchange: the solved one, else the fixed first width."""
+    def plan(self, key: ExchangeKey, out_rows: int, in_rows: int, dim: int) -> BitPlan:
+        """The plan of a training exchange of ``dim``-wide rows: the solved one, else the
+        first cycle's fixed width (``_first_width``)."""
         plan = self._plans.get(key)
         if plan is None:
-            cfg = self.config
-            width = cfg.bits if cfg.scheme == "uniform" else cfg.initial_bits
+            width = self._first_width(key, dim)
             plan = self._plans[key] = BitPlan.uniform(width, out_rows, in_rows, self.device)
         return plan
+
+    def _first_width(self, key: ExchangeKey, dim: int) -> int:
+        """``initial_bits``, or under the host model full precision where that is
+        predicted no slower (``first_width``)."""
+        cfg = self.config
+        if cfg.scheme == "uniform":
+            return cfg.bits
+        if self.host_model is None:
+            return cfg.initial_bits
+        width, times = first_width(
+            self.host_model, self.counts[key.direction], dim, cfg.initial_bits
+        )
+        if width != cfg.initial_bits and self.world.is_main:
+            logger.info(
+                "%s: full precision until the first re-solve (%.1f ms predicted, %.1f ms "
+                "at %d bits)",
+                key,
+                1e3 * times[width],
+                1e3 * times[cfg.initial_bits],
+                cfg.initial_bits,
+            )
+        return width
 
     def trace(self, key: ExchangeKey, rows_RD: torch.Tensor) -> None:
         """Accumulates the squared row ranges of one outgoing block."""
@@ -492,6 +516,31 @@ class BitWidthPlanner:
             self._plans[key] = BitPlan(
                 out_bits.to(torch.int8).to(self.device), in_bits.to(torch.int8).to(self.device)
             )
+
+
+def first_width(
+    model: HostModel, counts: np.ndarray, dim: int, initial_bits: int
+) -> tuple[int, dict[int, float]]:
+    """The width of an exchange before anything is traced, under the host model:
+    ``initial_bits``, or full precision where the model predicts it no slower (it is then
+    better in variance and in time alike, so a fast network is not slowed down by
+    quantizing). ``counts[src, dst]``: messages src sends dst. Returns the width and the
+    predicted time at each width considered. Every rank gets the same answer from the same
+    collective profile."""
+    p = len(counts)
+    channels = [
+        Channel(src, dst, np.zeros(int(counts[src, dst])))
+        for src in range(p)
+        for dst in range(p)
+        if src != dst
+    ]
+    times = {
+        width: uniform_assignment(channels, dim, width, link_model=model).time_s
+        for width in dict.fromkeys((initial_bits, FULL_PRECISION_BITS))
+    }
+    if times[FULL_PRECISION_BITS] <= times[initial_bits]:
+        return FULL_PRECISION_BITS, times
+    return initial_bits, times
 
 
 def _merge(channels: list[Channel], links: LinkModel, shared: bool):

@@ -92,8 +92,8 @@ class ExchangePolicy:
         finally:
             self._training = False
 
-    def plan(self, key: ExchangeKey, out_rows: int, in_rows: int) -> BitPlan | None:
-        """The plan of a training exchange; None sends float32."""
+    def plan(self, key: ExchangeKey, out_rows: int, in_rows: int, dim: int) -> BitPlan | None:
+        """The plan of a training exchange of ``dim``-wide rows; None sends float32."""
         return None
 
     def start(self, key: ExchangeKey, rows_RD: torch.Tensor) -> Pending:
@@ -105,7 +105,7 @@ class ExchangePolicy:
 
     def _launch(self, key: ExchangeKey, rows_RD: torch.Tensor) -> PendingExchange:
         out_counts, in_counts = self.transport.counts(key)
-        plan = self.plan(key, sum(out_counts), sum(in_counts))
+        plan = self.plan(key, sum(out_counts), sum(in_counts), rows_RD.shape[1])
         handle = self.transport.start(rows_RD, key, plan)
         self._counters.record_launch(handle)
         return handle
@@ -146,8 +146,8 @@ class AdaptivePolicy(ExchangePolicy):
         super().__init__(transport)
         self.planner = planner
 
-    def plan(self, key: ExchangeKey, out_rows: int, in_rows: int) -> BitPlan:
-        return self.planner.plan(key, out_rows, in_rows)
+    def plan(self, key: ExchangeKey, out_rows: int, in_rows: int, dim: int) -> BitPlan:
+        return self.planner.plan(key, out_rows, in_rows, dim)
 
     def start(self, key: ExchangeKey, rows_RD: torch.Tensor) -> Pending:
         if self._training and self.planner.tracing:

@@ -91,7 +91,7 @@ class StalePolicy(ExchangePolicy):
         every = self.config.sync_every
         return 0 if every and epoch % every == 0 else self.config.bound
 
-    def plan(self, key: ExchangeKey, out_rows: int, in_rows: int) -> BitPlan:
+    def plan(self, key: ExchangeKey, out_rows: int, in_rows: int, dim: int) -> BitPlan:
         plan = self._plans.get(key)
         if plan is None:
             plan = BitPlan.uniform(self.config.bits, out_rows, in_rows, self.device)

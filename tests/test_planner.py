@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from adaqp import planner as planner_module
-from adaqp.assigner import Channel, LinkModel
+from adaqp.assigner import Channel, HostModel, LinkModel
 from adaqp.config import load_config
 from adaqp.datasets import load_dataset
 from adaqp.local_graph import LocalGraph
 from adaqp.partition_format import load_part, read_metadata
-from adaqp.planner import _merge, _split, fit_calibration
+from adaqp.planner import _merge, _split, first_width, fit_calibration
 from adaqp.runtime import init_distributed, shutdown
 from adaqp.trainer import Trainer
 from partition.build import make_partition
@@ -256,3 +256,26 @@ def test_merge_and_split_round_trip(shared):
         back = np.concatenate([split[channels.index(c)] for c in group])
         np.testing.assert_array_equal(back, fake[i])
     assert model.num_ranks == 3
+
+
+@pytest.mark.parametrize(
+    ("nic_Bps", "expected"),
+    [(2e9, 32), (37.5e6, 8)],  # loopback-like: quantizing costs more than it saves; 300 Mbit/s
+)
+def test_first_width_is_full_precision_only_where_the_host_model_finds_it_no_slower(
+    nic_Bps, expected
+):
+    """Before any trace, the host model chooses between initial_bits and float32 by time
+    alone (float32 also has no variance); 4 hosts, 1000 rows of 64 values per pair."""
+    model = HostModel.uniform(
+        [0, 1, 2, 3], 1e-4, nic_Bps, 2e9, quant_s_per_value=15e-9, dequant_s_per_value=5e-9
+    )
+    counts = np.full((4, 4), 1000) - np.diag([1000] * 4)
+    width, times = first_width(model, counts, 64, 8)
+    assert width == expected
+    # Each host sends 3 x 1000 rows: 768 KB at 32 bits; at 8 bits a quarter of that plus
+    # the rows' min/max (8 bytes each), and 3000 x 64 values quantized and dequantized.
+    sent = {32: 3000 * 64 * 4, 8: 3000 * (64 + 8)}
+    assert times[32] == pytest.approx(1e-4 + sent[32] / nic_Bps)
+    assert times[8] == pytest.approx(1e-4 + sent[8] / nic_Bps + 3000 * 64 * 20e-9)
+    assert first_width(model, counts, 64, 32) == (32, {32: times[32]})
