@@ -152,3 +152,13 @@ def test_cost_model_report_names_a_missing_cluster(tmp_path):
     with pytest.raises(SystemExit, match="absent/cluster.json: not found"):
         costmodel.main(args)
     assert not (tmp_path / "cost_model.json").exists()
+
+
+def test_run_order_rotates_the_modes_seed_by_seed():
+    modes, seeds = ["vanilla", "adaqp", "nocomm"], [0, 1, 2, 3]
+    order = cluster.run_order(modes, seeds)
+    assert sorted(order) == sorted((m, s) for m in modes for s in seeds)  # each run once
+    assert [m for m, s in order if s == 0] == modes  # one seed: the order given
+    assert [order[3 * i][0] for i in range(4)] == ["vanilla", "adaqp", "nocomm", "vanilla"]
+    for mode in modes:  # each mode's runs in seed order (the aggregate pairs them by index)
+        assert [s for m, s in order if m == mode] == seeds
