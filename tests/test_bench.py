@@ -152,6 +152,8 @@ def test_cost_model_report_names_a_missing_cluster(tmp_path):
     with pytest.raises(SystemExit, match="absent/cluster.json: not found"):
         costmodel.main(args)
     assert not (tmp_path / "cost_model.json").exists()
+    with pytest.raises(SystemExit, match="at least one"):
+        costmodel.main(argparse.Namespace(clusters=",", tolerance=0.25, out_dir=tmp_path))
 
 
 def test_run_order_rotates_the_modes_seed_by_seed():

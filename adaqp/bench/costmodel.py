@@ -119,8 +119,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    names = [n for n in args.clusters.split(",") if n]
+    if not names:
+        raise SystemExit("--clusters: name at least one bench cluster result")
     clusters = {}
-    for name in (n for n in args.clusters.split(",") if n):
+    for name in names:
         path = args.out_dir / name / "cluster.json"
         if not path.is_file():
             raise SystemExit(f"{path}: not found (run `python -m adaqp.bench cluster` first)")
