@@ -3,19 +3,50 @@
 #
 #   bash launch/setup.sh          # runtime only
 #   bash launch/setup.sh --test   # plus pytest, ruff and torch-geometric (for the PyG adapter test)
+#   bash launch/setup.sh --print-torch-spec   # the torch build it would install, and stop
 #
-# TORCH_SPEC picks the torch build (default torch==2.13.0; on a CUDA machine install the
-# matching wheel first, e.g. TORCH_SPEC="torch --index-url ..."). PYTHON picks the interpreter.
+# The torch build: on a machine with an NVIDIA driver, torch==2.13.0 (the CUDA build); on
+# one without, the CPU build torch==2.13.0+cpu (about a quarter of the size: the CUDA
+# build's NVIDIA libraries are most of a 5.2 GB .venv). The CPU build is found where the
+# package index offers it (PyTorch's CPU index, e.g.
+# PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu, or a local wheel); where it
+# does not, setup says so and installs torch==2.13.0. TORCH_SPEC overrides the choice
+# (e.g. TORCH_SPEC="torch==2.13.0 --index-url ..." for a given CUDA version). PYTHON picks
+# the interpreter, VENV the directory.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
-TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
+TORCH_VERSION="2.13.0"
 VENV="${VENV:-.venv}"
-extras=""
-if [[ "${1:-}" == "--test" ]]; then
-  extras="[test,pyg]"
+
+has_nvidia_driver() {
+  [[ -e /proc/driver/nvidia/version ]] || { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }
+}
+
+# The spec to install, and the one to fall back to if the index lacks it (may be empty).
+if [[ -n "${TORCH_SPEC:-}" ]]; then
+  fallback=""
+elif has_nvidia_driver; then
+  TORCH_SPEC="torch==$TORCH_VERSION"
+  fallback=""
+else
+  TORCH_SPEC="torch==$TORCH_VERSION+cpu"
+  fallback="torch==$TORCH_VERSION"
 fi
+
+case "${1:-}" in
+  --print-torch-spec)
+    echo "$TORCH_SPEC${fallback:+ (else $fallback)}"
+    exit 0
+    ;;
+  --test) extras="[test,pyg]" ;;
+  "") extras="" ;;
+  *)
+    echo "setup.sh: unknown option ${1} (use --test or --print-torch-spec)" >&2
+    exit 2
+    ;;
+esac
 
 if [[ ! -x "$VENV/bin/python" ]]; then
   "$PYTHON" -m venv "$VENV"
@@ -24,7 +55,16 @@ pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 # torch first and by exact version: a bare "torch" requirement may pull a multi-GB build.
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   # shellcheck disable=SC2086
-  "${pip[@]}" $TORCH_SPEC
+  if ! "${pip[@]}" $TORCH_SPEC; then
+    if [[ -z "$fallback" ]]; then
+      echo "setup.sh: could not install $TORCH_SPEC" >&2
+      exit 1
+    fi
+    echo "setup.sh: the package index has no $TORCH_SPEC (no NVIDIA driver here, so the" \
+      "CPU build was tried); installing $fallback, which may be the multi-GB CUDA build." \
+      "Set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu for the CPU build." >&2
+    "${pip[@]}" "$fallback"
+  fi
 fi
 "${pip[@]}" -e ".${extras}"
-echo "setup done: $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)')"
+echo "setup done: $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'), $VENV $(du -sh "$VENV" | cut -f1)"

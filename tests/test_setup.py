@@ -1,0 +1,96 @@
+"""launch/setup.sh: which torch build it installs, and its fallback (with a stand-in pip)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SETUP = ROOT / "launch" / "setup.sh"
+
+# A stand-in for the venv's python: logs every call, "has" torch once it was installed,
+# and refuses the package specs listed in $REFUSE (as an index without them would).
+FAKE_PYTHON = """#!/usr/bin/env bash
+echo "$*" >> "$(dirname "$0")/calls.log"
+if [[ "$1" == "-c" ]]; then
+  [[ -e "$(dirname "$0")/torch-installed" ]] || exit 1
+  [[ "$2" == *print* ]] && echo "torch 2.13.0+fake"
+  exit 0
+fi
+for arg in "$@"; do
+  for refused in $REFUSE; do [[ "$arg" == "$refused" ]] && exit 1; done
+  [[ "$arg" == torch* ]] && touch "$(dirname "$0")/torch-installed"
+done
+exit 0
+"""
+
+
+def _setup(tmp_path: Path, *args: str, refuse: str = "", nvidia: bool = False, **env):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True, exist_ok=True)
+    python = venv / "bin" / "python"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    path = os.environ["PATH"]
+    if nvidia:
+        fake_bin = tmp_path / "bin"
+        fake_bin.mkdir(exist_ok=True)
+        smi = fake_bin / "nvidia-smi"
+        smi.write_text('#!/bin/sh\necho "GPU 0: NVIDIA H200"\n')
+        smi.chmod(0o755)
+        path = f"{fake_bin}:{path}"
+    environ = {k: v for k, v in os.environ.items() if k != "TORCH_SPEC"}
+    environ.update(VENV=str(venv), REFUSE=refuse, PATH=path, **env)
+    proc = subprocess.run(
+        ["bash", str(SETUP), *args], env=environ, capture_output=True, text=True, timeout=60
+    )
+    log = venv / "bin" / "calls.log"
+    return proc, log.read_text().splitlines() if log.exists() else []
+
+
+def _installed(calls: list[str]) -> list[str]:
+    return [c.split()[-1] for c in calls if c.startswith("-m pip install")]
+
+
+@pytest.mark.skipif(Path("/proc/driver/nvidia/version").exists(), reason="an NVIDIA driver here")
+def test_without_a_gpu_the_cpu_build_is_installed(tmp_path):
+    proc, calls = _setup(tmp_path, "--test")
+    assert proc.returncode == 0, proc.stderr
+    assert _installed(calls) == ["torch==2.13.0+cpu", ".[test,pyg]"]
+    assert "torch 2.13.0+fake" in proc.stdout and str(tmp_path / "venv") in proc.stdout
+
+
+@pytest.mark.skipif(Path("/proc/driver/nvidia/version").exists(), reason="an NVIDIA driver here")
+def test_an_index_without_the_cpu_build_falls_back_with_a_message(tmp_path):
+    proc, calls = _setup(tmp_path, refuse="torch==2.13.0+cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert _installed(calls) == ["torch==2.13.0+cpu", "torch==2.13.0", "."]
+    assert "has no torch==2.13.0+cpu" in proc.stderr and "PIP_EXTRA_INDEX_URL" in proc.stderr
+
+
+def test_with_an_nvidia_driver_the_default_build_is_installed(tmp_path):
+    proc, calls = _setup(tmp_path, nvidia=True)
+    assert proc.returncode == 0, proc.stderr
+    assert _installed(calls) == ["torch==2.13.0", "."]
+
+
+def test_torch_spec_overrides_and_is_not_replaced(tmp_path):
+    proc, calls = _setup(tmp_path, refuse="torch==9.9", TORCH_SPEC="torch==9.9")
+    assert proc.returncode == 1
+    assert _installed(calls) == ["torch==9.9"]  # no fallback behind the user's back
+    assert "could not install torch==9.9" in proc.stderr
+    proc, _ = _setup(tmp_path, "--print-torch-spec", TORCH_SPEC="torch==9.9")
+    assert proc.stdout.strip() == "torch==9.9"
+
+
+def test_torch_already_there_is_kept_and_unknown_options_are_refused(tmp_path):
+    _setup(tmp_path)
+    (tmp_path / "venv" / "bin" / "calls.log").unlink()
+    proc, calls = _setup(tmp_path)
+    assert proc.returncode == 0 and _installed(calls) == ["."]
+    (tmp_path / "venv" / "bin" / "calls.log").unlink()
+    proc, calls = _setup(tmp_path, "--tset")
+    assert proc.returncode == 2 and "unknown option --tset" in proc.stderr and not calls
