@@ -80,8 +80,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 5.5))
+    fig, ax = plt.subplots(figsize=(9.5, 5.5))
     # Colour by cluster, marker by mode.
+    colours = plt.get_cmap("tab20")
     modes = sorted({m for c in report["clusters"].values() for m in c["modes"]})
     markers = dict(zip(modes, "o^sDv<>ph*", strict=False))
     values = []
@@ -91,7 +92,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
             y = [1e3 * p["measured_s"] for p in entry["points"]]
             values += x + y
             label = f"{name.removeprefix('cluster-synthetic-')} {mode}"
-            ax.scatter(x, y, color=f"C{i % 10}", marker=markers.get(mode, "x"), label=label)
+            ax.scatter(x, y, color=colours(i % 20), marker=markers.get(mode, "x"), label=label)
     low, high = 0.8 * min(values), 1.25 * max(values)
     tol = report["tolerance"]
     ax.plot([low, high], [low, high], color="black", linewidth=1)
@@ -102,7 +103,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("calibrated cost model (ms)")
     ax.set_ylabel("measured from the last rank's arrival (ms)")
     ax.set_title(f"Exchange time: measured against predicted (dashed: ±{tol:.0%})")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
