@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adaqp.datasets import SyntheticSpec
+from adaqp.bits import DEFAULT_ALLOWED_BITS, SUPPORTED_BITS
+from adaqp.data import SyntheticSpec
 
 MODES = ("vanilla", "adaqp-q", "adaqp-p", "adaqp", "onebit", "nocomm")
 """Training modes: full precision and synchronous (vanilla), quantized messages (adaqp-q),
@@ -58,7 +59,7 @@ class DataConfig:
     root: str = "data"
     """Directory holding downloaded datasets (OGB's on-disk layout lives below it)."""
     path: str = ""
-    """File for the ``npz`` dataset (see adaqp/datasets.py for its format)."""
+    """File for the ``npz`` dataset (see adaqp/data/ for its format)."""
     split_seed: int = 0
     """Seed of the train/val/test split for datasets that ship without one."""
     synthetic: SyntheticSpec = field(default_factory=SyntheticSpec)
@@ -196,7 +197,7 @@ class QuantConfig:
     """Width of every message in the uniform scheme."""
     initial_bits: int = 8
     """Width used during the first assignment cycle of adaptive/random, while tracing."""
-    allowed_bits: tuple[int, ...] = (2, 4, 8)
+    allowed_bits: tuple[int, ...] = DEFAULT_ALLOWED_BITS
     """Widths the adaptive and random schemes may choose from."""
     group_size: int = 100
     """Messages per group that share one width (per channel, sorted by weight)."""
@@ -215,7 +216,7 @@ class QuantConfig:
     sender (a rank's outgoing channels share its link), link (every pair has its own
     link and the slowest sets the time), or host (hosts with full-duplex NICs: the
     busiest host's send or receive time, copies within a host, the measured
-    (de)quantization cost, and full precision as a choice; see adaqp/hosts.py). shared
+    (de)quantization cost, and full precision as a choice; see adaqp/assign/hosts.py). shared
     measured best on the emulated clusters (README): host equals it on uniform links and
     is slower where hosts differ, because it spends the slack it predicts on fast hosts
     on wider messages while the measured exchanges take 1.2-2.7x its prediction."""
@@ -226,7 +227,7 @@ class QuantConfig:
     """Seed of the stochastic rounding and of the random scheme."""
 
     def __post_init__(self) -> None:
-        widths = (1, 2, 4, 8)
+        widths = SUPPORTED_BITS
         _check(
             self.scheme in ("adaptive", "uniform", "random"),
             "quant.scheme",

@@ -3,7 +3,7 @@
 Flags: ``--config FILE``, ``--mode NAME``, ``--epochs N``, ``--seed N``, ``--out DIR``,
 repeatable ``--set section.key=value``, and ``--overwrite`` or ``--resume``.
 
-Before anything else rank 0 claims the output directory (``adaqp.rundir``: a lock, and a
+Before anything else rank 0 claims the output directory (``adaqp.run.rundir``: a lock, and a
 refusal if it holds a finished or running run) while the others check they could write
 it; all ranks agree on the outcome through one all-reduce. Rank 0 then partitions the
 graph if the partition directory is missing while the others wait; each rank then loads
@@ -28,15 +28,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from adaqp.checkpoint import Checkpointer, CheckpointError, checkpoint_root
-from adaqp.comm import ExchangeError
 from adaqp.config import Config, ConfigError, load_config
-from adaqp.local_graph import LocalGraph
-from adaqp.metrics import EpochRecord, RunWriter, Summary
-from adaqp.partition_format import PartitionError, check_matches, load_part, read_metadata
-from adaqp.rundir import Problem, RunDir, RunDirError, check_writable
+from adaqp.exchange.transport import ExchangeError
+from adaqp.graph.local import LocalGraph
+from adaqp.partitioning.format import PartitionError, check_matches, load_part, read_metadata
+from adaqp.run.checkpoint import Checkpointer, CheckpointError, checkpoint_root
+from adaqp.run.metrics import EpochRecord, RunWriter, Summary
+from adaqp.run.rundir import Problem, RunDir, RunDirError, check_writable
+from adaqp.run.trainer import Trainer, TrainingError
 from adaqp.runtime import World, init_distributed, shutdown
-from adaqp.trainer import Trainer, TrainingError
 
 logger = logging.getLogger("adaqp.train")
 
@@ -148,7 +148,7 @@ def prepare_partition(config: Config, world: World, part_dir: Path) -> dict:
     """Rank 0 makes the partition if needed; every rank then checks it matches the run."""
     error: Exception | None = None
     if world.is_main:
-        from partition.build import ensure_partition
+        from adaqp.partitioning.build import ensure_partition
 
         try:
             ensure_partition(config.data, config.partition, world.world_size, part_dir)
@@ -187,7 +187,7 @@ def run(
     """Runs one training job on this process's rank; returns its summary.
 
     ``overwrite`` and ``resume`` say what to do with a finished run in the output
-    directory (see ``adaqp.rundir``); without either it is refused.
+    directory (see ``adaqp.run.rundir``); without either it is refused.
     """
     world = init_distributed(config.comm, init_method, rank, world_size)
     run_dir: RunDir | None = None

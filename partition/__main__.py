@@ -7,8 +7,8 @@ import logging
 import sys
 
 from adaqp.config import METIS_OBJECTIVES, PARTITION_METHODS, ConfigError, load_config
-from adaqp.partition_format import PartitionError
-from partition.build import ensure_partition
+from adaqp.partitioning.build import ensure_partition
+from adaqp.partitioning.format import PartitionError
 
 
 def main(argv: list[str] | None = None) -> int:

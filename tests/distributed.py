@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-_PRELOAD = ["torch", "numpy", "adaqp.train", "adaqp.trainer", "tests.distributed"]
+_PRELOAD = ["torch", "numpy", "adaqp.train", "adaqp.run.trainer", "tests.distributed"]
 
 
 def _context():

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from adaqp.bench import torchrun_command
-from adaqp.datasets import load_dataset
-from partition.build import make_partition
+from adaqp.data import load_dataset
+from adaqp.partitioning.build import make_partition
 from tests.distributed import NullWriter, worker_pid
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,10 +184,10 @@ def test_stopped_worker_ends_the_run_after_the_timeout_naming_it(tmp_path):
 
 def _citeseer_worker(rank, world_size, init_method, part_dir: str):
     from adaqp.config import load_config
-    from adaqp.local_graph import LocalGraph
-    from adaqp.partition_format import load_part, read_metadata
+    from adaqp.graph.local import LocalGraph
+    from adaqp.partitioning.format import load_part, read_metadata
+    from adaqp.run.trainer import Trainer
     from adaqp.runtime import init_distributed, shutdown
-    from adaqp.trainer import Trainer
 
     config = load_config(
         str(ROOT / "configs/citeseer-gcn.toml"),

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from adaqp.config import load_config
-from adaqp.datasets import load_dataset
-from adaqp.local_graph import LocalGraph
-from adaqp.partition_format import load_part, read_metadata
+from adaqp.data import load_dataset
+from adaqp.graph.local import LocalGraph
+from adaqp.partitioning.build import make_partition
+from adaqp.partitioning.format import load_part, read_metadata
+from adaqp.run.trainer import Trainer
 from adaqp.runtime import init_distributed, shutdown
-from adaqp.trainer import Trainer
-from partition.build import make_partition
 from tests.distributed import NullWriter, expect_worker_failure
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from adaqp.aggregate import SparseAdjacency, spmm
-from adaqp.datasets import SyntheticSpec, generate_synthetic
+from adaqp.data import SyntheticSpec, generate_synthetic
+from adaqp.graph.aggregate import SparseAdjacency, spmm
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from adaqp.bench import COST_MODEL_VARIANTS, MODE_VARIANTS, SMALL_SYNTHETIC
-from adaqp.cluster import EmulatedCluster, host_links
+from adaqp.bench.emulate import EmulatedCluster, host_links
 
 logger = logging.getLogger(__name__)
 

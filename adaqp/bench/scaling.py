@@ -23,8 +23,8 @@ from adaqp.bench import torchrun_train
 
 PARTITION_SCRIPT = """
 import json, resource, sys, tempfile, time
-from adaqp.datasets import SyntheticSpec, generate_synthetic
-from partition.build import make_partition
+from adaqp.data import SyntheticSpec, generate_synthetic
+from adaqp.partitioning.build import make_partition
 spec = SyntheticSpec(num_nodes=int(sys.argv[1]), avg_degree=20.0, feature_dim=16, seed=0)
 t0 = time.perf_counter()
 graph = generate_synthetic(spec)

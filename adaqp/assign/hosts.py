@@ -1,0 +1,189 @@
+"""Hosts for the ``host`` cost model: which rank runs where, how fast each host's network
+link is, and what (de)quantization costs per value.
+
+The host of a rank is torchrun's node (``GROUP_RANK``: one agent per host, also in an
+emulated cluster whose namespaces share one hostname), else its hostname. Link rates come
+from the per-pair profile (``planner.profile_links``, each pair timed alone): a host's
+send rate is the median over pairs leaving it, its receive rate the median over pairs
+entering it, and copies between two ranks of one host run at the median of those pairs.
+(De)quantization is timed on every rank and the slowest rank's figure is used.
+
+Pairs timed alone do not show what the network carries when every host sends at once: a
+switch whose backplane (or uplinks) carry less than the sum of its ports, or hosts whose
+packets are forwarded by shared cores, as in the emulated cluster. ``profile_fabric``
+times one all-to-all in which every host's NIC is busy for about as long as its rates
+allow; if it takes clearly longer than those rates predict, the fabric's aggregate rate is
+the inter-host bytes over the time taken, else it is unbounded.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+import zlib
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from adaqp.assign import FULL_PRECISION_BITS, HostModel, LinkModel
+from adaqp.quant import dequantize_mixed, mixed_buffer_bytes, quantize_mixed
+
+
+def host_of_rank(world_size: int) -> np.ndarray:
+    """int64 [P]: a host index per rank, in order of first appearance (collective)."""
+    node = os.environ.get("GROUP_RANK")
+    name = f"node-{node}" if node is not None else socket.gethostname()
+    mine = torch.tensor([zlib.crc32(name.encode())], dtype=torch.int64)
+    every = [torch.zeros_like(mine) for _ in range(world_size)]
+    dist.all_gather(every, mine)
+    return hosts_from_names([int(t.item()) for t in every])
+
+
+def hosts_from_names(names: list) -> np.ndarray:
+    """Host indices 0, 1, ... for a list of per-rank host names, by first appearance."""
+    index: dict = {}
+    return np.array([index.setdefault(n, len(index)) for n in names], dtype=np.int64)
+
+
+FABRIC_PROBE_BYTES = 1_048_576
+"""Bytes per probe channel between two ranks on the fastest hosts (slower hosts' channels
+carry proportionally less), as large as a profiled link's largest probes need to reach
+their sustained rate."""
+
+FABRIC_MARGIN = 1.15
+"""An all-to-all this much slower than the NICs predict is fabric-bound; below it, the
+difference is taken for noise and the fabric left unbounded."""
+
+
+def fabric_probe(hosts: np.ndarray, beta_out: np.ndarray, beta_in: np.ndarray) -> np.ndarray:
+    """int64 [P, P]: bytes each rank sends each other rank in the fabric probe.
+
+    A channel between hosts carries ``FABRIC_PROBE_BYTES`` scaled by the slower of the
+    sender's send and the receiver's receive rate relative to the fastest pair; then the
+    channels of a host whose NIC would stay busy longer than the least busy host's are
+    shortened to match, so that no single NIC sets the probe's time (a slow host would
+    otherwise hide the fabric). Channels within a host carry nothing.
+    """
+    src, dst = np.meshgrid(hosts, hosts, indexing="ij")
+    remote = src != dst
+    rate = np.minimum(beta_out[src], beta_in[dst])
+    volume = FABRIC_PROBE_BYTES * rate / rate.max() * remote
+    busy = _nic_seconds(hosts, volume, beta_out, beta_in)
+    if remote.any():
+        share = np.where(busy > 0, busy[busy > 0].min() / np.maximum(busy, 1e-300), 1.0)
+        volume = volume * np.minimum(share[src], share[dst])
+    return np.where(remote, np.maximum(np.floor(volume), 1), 0).astype(np.int64)
+
+
+def _nic_seconds(
+    hosts: np.ndarray, volume: np.ndarray, beta_out: np.ndarray, beta_in: np.ndarray
+) -> np.ndarray:
+    """float64 [H]: seconds each host's busier NIC direction needs for ``volume`` [P, P]
+    (bytes between ranks; the caller zeroes channels within a host)."""
+    num_hosts = beta_out.size
+    out = np.bincount(hosts, weights=volume.sum(1), minlength=num_hosts)
+    into = np.bincount(hosts, weights=volume.sum(0), minlength=num_hosts)
+    return np.maximum(out / beta_out, into / beta_in)
+
+
+def fabric_rate(model: HostModel, volume: np.ndarray, seconds: float) -> float:
+    """Aggregate bytes per second of the fabric, given that the all-to-all ``volume``
+    [P, P] took ``seconds``: ``inf`` unless that is over ``FABRIC_MARGIN`` times what the
+    NICs alone predict (pure)."""
+    hosts = model.host_of_rank
+    remote = hosts[:, None] != hosts[None, :]
+    total = float(volume[remote].sum())
+    if total == 0:
+        return math.inf
+    nics = float(_nic_seconds(hosts, volume * remote, model.beta_out_Bps, model.beta_in_Bps).max())
+    if seconds - model.alpha_s <= FABRIC_MARGIN * nics:
+        return math.inf
+    return total / (seconds - model.alpha_s)
+
+
+def profile_fabric(model: HostModel, repeats: int = 3) -> float:
+    """Times ``fabric_probe`` as one all-to-all (fastest of ``repeats``, slowest rank)
+    and returns ``fabric_rate`` (collective; the same on every rank)."""
+    volume = fabric_probe(model.host_of_rank, model.beta_out_Bps, model.beta_in_Bps)
+    rank = dist.get_rank()
+    send = torch.zeros(int(volume[rank].sum()), dtype=torch.uint8)
+    recv = torch.empty(int(volume[:, rank].sum()), dtype=torch.uint8)
+    best = math.inf
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_to_all_single(recv, send, volume[:, rank].tolist(), volume[rank].tolist())
+        took = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)
+        best = min(best, float(took))
+    return fabric_rate(model, volume, best)
+
+
+def host_model(
+    links: LinkModel,
+    hosts: np.ndarray,
+    quant_s_per_value: dict[int, float],
+    dequant_s_per_value: dict[int, float],
+    fabric_Bps: float = math.inf,
+) -> HostModel:
+    """A ``HostModel`` from a per-pair profile (see the module docstring)."""
+    p = links.num_ranks
+    num_hosts = int(hosts.max()) + 1
+    src, dst = np.meshgrid(np.arange(p), np.arange(p), indexing="ij")
+    remote = hosts[src] != hosts[dst]
+    local = (hosts[src] == hosts[dst]) & (src != dst)
+    fallback = float(np.median(links.beta_Bps[src != dst])) if p > 1 else 1e9
+    beta_out, beta_in = np.full(num_hosts, fallback), np.full(num_hosts, fallback)
+    for h in range(num_hosts):
+        leaving = remote & (hosts[src] == h)
+        entering = remote & (hosts[dst] == h)
+        if leaving.any():
+            beta_out[h] = float(np.median(links.beta_Bps[leaving]))
+        if entering.any():
+            beta_in[h] = float(np.median(links.beta_Bps[entering]))
+    # Per-exchange latency: of the network if any channel crosses it, else of local copies.
+    pairs = remote if remote.any() else local
+    alpha = float(np.median(links.alpha_s[pairs])) if pairs.any() else 0.0
+    beta_local = float(np.median(links.beta_Bps[local])) if local.any() else float("inf")
+    return HostModel(
+        hosts,
+        alpha,
+        beta_out,
+        beta_in,
+        beta_local,
+        quant_s_per_value={**quant_s_per_value, FULL_PRECISION_BITS: 0.0},
+        dequant_s_per_value={**dequant_s_per_value, FULL_PRECISION_BITS: 0.0},
+        fabric_Bps=fabric_Bps,
+    )
+
+
+def time_quantization(
+    widths: tuple[int, ...], dim: int, device, rows: int = 2048, repeats: int = 3
+) -> tuple[dict[int, float], dict[int, float]]:
+    """Seconds per value to quantize and to dequantize at each width, on this rank (the
+    fastest of ``repeats``), then the slowest rank's (collective)."""
+    generator = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(rows, dim, generator=generator, device=device)
+    figures = []
+    for bits in widths:
+        plan = torch.full((rows,), bits, dtype=torch.int8, device=device)
+        buf = torch.empty(mixed_buffer_bytes(plan, dim), dtype=torch.uint8, device=device)
+        out = torch.empty_like(x)
+        best_q = best_d = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            quantize_mixed(x, plan, generator, out=buf)
+            t1 = time.perf_counter()
+            dequantize_mixed(buf, plan, dim, out=out)
+            t2 = time.perf_counter()
+            best_q, best_d = min(best_q, t1 - t0), min(best_d, t2 - t1)
+        figures += [best_q / x.numel(), best_d / x.numel()]
+    slowest = torch.tensor(figures, dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    values = slowest.tolist()
+    quant = {b: values[2 * i] for i, b in enumerate(widths)}
+    dequant = {b: values[2 * i + 1] for i, b in enumerate(widths)}
+    return quant, dequant

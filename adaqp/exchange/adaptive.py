@@ -1,0 +1,74 @@
+"""The adaptive exchange policy (modes ``adaqp-q`` and ``adaqp``): training exchanges at
+the bit widths the planner beside it (``adaqp/exchange/planner.py``) chooses.
+
+Kept apart from ``policy.py`` so that a layer, which needs only the ``ExchangePolicy``
+interface, does not import the planner and the solver stack under it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from adaqp.exchange.planner import BitWidthPlanner
+from adaqp.exchange.policy import ExchangePolicy, Pending
+from adaqp.exchange.transport import BitPlan, ExchangeKey, HaloTransport
+
+
+class AdaptivePolicy(ExchangePolicy):
+    """Quantized training exchanges at the widths a ``BitWidthPlanner`` chooses.
+
+    Args:
+        transport: this rank's halo transport.
+        planner: owns the plans, the traces and the re-solving.
+    """
+
+    def __init__(self, transport: HaloTransport, planner: BitWidthPlanner):
+        super().__init__(transport)
+        self.planner = planner
+
+    def plan(self, key: ExchangeKey, out_rows: int, in_rows: int, dim: int) -> BitPlan:
+        return self.planner.plan(key, out_rows, in_rows, dim)
+
+    def start(self, key: ExchangeKey, rows_RD: torch.Tensor) -> Pending:
+        if self._training and self.planner.tracing:
+            self.planner.trace(key, rows_RD)
+        return super().start(key, rows_RD)
+
+    def end_epoch(self, epoch: int, exchange_s_by_tag: dict[str, float] | None = None) -> float:
+        self.transport.at(f"epoch {epoch} bit-width assignment")
+        return self.planner.end_epoch(epoch, exchange_s_by_tag)
+
+    def report(self, solved_at: int) -> dict:
+        planner = self.planner
+        if planner.link_model is None:
+            return {}  # uniform and random widths: no cost model, nothing planned by pair
+        solution = planner.solutions.get(solved_at, {})
+        return {
+            "host_of_rank": planner.hosts.tolist(),
+            "plan_bits_by_pair": solution.get("pair_bits", {}),
+            "predicted_exchange_s_by_tag": dict(sorted(solution.get("predicted_s", {}).items())),
+            "calibrated_exchange_s_by_tag": dict(sorted(solution.get("calibrated_s", {}).items())),
+            "cost_calibration": dict(solution.get("calibration", {})),
+            "fabric_Bps": _finite_or_none(planner.host_model.fabric_Bps)
+            if planner.host_model is not None
+            else None,
+        }
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        state = super().state_dict()
+        state.update({f"planner/{k}": v for k, v in self.planner.state_dict().items()})
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        super().load_state_dict(state)
+        prefix = "planner/"
+        self.planner.load_state_dict(
+            {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+        )
+
+
+def _finite_or_none(value: float) -> float | None:
+    """JSON has no infinity: an unbounded rate is reported as None."""
+    return value if math.isfinite(value) else None

@@ -1,0 +1,581 @@
+"""Adaptive bit widths across ranks: tracing, link profiling, solving, and installing plans.
+
+Every exchange (layer, direction) is planned on its own; the planner belongs to the
+adaptive exchange policy (``adaqp/exchange/policy.py``), which asks it for plans and hands it the
+rows to trace. Per message v the variance weight is ``w_v = s_v · D · E[(M_v - m_v)²] / 4``:
+``s_v`` is the sum of the
+receiver's squared aggregation coefficients over the rows that read v (forward; shipped
+once from receivers to senders), or 1 for gradients (the owner adds them unscaled);
+the squared range is traced on the sender during each assignment cycle.
+
+At the end of every ``assign_cycle`` epochs the ranks send their weights to rank 0,
+which solves every exchange with ``adaqp.assign`` (a pure function) against the
+alpha-beta link model profiled at start-up, and broadcasts all per-message widths in
+one buffer. Every rank installs the same plans before the next epoch, so all ranks
+switch together. The first cycle runs at ``initial_bits`` while tracing (under the host
+cost model at full precision where that is predicted no slower).
+
+The cost model prices an exchange from the profiled links; what it does not see (the
+fixed cost of a collective among busy processes, a slower rate than the probes saw) is
+measured: each re-solve fits ``fixed_t + scale * model`` to the exchange times measured
+under the last ``CALIBRATION_PLANS`` plans (``fit_calibration``; one scale, a fixed
+cost per exchange ``t``), and states the new plans' times through it. An affine map
+with fixed costs changes no choice between plans; it turns the model's figures into
+seconds that can be checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from adaqp.assign import (
+    FULL_PRECISION_BITS,
+    Channel,
+    HostModel,
+    LinkModel,
+    fit_alpha_beta,
+    random_assignment,
+    solve_assignment,
+    uniform_assignment,
+)
+from adaqp.assign.hosts import host_model, host_of_rank, profile_fabric, time_quantization
+from adaqp.config import QuantConfig
+from adaqp.exchange.transport import SETUP_KEY, BitPlan, Direction, ExchangeKey, HaloTransport
+from adaqp.graph.aggregate import SparseAdjacency
+from adaqp.graph.local import LocalGraph
+from adaqp.runtime import World
+
+logger = logging.getLogger(__name__)
+
+PROFILE_SIZES = (4_096, 1_048_576, 4_194_304)
+"""Bytes per probe transfer when profiling links. The large probes exceed the burst a
+shaped link lets through at line rate (the emulated cluster's token bucket holds 256 KB),
+so the fitted bandwidth is the sustained rate that a whole exchange sees."""
+
+
+CALIBRATION_PLANS = 3
+"""Plans whose measured exchanges a calibration is fitted on: the last few, so that it
+follows a host that slows down without chasing one noisy cycle."""
+
+
+def _fit_affine(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """``(fixed, scale)``, both >= 0, minimising the relative error of ``fixed + scale * x``
+    against ``y`` (all ``y > 0``)."""
+    rows = np.stack([np.ones_like(x), x], axis=1) / y[:, None]  # relative residuals
+    candidates = []
+    if x.size > 1 and np.ptp(x) > 0:
+        fixed, scale = np.linalg.lstsq(rows, np.ones_like(y), rcond=None)[0]
+        candidates.append((float(fixed), float(scale)))
+    # One parameter: the scale alone, or the fixed cost alone.
+    candidates.append((0.0, float(rows[:, 1].sum() / (rows[:, 1] @ rows[:, 1]))))
+    candidates.append((float(rows[:, 0].sum() / (rows[:, 0] @ rows[:, 0])), 0.0))
+    feasible = [(f, s) for f, s in candidates if f >= 0 and s >= 0]
+
+    def error(c: tuple[float, float]) -> float:
+        return float(np.sum((rows @ np.array(c) - 1.0) ** 2))
+
+    return min(feasible, key=error)
+
+
+def fit_calibration(
+    plans: list[tuple[dict[str, float], dict[str, float]]],
+) -> dict[str, float | dict[str, float]]:
+    """The calibration of the cost model from ``(predicted, measured)`` seconds by tag,
+    one pair per plan that ran.
+
+    Returns ``{"fixed_s", "scale", "fixed_s_by_tag"}``, all >= 0: a plan's time for
+    exchange ``t`` is ``fixed_s_by_tag[t] + scale * predicted[t]`` (``fixed_s``, the
+    median of the exchanges' fixed costs, for one not measured yet). The scale comes
+    from ``fixed + scale * predicted`` fitted over every measured exchange (relative
+    least squares): exchanges of different sizes identify it, where one exchange's
+    few plans, often nearly alike, would not. Each exchange's fixed cost is then the
+    median over the plans of what the scaled model leaves unexplained in it: small
+    exchanges cost mostly a fixed time that differs between them (the first backward
+    exchange meets ranks as they leave the loss), which one shared fixed cost misses.
+    """
+    points = [(t, x[t], y[t]) for x, y in plans for t in sorted(x) if t in y and y[t] > 0]
+    if not points:
+        return {"fixed_s": 0.0, "scale": 1.0, "fixed_s_by_tag": {}}
+    x = np.array([p[1] for p in points])
+    y = np.array([p[2] for p in points])
+    scale = _fit_affine(x, y)[1]
+    left: dict[str, list[float]] = {}
+    for tag, xt, yt in points:
+        left.setdefault(tag, []).append(yt - scale * xt)
+    by_tag = {t: max(0.0, float(np.median(r))) for t, r in sorted(left.items())}
+    return {
+        "fixed_s": float(np.median(list(by_tag.values()))),
+        "scale": scale,
+        "fixed_s_by_tag": by_tag,
+    }
+
+
+def profile_links(
+    world: World, sizes: tuple[int, ...] = PROFILE_SIZES, repeats: int = 3
+) -> LinkModel:
+    """Times ping-pongs between every ordered pair of ranks and fits alpha/beta per pair.
+
+    Each pair runs alone (the others proceed to their own pairs), so the figures are
+    per-link, not shared. A fit that fails (timings too noisy to grow with size, as on an
+    idle loopback) falls back to alpha = fastest probe and beta from the largest probe.
+    """
+    p = world.world_size
+    alpha, beta = np.zeros((p, p)), np.ones((p, p))
+    reply = torch.zeros(1, dtype=torch.uint8)
+    for src in range(p):
+        for dst in range(p):
+            if src == dst or world.rank not in (src, dst):
+                continue
+            times = []
+            for size in sizes:
+                payload = torch.zeros(size, dtype=torch.uint8)
+                best = float("inf")
+                for _ in range(repeats):
+                    if world.rank == src:
+                        t0 = time.perf_counter()
+                        dist.send(payload, dst)
+                        dist.recv(reply, dst)
+                        best = min(best, time.perf_counter() - t0)
+                    else:
+                        dist.recv(payload, src)
+                        dist.send(reply, src)
+                times.append(best)
+            if world.rank == src:
+                try:
+                    alpha[src, dst], beta[src, dst] = fit_alpha_beta(sizes, times)
+                except ValueError:
+                    alpha[src, dst] = min(times)
+                    beta[src, dst] = sizes[-1] / max(times[-1], 1e-9)
+    # Each sender measured its own links: summing the matrices shares them with everyone.
+    mine = ~np.eye(p, dtype=bool) & (np.arange(p)[:, None] == world.rank)
+    packed = torch.tensor(np.stack([np.where(mine, alpha, 0.0), np.where(mine, beta, 0.0)]))
+    dist.all_reduce(packed)
+    alpha, beta = packed[0].numpy(), packed[1].numpy()
+    np.fill_diagonal(beta, 1.0)
+    return LinkModel(alpha, beta)
+
+
+class BitWidthPlanner:
+    """Owns the bit plans of a quantized mode and re-solves them every ``assign_cycle`` epochs.
+
+    Args:
+        config: the quant section.
+        transport: this rank's halo transport (used for the start-up exchanges only).
+        graph: this rank's local graph.
+        adjacency: its aggregation matrix (receiver-side coefficients).
+        world: rank and world size.
+    """
+
+    def __init__(
+        self,
+        config: QuantConfig,
+        transport: HaloTransport,
+        graph: LocalGraph,
+        adjacency: SparseAdjacency,
+        world: World,
+    ):
+        self.config = config
+        self.world = world
+        self.device = graph.device
+        p = world.world_size
+        counts = torch.tensor([transport.send_counts, transport.recv_counts], dtype=torch.int64)
+        gathered = [torch.zeros_like(counts) for _ in range(p)]
+        dist.all_gather(gathered, counts)
+        # counts[direction][src][dst]: messages src sends dst in that direction.
+        self.counts = {
+            Direction.FORWARD: np.stack([g[0].numpy() for g in gathered]),
+            Direction.BACKWARD: np.stack([g[1].numpy() for g in gathered]),
+        }
+        self._plans: dict[ExchangeKey, BitPlan] = {}
+        self._traces: dict[ExchangeKey, list] = {}
+        self.link_model: LinkModel | None = None
+        self.host_model: HostModel | None = None
+        self.hosts = np.zeros(p, dtype=np.int64)
+        self.forward_coef = None
+        self.last_status: dict[str, str] = {}
+        self.solutions: dict[int, dict[str, dict[str, float]]] = {}
+        """Rank 0, per re-solve epoch: ``"predicted_s"`` (tag -> the cost model's time of
+        its plan), ``"pair_bits"`` ("src->dst" -> mean planned width, all exchanges), and
+        once measured exchanges are there ``"calibration"`` (``fit_calibration``'s, on the
+        plans before) and ``"calibrated_s"`` (tag -> the plan's time through it)."""
+        self._measured: dict[str, list[float]] = {}
+        """Rank 0, with a cost model: measured exchange seconds by tag, one per epoch
+        since the last re-solve."""
+        self._ran: list[tuple[dict[str, float], dict[str, float]]] = []
+        """Rank 0: ``(predicted, measured median)`` seconds by tag of the last plans that
+        ran, oldest first (at most ``CALIBRATION_PLANS``)."""
+        if config.scheme == "adaptive":
+            self.forward_coef = self._forward_coefficients(transport, graph, adjacency)
+            self.hosts = host_of_rank(p)
+            self._profile()
+
+    def _profile(self) -> None:
+        """Profiles the links (and for the host model the hosts) of every rank (collective)."""
+        config, world = self.config, self.world
+        p = world.world_size
+        self.link_model = profile_links(world)
+        if config.cost_model == "host":
+            quant, dequant = time_quantization(config.allowed_bits, 64, self.device)
+            nics = host_model(self.link_model, self.hosts, quant, dequant)
+            fabric = profile_fabric(nics)
+            self.host_model = dataclasses.replace(nics, fabric_Bps=fabric)
+            if world.is_main:
+                logger.info(
+                    "hosts %s: send %s, receive %s MB/s, all hosts at once %s, local "
+                    "copies %.0f MB/s; (de)quantization %s ns/value",
+                    self.hosts.tolist(),
+                    np.round(self.host_model.beta_out_Bps / 1e6).tolist(),
+                    np.round(self.host_model.beta_in_Bps / 1e6).tolist(),
+                    "unbounded" if math.isinf(fabric) else f"{fabric / 1e6:.0f} MB/s",
+                    self.host_model.beta_local_Bps / 1e6,
+                    {b: round(1e9 * (quant[b] + dequant[b]), 1) for b in quant},
+                )
+        if world.is_main:
+            off = ~np.eye(p, dtype=bool)
+            logger.info(
+                "links: alpha %.1f-%.1f us, beta %.2f-%.2f GB/s",
+                1e6 * self.link_model.alpha_s[off].min(),
+                1e6 * self.link_model.alpha_s[off].max(),
+                self.link_model.beta_Bps[off].min() / 1e9,
+                self.link_model.beta_Bps[off].max() / 1e9,
+            )
+
+    @property
+    def tracing(self) -> bool:
+        """Whether training exchanges are traced (every scheme but uniform)."""
+        return self.config.scheme != "uniform"
+
+    @property
+    def plans(self) -> dict[ExchangeKey, BitPlan]:
+        """The installed plans (a copy)."""
+        return dict(self._plans)
+
+    def _forward_coefficients(
+        self, transport: HaloTransport, graph: LocalGraph, adjacency: SparseAdjacency
+    ) -> torch.Tensor:
+        """Σ_u c_uv² per message this rank sends (float64 [S], aligned with send_idx)."""
+        adj = adjacency.forward
+        squares = torch.zeros(graph.num_inner + graph.num_halo, dtype=torch.float64)
+        squares.index_add_(0, adj.col_indices().cpu(), adj.values().double().cpu() ** 2)
+        halo = squares[graph.num_inner :].to(torch.float32).view(-1, 1).to(self.device)
+        transport.at("set-up (aggregation coefficients)")
+        return transport.start(halo, SETUP_KEY).wait()[:, 0].double().cpu()
+
+    def plan(self, key: ExchangeKey, out_rows: int, in_rows: int, dim: int) -> BitPlan:
+        """The plan of a training exchange of ``dim``-wide rows: the solved one, else the
+        first cycle's fixed width (``_first_width``)."""
+        plan = self._plans.get(key)
+        if plan is None:
+            width = self._first_width(key, dim)
+            plan = self._plans[key] = BitPlan.uniform(width, out_rows, in_rows, self.device)
+        return plan
+
+    def _first_width(self, key: ExchangeKey, dim: int) -> int:
+        """``initial_bits``, or under the host model full precision where that is
+        predicted no slower (``first_width``)."""
+        cfg = self.config
+        if cfg.scheme == "uniform":
+            return cfg.bits
+        if self.host_model is None:
+            return cfg.initial_bits
+        width, times = first_width(
+            self.host_model, self.counts[key.direction], dim, cfg.initial_bits
+        )
+        if width != cfg.initial_bits and self.world.is_main:
+            logger.info(
+                "%s: full precision until the first re-solve (%.1f ms predicted, %.1f ms "
+                "at %d bits)",
+                key,
+                1e3 * times[width],
+                1e3 * times[cfg.initial_bits],
+                cfg.initial_bits,
+            )
+        return width
+
+    def trace(self, key: ExchangeKey, rows_RD: torch.Tensor) -> None:
+        """Accumulates the squared row ranges of one outgoing block."""
+        if rows_RD.shape[1] == 0:
+            return
+        squared = ((rows_RD.amax(1) - rows_RD.amin(1)).double() ** 2).detach().cpu()
+        entry = self._traces.get(key)
+        if entry is None:
+            self._traces[key] = [squared, 1, rows_RD.shape[1]]
+        else:
+            entry[0] += squared
+            entry[1] += 1
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Plans, traces of the current cycle and the link model (for checkpoints)."""
+        state: dict[str, torch.Tensor] = {}
+        for key, plan in self._plans.items():
+            state[f"plan/{key}/out"] = plan.out_bits.cpu()
+            state[f"plan/{key}/in"] = plan.in_bits.cpu()
+        for key, (squared, cycles, dim) in self._traces.items():
+            state[f"trace/{key}/squared"] = squared
+            state[f"trace/{key}/cycles_dim"] = torch.tensor([cycles, dim])
+        if self.link_model is not None:
+            state["links/alpha"] = torch.from_numpy(self.link_model.alpha_s.copy())
+            state["links/beta"] = torch.from_numpy(self.link_model.beta_Bps.copy())
+        if self.host_model is not None:
+            quant, dequant = self.host_model.quant_s_per_value, self.host_model.dequant_s_per_value
+            state["hosts/costs"] = torch.tensor(
+                [[b, quant[b], dequant[b]] for b in sorted(quant)], dtype=torch.float64
+            )
+            state["hosts/fabric"] = torch.tensor([self.host_model.fabric_Bps], dtype=torch.float64)
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        plans: dict[ExchangeKey, dict[str, torch.Tensor]] = {}
+        traces: dict[ExchangeKey, dict[str, torch.Tensor]] = {}
+        for name, tensor in state.items():
+            kind, _, rest = name.partition("/")
+            if kind in ("plan", "trace"):
+                key_name, _, field = rest.rpartition("/")
+                into = plans if kind == "plan" else traces
+                into.setdefault(ExchangeKey.parse(key_name), {})[field] = tensor
+        self._plans = {
+            key: BitPlan(p["out"].to(self.device), p["in"].to(self.device))
+            for key, p in plans.items()
+        }
+        self._traces = {
+            key: [t["squared"], int(t["cycles_dim"][0]), int(t["cycles_dim"][1])]
+            for key, t in traces.items()
+        }
+        if "links/alpha" in state:
+            self.link_model = LinkModel(state["links/alpha"].numpy(), state["links/beta"].numpy())
+        if "hosts/costs" in state and self.config.cost_model == "host":
+            # The checkpoint's profile, not this start-up's: the run continues as it was.
+            rows = state["hosts/costs"].tolist()
+            quant, dequant = {int(b): q for b, q, _ in rows}, {int(b): d for b, _, d in rows}
+            fabric = float(state["hosts/fabric"]) if "hosts/fabric" in state else math.inf
+            self.host_model = host_model(self.link_model, self.hosts, quant, dequant, fabric)
+
+    def end_epoch(self, epoch: int, exchange_s_by_tag: dict[str, float] | None = None) -> float:
+        """Re-solves after every ``assign_cycle``-th epoch; returns the seconds it took.
+
+        ``exchange_s_by_tag``: this epoch's measured exchange times (the same on every
+        rank), which calibrate the cost model's figures at the next re-solve."""
+        if self.link_model is not None and self.world.is_main:  # what _calibrate reads
+            for tag, seconds in (exchange_s_by_tag or {}).items():
+                self._measured.setdefault(tag, []).append(seconds)
+        if not self.tracing or epoch % self.config.assign_cycle:
+            return 0.0
+        start = time.perf_counter()
+        earlier = epoch // self.config.assign_cycle - 1  # re-solves before this one
+        every = self.config.profile_every
+        if self.link_model is not None and every and earlier and earlier % every == 0:
+            self._profile()
+        self._resolve(epoch)
+        return time.perf_counter() - start
+
+    def _weights(self, key: ExchangeKey) -> np.ndarray:
+        squared, cycles, dim = self._traces[key]
+        weights = (squared / cycles) * dim / 4.0
+        if key.direction is Direction.FORWARD and self.forward_coef is not None:
+            weights = weights * self.forward_coef  # None: random scheme
+        return weights.numpy()
+
+    def _resolve(self, epoch: int) -> None:
+        p, rank = self.world.world_size, self.world.rank
+        keys = sorted(self._traces, key=str)
+        check = torch.tensor([len(keys), -len(keys)], dtype=torch.int64)
+        dist.all_reduce(check, op=dist.ReduceOp.MIN)
+        if check[0] != len(keys) or -check[1] != len(keys):
+            names = [str(k) for k in keys]
+            raise RuntimeError(f"rank {rank}: ranks traced different exchanges ({names})")
+        blocks = []
+        for key in keys:
+            counts = self.counts[key.direction]
+            weights = torch.from_numpy(self._weights(key))
+            longest = int(counts.sum(1).max())
+            padded = torch.zeros(longest, dtype=torch.float64)
+            padded[: len(weights)] = weights
+            gathered = [torch.zeros_like(padded) for _ in range(p)] if rank == 0 else None
+            dist.gather(padded, gathered, dst=0)
+            if rank == 0:
+                blocks.append(self._solve(key, counts, gathered, epoch))
+        total = sum(int(self.counts[k.direction].sum()) for k in keys)
+        flat = torch.cat(blocks) if rank == 0 else torch.empty(total, dtype=torch.uint8)
+        if rank == 0:
+            self.solutions.setdefault(epoch, {})["pair_bits"] = self._pair_bits(keys, flat)
+            self._calibrate(epoch)
+        dist.broadcast(flat, src=0)
+        self._install(keys, flat)
+        self._traces = {}
+        self._measured = {}
+
+    def _calibrate(self, epoch: int) -> None:
+        """Rank 0: adds the plans that ran since the last re-solve to the calibration's
+        history, refits it, and states this re-solve's plans through it."""
+        previous = epoch - self.config.assign_cycle  # absent after a resume: no fit yet
+        before = self.solutions.get(previous, {}).get("predicted_s", {})
+        measured = {t: float(np.median(self._measured[t])) for t in before if self._measured.get(t)}
+        if measured:
+            self._ran.append((before, measured))
+            del self._ran[:-CALIBRATION_PLANS]
+        if not self._ran:
+            return
+        calibration = fit_calibration(self._ran)
+        fixed, scale = calibration["fixed_s_by_tag"], calibration["scale"]
+        solution = self.solutions.setdefault(epoch, {})
+        solution["calibration"] = calibration
+        solution["calibrated_s"] = {
+            t: fixed.get(t, calibration["fixed_s"]) + scale * s
+            for t, s in solution.get("predicted_s", {}).items()
+        }
+
+    def _solve(
+        self, key: ExchangeKey, counts: np.ndarray, gathered: list[torch.Tensor], epoch: int
+    ) -> torch.Tensor:
+        """Rank 0: widths of every channel of one exchange, in (src, dst) order."""
+        p = self.world.world_size
+        dim = self._traces[key][2]
+        channels = []
+        for src in range(p):
+            offsets = np.concatenate([[0], np.cumsum(counts[src])])
+            for dst in range(p):
+                if src != dst:
+                    weights = gathered[src][offsets[dst] : offsets[dst + 1]].numpy()
+                    channels.append(Channel(src, dst, weights))
+        cfg = self.config
+        if cfg.scheme == "random":
+            result = random_assignment(channels, dim, cfg.allowed_bits, cfg.seed + epoch)
+            widths = result.bits
+        else:
+            solve_channels, model, bits, members = channels, self.link_model, cfg.allowed_bits, None
+            if cfg.cost_model == "host":
+                # Full precision is one of the choices: an exchange is never planned slower
+                # than sending float32.
+                model, bits = self.host_model, tuple(sorted({*bits, FULL_PRECISION_BITS}))
+            elif cfg.cost_model != "link":
+                solve_channels, model, members = _merge(
+                    channels, self.link_model, shared=cfg.cost_model == "shared"
+                )
+            result = solve_assignment(
+                solve_channels,
+                dim,
+                model,
+                bits=bits,
+                group_size=cfg.group_size,
+                lam=cfg.lam,
+                method=cfg.solver,
+                time_limit_s=cfg.time_limit_s,
+            )
+            widths = result.bits if members is None else _split(result.bits, members, channels)
+        self.last_status[str(key)] = result.status
+        if math.isfinite(result.time_s):
+            predicted = self.solutions.setdefault(epoch, {}).setdefault("predicted_s", {})
+            predicted[str(key)] = result.time_s
+        logger.info(
+            "epoch %d %s: avg %.2f bits (%s, %s, %.3fs)",
+            epoch,
+            key,
+            result.avg_bits,
+            result.method,
+            result.status,
+            result.solve_time_s,
+        )
+        return torch.from_numpy(np.concatenate([b.astype(np.uint8) for b in widths]))
+
+    def _channel_widths(self, keys: list[ExchangeKey], flat: torch.Tensor):
+        """Yields ``(key, src, dst, widths)`` of every channel in the broadcast buffer."""
+        p, offset = self.world.world_size, 0
+        for key in keys:
+            counts = self.counts[key.direction]
+            for src in range(p):
+                for dst in range(p):
+                    if src != dst:
+                        n = int(counts[src, dst])
+                        yield key, src, dst, flat[offset : offset + n]
+                        offset += n
+
+    def _pair_bits(self, keys: list[ExchangeKey], flat: torch.Tensor) -> dict[str, float]:
+        totals: dict[str, list[int]] = {}
+        for _, src, dst, widths in self._channel_widths(keys, flat):
+            entry = totals.setdefault(f"{src}->{dst}", [0, 0])
+            entry[0] += int(widths.sum(dtype=torch.int64))
+            entry[1] += widths.numel()
+        return {pair: bits / n for pair, (bits, n) in totals.items() if n}
+
+    def _install(self, keys: list[ExchangeKey], flat: torch.Tensor) -> None:
+        p, rank = self.world.world_size, self.world.rank
+        channels: dict[ExchangeKey, dict[tuple[int, int], torch.Tensor]] = {k: {} for k in keys}
+        for key, src, dst, widths in self._channel_widths(keys, flat):
+            channels[key][src, dst] = widths
+        empty = torch.zeros(0, dtype=torch.uint8)
+        for key, channel in channels.items():
+            out_bits = torch.cat([channel.get((rank, dst), empty) for dst in range(p)])
+            in_bits = torch.cat([channel.get((src, rank), empty) for src in range(p)])
+            self._plans[key] = BitPlan(
+                out_bits.to(torch.int8).to(self.device), in_bits.to(torch.int8).to(self.device)
+            )
+
+
+def first_width(
+    model: HostModel, counts: np.ndarray, dim: int, initial_bits: int
+) -> tuple[int, dict[int, float]]:
+    """The width of an exchange before anything is traced, under the host model:
+    ``initial_bits``, or full precision where the model predicts it no slower (it is then
+    better in variance and in time alike, so a fast network is not slowed down by
+    quantizing). ``counts[src, dst]``: messages src sends dst. Returns the width and the
+    predicted time at each width considered. Every rank gets the same answer from the same
+    collective profile."""
+    p = len(counts)
+    channels = [
+        Channel(src, dst, np.zeros(int(counts[src, dst])))
+        for src in range(p)
+        for dst in range(p)
+        if src != dst
+    ]
+    times = {
+        width: uniform_assignment(channels, dim, width, link_model=model).time_s
+        for width in dict.fromkeys((initial_bits, FULL_PRECISION_BITS))
+    }
+    if times[FULL_PRECISION_BITS] <= times[initial_bits]:
+        return FULL_PRECISION_BITS, times
+    return initial_bits, times
+
+
+def _merge(channels: list[Channel], links: LinkModel, shared: bool):
+    """Channels that share one link become one channel (their bytes add up).
+
+    ``shared``: every channel shares one resource (ranks on one host); otherwise each
+    sender's channels share its link. A merged channel is filed under ``(src, src + 1)``
+    with the median latency and bandwidth of the pairs it covers: each pair was profiled
+    alone, i.e. at the full rate of the shared link. Returns the merged channels, their
+    link model, and the member channels (in order) of each merged channel.
+    """
+    p = links.num_ranks
+    alpha, beta = np.zeros((p, p)), np.ones((p, p))
+    groups: dict[int, list[Channel]] = {}
+    for c in channels:
+        groups.setdefault(0 if shared else c.src, []).append(c)
+    merged, members = [], []
+    for src, group in sorted(groups.items()):
+        dst = (src + 1) % p
+        pairs = tuple(zip(*[(c.src, c.dst) for c in group], strict=True))
+        alpha[src, dst] = float(np.median(links.alpha_s[pairs]))
+        beta[src, dst] = float(np.median(links.beta_Bps[pairs]))
+        merged.append(Channel(src, dst, np.concatenate([c.weights for c in group])))
+        members.append(group)
+    return merged, LinkModel(alpha, beta), members
+
+
+def _split(
+    merged_bits: tuple[np.ndarray, ...], members: list[list[Channel]], channels: list[Channel]
+) -> list[np.ndarray]:
+    """Inverse of ``_merge`` for the widths: per original channel, in the original order."""
+    widths = {}
+    for bits, group in zip(merged_bits, members, strict=True):
+        offset = 0
+        for c in group:
+            widths[c.src, c.dst] = bits[offset : offset + c.num_messages]
+            offset += c.num_messages
+    return [widths[c.src, c.dst] for c in channels]

@@ -1,0 +1,133 @@
+"""Exchange policies: everything about a halo exchange except moving the rows.
+
+The transport (``adaqp/exchange/transport.py``) moves rows for a key with a plan. A policy, owned by
+the trainer, decides the rest: which plan a key gets, what is traced for the bit-width
+assigner, whether a layer waits for a fresh exchange or takes a buffered one, and the
+switch between training and evaluation (evaluation is always fresh and full precision).
+
+=========================  ====================  ==========================================
+policy                     modes                 training-time exchanges
+=========================  ====================  ==========================================
+``ExchangePolicy``         vanilla, adaqp-p,     float32, waited for
+                           nocomm
+``AdaptivePolicy``         adaqp-q, adaqp        planned widths (``BitWidthPlanner``), traced
+                                                 (``adaqp/exchange/adaptive.py``)
+``StalePolicy``            onebit                low-bit, bounded staleness
+                                                 (``adaqp/exchange/stale.py``)
+=========================  ====================  ==========================================
+
+Layers call ``pending = policy.start(key, rows)`` and later ``pending.wait()``. The
+trainer calls ``begin_epoch(epoch, counters)``, runs the step inside ``with
+policy.training():``, then ``end_epoch(epoch)``, and ``close()`` once at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Protocol
+
+import torch
+
+from adaqp.exchange.counters import EpochCounters
+from adaqp.exchange.transport import BitPlan, ExchangeKey, HaloTransport, PendingExchange
+
+
+class Pending(Protocol):
+    """What ``ExchangePolicy.start`` returns: ``wait()`` gives the rows to use."""
+
+    def wait(self) -> torch.Tensor: ...
+
+
+class _Counted:
+    """A fresh exchange whose landing is recorded in the epoch's counters."""
+
+    __slots__ = ("_handle", "_counters")
+
+    def __init__(self, handle: PendingExchange, counters: EpochCounters):
+        self._handle = handle
+        self._counters = counters
+
+    def wait(self) -> torch.Tensor:
+        first = not self._handle.waited
+        rows = self._handle.wait()
+        if first:
+            self._counters.record_landing(self._handle, self._handle.wait_s)
+        return rows
+
+
+class ExchangePolicy:
+    """Synchronous, full precision: every exchange is launched and waited for.
+
+    Args:
+        transport: this rank's halo transport.
+    """
+
+    max_staleness_bound = 0
+    """The largest staleness this policy may use (for reducing its histograms)."""
+
+    def __init__(self, transport: HaloTransport):
+        self.transport = transport
+        self._epoch = 0
+        self._training = False
+        self._counters = EpochCounters()
+
+    def begin_epoch(self, epoch: int, counters: EpochCounters) -> None:
+        """Training exchanges from now on belong to ``epoch`` and count into ``counters``."""
+        self._epoch = epoch
+        self._counters = counters
+        self.transport.at(f"epoch {epoch}")
+
+    def at(self, step: str) -> None:
+        """Names the step that exchange errors quote (e.g. "epoch 3 evaluation")."""
+        self.transport.at(step)
+
+    @contextmanager
+    def training(self) -> Iterator[None]:
+        """Exchanges inside are training exchanges (planned, traced, maybe buffered)."""
+        self._training = True
+        try:
+            yield
+        finally:
+            self._training = False
+
+    def plan(self, key: ExchangeKey, out_rows: int, in_rows: int, dim: int) -> BitPlan | None:
+        """The plan of a training exchange of ``dim``-wide rows; None sends float32."""
+        return None
+
+    def start(self, key: ExchangeKey, rows_RD: torch.Tensor) -> Pending:
+        """Launches the exchange of ``rows_RD`` (the rows to send, peer by peer)."""
+        if not self._training:
+            return self.transport.start(rows_RD, key)
+        handle = self._launch(key, rows_RD)
+        return _Counted(handle, self._counters)
+
+    def _launch(self, key: ExchangeKey, rows_RD: torch.Tensor) -> PendingExchange:
+        out_counts, in_counts = self.transport.counts(key)
+        plan = self.plan(key, sum(out_counts), sum(in_counts), rows_RD.shape[1])
+        handle = self.transport.start(rows_RD, key, plan)
+        self._counters.record_launch(handle)
+        return handle
+
+    def end_epoch(self, epoch: int, exchange_s_by_tag: dict[str, float] | None = None) -> float:
+        """After the step of ``epoch``: policy upkeep; returns the seconds it took.
+        ``exchange_s_by_tag``: the epoch's measured exchange times (all ranks' view)."""
+        return 0.0
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """What a resumed run needs to continue as this one would (for checkpoints)."""
+        return {f"transport/{k}": v for k, v in self.transport.state_dict().items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        prefix = "transport/"
+        self.transport.load_state_dict(
+            {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+        )
+
+    def close(self) -> None:
+        """Waits for every exchange still in flight (none here)."""
+
+    def report(self, solved_at: int) -> dict:
+        """Summary fields this policy adds (see ``metrics.Summary``) for the plans solved
+        after epoch ``solved_at``; rank 0's are complete."""
+        return {}

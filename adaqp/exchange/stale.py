@@ -1,0 +1,163 @@
+"""Bounded-staleness exchange policy (mode ``onebit``; Sylvie, PipeGCN's pipeline).
+
+Training exchanges are quantized to ``staleness.bits`` per value (one bit by default:
+each value becomes its row's min or max, with the probability that keeps its mean).
+The exchange for key k at epoch t is launched as soon as its rows exist and is not waited
+for. The layer then uses the newest *landed* buffer of k whose exchange started at an
+epoch >= t - S; only if none of those has landed does it block, on the oldest of them
+(collectives on one group complete in launch order, so that is the shortest wait).
+Gradients returned to owners follow the same rule. S = 0 is synchronous low-bit training,
+and with ``sync_every = K`` every K-th epoch waits for its own exchanges.
+
+Per key::
+
+    epoch:        t-S-1     t-S      ...      t-1       t
+    buffers:      (gone)   [h, landed?]  ... [h, landed?] [h just launched]
+                           '------- may be used at epoch t -------'
+
+The staleness actually used (t minus the chosen buffer's epoch) is recorded per key;
+evaluation never uses buffers (fresh, full precision).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import torch
+
+from adaqp.config import StalenessConfig
+from adaqp.exchange.policy import ExchangePolicy, Pending
+from adaqp.exchange.transport import BitPlan, ExchangeKey, HaloTransport, PendingExchange
+
+
+class _Buffered:
+    """The rows a stale exchange resolves to, chosen when they are needed."""
+
+    __slots__ = ("_policy", "_key", "_epoch")
+
+    def __init__(self, policy: StalePolicy, key: ExchangeKey, epoch: int):
+        self._policy = policy
+        self._key = key
+        self._epoch = epoch
+
+    def wait(self) -> torch.Tensor:
+        return self._policy._resolve(self._key, self._epoch)
+
+
+class _Landed:
+    """Rows of an exchange that landed before a checkpoint, restored on resume."""
+
+    __slots__ = ("_rows",)
+    waited = True
+
+    def __init__(self, rows: torch.Tensor):
+        self._rows = rows
+
+    def is_completed(self) -> bool:
+        return True
+
+    def wait(self) -> torch.Tensor:
+        return self._rows
+
+    def release(self) -> None:
+        pass
+
+    def release_if_landed(self) -> bool:
+        return True
+
+
+class StalePolicy(ExchangePolicy):
+    """Low-bit training exchanges used up to ``config.bound`` epochs late.
+
+    Args:
+        transport: this rank's halo transport.
+        config: the staleness section (bound, bits, sync_every).
+    """
+
+    def __init__(self, transport: HaloTransport, config: StalenessConfig, device):
+        super().__init__(transport)
+        self.config = config
+        self.device = device
+        self.max_staleness_bound = config.bound
+        self._plans: dict[ExchangeKey, BitPlan] = {}
+        # Per key: (epoch started, handle), oldest first; at most bound + 1 entries.
+        self._buffers: dict[ExchangeKey, deque[tuple[int, PendingExchange]]] = {}
+        # Superseded exchanges not yet known to have landed: waited for before close.
+        self._retired: list[PendingExchange] = []
+
+    def bound_at(self, epoch: int) -> int:
+        """The staleness allowed at ``epoch`` (0 on synchronous epochs)."""
+        every = self.config.sync_every
+        return 0 if every and epoch % every == 0 else self.config.bound
+
+    def plan(self, key: ExchangeKey, out_rows: int, in_rows: int, dim: int) -> BitPlan:
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = BitPlan.uniform(self.config.bits, out_rows, in_rows, self.device)
+            self._plans[key] = plan
+        return plan
+
+    def start(self, key: ExchangeKey, rows_RD: torch.Tensor) -> Pending:
+        if not self._training:
+            return self.transport.start(rows_RD, key)
+        handle = self._launch(key, rows_RD)
+        self._buffers.setdefault(key, deque()).append((self._epoch, handle))
+        return _Buffered(self, key, self._epoch)
+
+    def _resolve(self, key: ExchangeKey, epoch: int) -> torch.Tensor:
+        """Rows of the newest landed exchange of ``key`` within the bound at ``epoch``."""
+        entries = self._buffers[key]
+        oldest = epoch - self.bound_at(epoch)
+        while entries and entries[0][0] < oldest:
+            self._retire(entries.popleft()[1])
+        if not entries:  # cannot happen: this epoch's exchange was just launched
+            raise RuntimeError(f"{key}: no exchange at or after epoch {oldest}")
+        landed = [i for i, (_, h) in enumerate(entries) if h.is_completed()]
+        # Nothing within the bound has landed: block on the oldest (it lands first).
+        chosen = landed[-1] if landed else 0
+        started, handle = entries[chosen]
+        first = not handle.waited
+        began = time.perf_counter()
+        rows = handle.wait()
+        if first:
+            self._counters.record_landing(handle, 0.0 if landed else time.perf_counter() - began)
+        self._counters.record_staleness(str(key), epoch - started)
+        # Older buffers will never be chosen again: a newer one has landed.
+        for _ in range(chosen):
+            self._retire(entries.popleft()[1])
+        self._retired = [h for h in self._retired if not h.release_if_landed()]
+        return rows
+
+    def _retire(self, handle: PendingExchange) -> None:
+        if not handle.release_if_landed():
+            self._retired.append(handle)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Every usable buffer, waited for (all ranks checkpoint at the same epoch)."""
+        state = super().state_dict()
+        for key, entries in self._buffers.items():
+            for started, handle in entries:
+                state[f"buffer/{key}/{started}"] = handle.wait().cpu()
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        super().load_state_dict(state)
+        buffers: dict[ExchangeKey, list[tuple[int, _Landed]]] = {}
+        for name, rows in state.items():
+            kind, _, rest = name.partition("/")
+            if kind == "buffer":
+                key_name, _, started = rest.rpartition("/")
+                entry = (int(started), _Landed(rows.to(self.device)))
+                buffers.setdefault(ExchangeKey.parse(key_name), []).append(entry)
+        self._buffers = {key: deque(sorted(e, key=lambda x: x[0])) for key, e in buffers.items()}
+
+    def close(self) -> None:
+        """Waits for every exchange still in flight (no handle may outlive the group)."""
+        for handle in self._retired:
+            handle.release()
+        for entries in self._buffers.values():
+            for _, handle in entries:
+                handle.release()
+        self._retired = []
+        self._buffers = {}

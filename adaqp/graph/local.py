@@ -1,0 +1,133 @@
+"""One worker's view of the graph: inner nodes (central, then marginal) and halo nodes.
+
+Local ids: inner nodes 0..I-1 with the C *central* ones (no halo in-neighbour) first and
+the *marginal* ones after; halo nodes I..I+H-1 in the order the partition stores them
+(by owner, then owner-local id), which is the order rows arrive from the peers.
+Central rows can be aggregated before the halo exchange lands (overlap).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from adaqp.graph.aggregate import SparseAdjacency
+from adaqp.partitioning.format import Part
+
+NORMS = ("gcn", "mean")
+
+
+@dataclass
+class LocalGraph:
+    """Tensors of one part, reordered central-first, on the compute device."""
+
+    rank: int
+    num_parts: int
+    num_inner: int
+    num_halo: int
+    num_central: int
+    global_ids: np.ndarray
+    """int64 [I]: global id of each inner node (local order)."""
+    halo_global_ids: np.ndarray
+    """int64 [H]: global id of each halo node."""
+    indptr: np.ndarray
+    """int64 [I+1]: CSR of in-edges over local ids (no self-loops)."""
+    indices: np.ndarray
+    """int64 [E]: local source ids, inner or halo."""
+    in_degree: np.ndarray
+    """int64 [I + H]: global in-degree of every local node (no self-loop)."""
+    features: torch.Tensor
+    """float32 [I, F]."""
+    labels: torch.Tensor
+    """int64 [I] (float32 [I, C] if multilabel)."""
+    train_mask: torch.Tensor
+    val_mask: torch.Tensor
+    test_mask: torch.Tensor
+    send_idx: torch.Tensor
+    """int64 [S]: local inner ids sent to the peers, peer by peer in rank order."""
+    send_counts: list[int]
+    recv_counts: list[int]
+
+    @classmethod
+    def from_part(cls, part: Part, device: torch.device | str = "cpu") -> LocalGraph:
+        num_inner, num_halo = part.num_inner, part.num_halo
+        old_indptr, old_indices = part.indptr, part.indices
+        rows = np.repeat(np.arange(num_inner, dtype=np.int64), np.diff(old_indptr))
+        has_halo = np.zeros(num_inner, dtype=bool)
+        has_halo[rows[old_indices >= num_inner]] = True
+        # Stable order keeps ascending global ids inside each class (deterministic).
+        new_to_old = np.concatenate([np.flatnonzero(~has_halo), np.flatnonzero(has_halo)])
+        old_to_new = np.empty(num_inner + num_halo, dtype=np.int64)
+        old_to_new[new_to_old] = np.arange(num_inner, dtype=np.int64)
+        old_to_new[num_inner:] = np.arange(num_inner, num_inner + num_halo, dtype=np.int64)
+
+        new_rows = old_to_new[rows]
+        new_cols = old_to_new[old_indices]
+        order = np.lexsort((new_cols, new_rows))
+        indptr = np.zeros(num_inner + 1, dtype=np.int64)
+        np.cumsum(np.bincount(new_rows, minlength=num_inner), out=indptr[1:])
+
+        def tensor(array: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(array[new_to_old])).to(device)
+
+        return cls(
+            rank=part.rank,
+            num_parts=part.num_parts,
+            num_inner=num_inner,
+            num_halo=num_halo,
+            num_central=int((~has_halo).sum()),
+            global_ids=part.global_ids[new_to_old],
+            halo_global_ids=part.halo_global_ids,
+            indptr=indptr,
+            indices=new_cols[order],
+            in_degree=np.concatenate([part.in_degree[new_to_old], part.halo_degree]),
+            features=tensor(part.features),
+            labels=tensor(part.labels),
+            train_mask=tensor(part.train_mask),
+            val_mask=tensor(part.val_mask),
+            test_mask=tensor(part.test_mask),
+            send_idx=torch.from_numpy(old_to_new[part.send_idx]).to(device),
+            send_counts=[int(c) for c in part.send_counts],
+            recv_counts=[int(c) for c in part.recv_counts],
+        )
+
+    @property
+    def num_marginal(self) -> int:
+        return self.num_inner - self.num_central
+
+    @property
+    def device(self) -> torch.device:
+        return self.features.device
+
+    def adjacency(self, norm: str) -> SparseAdjacency:
+        """The [I, I + H] aggregation matrix with coefficients c_uv for edge v -> u.
+
+        ``gcn``: D^-1/2 (A + I) D^-1/2 with global degrees (self-loop counted);
+        ``mean``: 1 / in-degree (rows without in-edges aggregate to zero).
+        """
+        rows = np.repeat(np.arange(self.num_inner, dtype=np.int64), np.diff(self.indptr))
+        cols = self.indices
+        if norm == "gcn":
+            inv_sqrt = 1.0 / np.sqrt(self.in_degree.astype(np.float64) + 1.0)
+            self_ids = np.arange(self.num_inner, dtype=np.int64)
+            rows = np.concatenate([rows, self_ids])
+            cols = np.concatenate([cols, self_ids])
+            values = inv_sqrt[rows] * inv_sqrt[cols]
+            order = np.lexsort((cols, rows))
+            rows, cols, values = rows[order], cols[order], values[order]
+        elif norm == "mean":
+            degree = np.maximum(self.in_degree[: self.num_inner], 1).astype(np.float64)
+            values = 1.0 / degree[rows]
+        else:
+            raise ValueError(f"unknown norm {norm!r}; choose one of {', '.join(NORMS)}")
+        indptr = np.zeros(self.num_inner + 1, dtype=np.int64)
+        np.cumsum(np.bincount(rows, minlength=self.num_inner), out=indptr[1:])
+        return SparseAdjacency.from_csr(
+            indptr,
+            cols,
+            values.astype(np.float32),
+            (self.num_inner, self.num_inner + self.num_halo),
+            self.device,
+        )

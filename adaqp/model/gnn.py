@@ -1,0 +1,66 @@
+"""GNN models: a stack of graph convolutions with dropout, optional LayerNorm and ReLU."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from adaqp.config import ModelConfig
+from adaqp.model.layers import GCNConv, SAGEConv
+
+CONVS = {"gcn": GCNConv, "sage": SAGEConv}
+
+Propagate = Callable[..., torch.Tensor]
+"""``propagate(h, layer, finish)``: see ``adaqp.model.layers.Propagation``."""
+
+
+class GNN(nn.Module):
+    """``layers`` convolutions: in_dim -> hidden -> ... -> out_dim.
+
+    Before every layer: dropout. After every hidden layer: LayerNorm (optional), ReLU.
+
+    Args:
+        config: architecture.
+        in_dim, out_dim: feature and class counts.
+        transform_first: let GCN layers that narrow the rows transform before aggregating.
+        cached_input: layer 0 receives its halo rows with the input (nothing to narrow).
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        in_dim: int,
+        out_dim: int,
+        transform_first: bool = False,
+        cached_input: bool = False,
+    ):
+        super().__init__()
+        conv = CONVS[config.name]
+        dims = [in_dim] + [config.hidden] * (config.layers - 1) + [out_dim]
+        self.convs = nn.ModuleList(
+            conv(
+                a,
+                b,
+                transform_first=transform_first and b < a and not (layer == 0 and cached_input),
+            )
+            for layer, (a, b) in enumerate(zip(dims[:-1], dims[1:], strict=True))
+        )
+        self.norms = nn.ModuleList(
+            nn.LayerNorm(d) if config.layernorm else nn.Identity() for d in dims[1:-1]
+        )
+        self.dropout = nn.Dropout(config.dropout)
+        self.norm = conv.norm
+
+    def forward(self, x_ID: torch.Tensor, propagate: Propagate) -> torch.Tensor:
+        """Returns logits [I, out_dim] for the inner nodes.
+
+        ``x`` is [I, F], or [I + H, F] with the halo rows of the input appended (cached).
+        """
+        h = x_ID
+        for layer, conv in enumerate(self.convs):
+            h = conv(self.dropout(h), propagate, layer)
+            if layer < len(self.convs) - 1:
+                h = torch.relu(self.norms[layer](h))
+        return h

@@ -1,0 +1,186 @@
+"""Graph convolution layers over a partitioned graph.
+
+A layer never sees the partition: it calls ``propagate(h, layer, finish)``, which
+aggregates the in-neighbours of every inner node, halo rows included, and applies the
+layer's row-wise ``finish(agg, rows)`` (its dense transform) to the aggregated rows.
+Where the input already holds its halo rows (the cached layer-0 input, ``[I + H, D]``)
+the ``Propagation`` is told so when it is built, and no exchange runs for that layer.
+
+Otherwise the exchange is two autograd nodes around the layer's local work:
+``_ExchangeStart`` sends the boundary rows and ``_ExchangeLand`` waits for the halo rows.
+With ``overlap`` on, the central rows (no halo in-neighbour) are aggregated *and
+transformed* between the two, while the exchange is in flight, and the marginal rows
+after it lands. Backward mirrors it: ``_ExchangeLand``'s backward sends the halo
+gradients to their owners and ``_ExchangeStart``'s waits for them, and autograd, which
+runs the nodes recorded last first, computes the central rows' gradients (transform and
+aggregation) in between. Which rows an exchange resolves to (fresh, quantized, or
+buffered from an earlier epoch) is the exchange policy's business.
+
+Shapes: I inner rows (C central first, then M marginal), H halo rows, S rows sent to
+peers, D features, O output features.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from adaqp.exchange.policy import ExchangePolicy, Pending
+from adaqp.exchange.transport import ExchangeKey
+from adaqp.graph.aggregate import SparseAdjacency, spmm
+from adaqp.graph.local import LocalGraph
+
+Finish = Callable[[torch.Tensor, slice], torch.Tensor]
+"""A layer's row-wise work after aggregation: ``finish(agg_XD, rows) -> [X, O]`` for
+the inner rows ``rows`` (a slice of 0..I)."""
+
+
+class _InFlight:
+    """The exchange between its two autograd nodes: the pending forward exchange, then
+    the pending backward one."""
+
+    def __init__(self, policy: ExchangePolicy, layer: int):
+        self.policy = policy
+        self.layer = layer
+        self.pending: Pending | None = None
+
+
+class _ExchangeStart(torch.autograd.Function):
+    """Sends the boundary rows; returns an empty ticket for ``_ExchangeLand``."""
+
+    @staticmethod
+    def forward(ctx, send_SD: torch.Tensor, flight: _InFlight) -> torch.Tensor:
+        ctx.flight = flight
+        key = ExchangeKey.forward(flight.layer)
+        flight.pending = flight.policy.start(key, send_SD.detach())
+        return send_SD.new_empty(0)
+
+    @staticmethod
+    def backward(ctx, _grad_ticket: torch.Tensor):
+        # The halo gradients were sent by _ExchangeLand.backward: collect the boundary's.
+        flight = ctx.flight
+        grad_SD, flight.pending = flight.pending.wait(), None
+        return grad_SD, None
+
+
+class _ExchangeLand(torch.autograd.Function):
+    """Waits for the halo rows [H, D]; backward sends their gradients to the owners."""
+
+    @staticmethod
+    def forward(ctx, _ticket: torch.Tensor, flight: _InFlight) -> torch.Tensor:
+        ctx.flight = flight
+        halo_HD, flight.pending = flight.pending.wait(), None
+        # A new tensor object: the policy may hand out the same buffer again (stale rows
+        # reused by a later epoch), and autograd marks what a node returns as its output.
+        return halo_HD.view_as(halo_HD)
+
+    @staticmethod
+    def backward(ctx, grad_HD: torch.Tensor):
+        flight = ctx.flight
+        key = ExchangeKey.backward(flight.layer)
+        flight.pending = flight.policy.start(key, grad_HD.contiguous())
+        return grad_HD.new_empty(0), None
+
+
+def _whole(agg: torch.Tensor, rows: slice) -> torch.Tensor:
+    return agg
+
+
+class Propagation:
+    """Aggregates in-neighbours for one worker: local rows, plus halo rows when P > 1.
+
+    Args:
+        graph: this worker's local graph.
+        adjacency: its ``[I, I + H]`` aggregation matrix (``graph.adjacency(norm)``).
+        policy: the exchange policy; None for a single worker (no halo).
+        overlap: aggregate and finish the central rows while the exchange is in flight.
+        cached_input: layer 0's input already holds the halo rows ``[I + H, D]``.
+    """
+
+    def __init__(
+        self,
+        graph: LocalGraph,
+        adjacency: SparseAdjacency,
+        policy: ExchangePolicy | None,
+        overlap: bool = False,
+        cached_input: bool = False,
+    ):
+        if policy is None and graph.num_halo:
+            raise ValueError("a graph with halo nodes needs an exchange policy")
+        self.graph = graph
+        self.adjacency = adjacency
+        self.policy = policy
+        self.overlap = overlap and policy is not None
+        self.cached_input = cached_input
+        if self.overlap:
+            num_inner, num_central = graph.num_inner, graph.num_central
+            # Central rows read only inner columns: a [C, I] block.
+            self.central = self.adjacency.row_slice(0, num_central, num_cols=num_inner)
+            self.marginal = self.adjacency.row_slice(num_central, num_inner)
+
+    def __call__(self, h_RD: torch.Tensor, layer: int, finish: Finish = _whole) -> torch.Tensor:
+        """Returns ``finish`` of the aggregation of every inner row, [I, O]."""
+        every = slice(0, self.graph.num_inner)
+        if self.policy is None or (layer == 0 and self.cached_input):
+            # No halo, or its rows already present.
+            return finish(spmm(self.adjacency, h_RD), every)
+        # Every rank joins every exchange, also one whose part has no halo rows: its
+        # peers may still need its rows.
+        flight = _InFlight(self.policy, layer)
+        ticket = _ExchangeStart.apply(h_RD.index_select(0, self.graph.send_idx), flight)
+        if not self.overlap:
+            halo_HD = _ExchangeLand.apply(ticket, flight)
+            return finish(spmm(self.adjacency, torch.cat([h_RD, halo_HD])), every)
+        # Central rows need no halo: aggregated and finished while the exchange travels.
+        num_central = self.graph.num_central
+        central_CO = finish(spmm(self.central, h_RD), slice(0, num_central))
+        halo_HD = _ExchangeLand.apply(ticket, flight)
+        marginal = spmm(self.marginal, torch.cat([h_RD, halo_HD]))
+        marginal_MO = finish(marginal, slice(num_central, self.graph.num_inner))
+        return torch.cat([central_CO, marginal_MO])
+
+
+class GCNConv(nn.Module):
+    """GCN layer: (D^-1/2 (A + I) D^-1/2 h) W + b.
+
+    With ``transform_first`` the product runs as D^-1/2 (A + I) D^-1/2 (h W) + b: the same
+    result, but the exchanged rows are ``out_dim`` wide instead of ``in_dim``.
+    """
+
+    norm = "gcn"
+
+    def __init__(self, in_dim: int, out_dim: int, transform_first: bool = False):
+        super().__init__()
+        self.linear = nn.Linear(in_dim, out_dim)
+        self.transform_first = transform_first
+
+    def forward(self, h: torch.Tensor, propagate, layer: int) -> torch.Tensor:
+        if self.transform_first:
+            hw = nn.functional.linear(h, self.linear.weight)
+            return propagate(hw, layer) + self.linear.bias
+        return propagate(h, layer, lambda agg, rows: self.linear(agg))
+
+
+class SAGEConv(nn.Module):
+    """GraphSAGE layer, mean aggregator with root weight: h W_root + mean(h_N) W_neigh + b.
+
+    With ``transform_first`` the neighbour term runs as mean((h W_neigh)_N), the same
+    result with ``out_dim``-wide exchanged rows.
+    """
+
+    norm = "mean"
+
+    def __init__(self, in_dim: int, out_dim: int, transform_first: bool = False):
+        super().__init__()
+        self.root = nn.Linear(in_dim, out_dim)
+        self.neigh = nn.Linear(in_dim, out_dim, bias=False)
+        self.transform_first = transform_first
+
+    def forward(self, h: torch.Tensor, propagate, layer: int) -> torch.Tensor:
+        # h may carry halo rows after the inner ones (cached input): the root term is
+        # taken over the inner rows, row range by row range with the aggregation.
+        if self.transform_first:
+            return propagate(self.neigh(h), layer, lambda agg, rows: self.root(h[rows]) + agg)
+        return propagate(h, layer, lambda agg, rows: self.root(h[rows]) + self.neigh(agg))

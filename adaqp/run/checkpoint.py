@@ -1,0 +1,325 @@
+"""Checkpoints: every rank's training state, written atomically and verified on load.
+
+Layout (``checkpoint.dir``, by default ``<out>/checkpoints``)::
+
+    checkpoints/
+        epoch-000010/
+            rank-00000.npz   tensors of rank 0: model, optimizer, RNG states, policy state
+            rank-00001.npz   ... one shard per rank (numpy without pickle)
+            manifest.json    written last, by rank 0, once every shard is on disk:
+                             format, epoch, world size, config and partition fingerprints,
+                             SHA-256 of every shard, and the run's history so far (JSON)
+        epoch-000020/ ...
+
+Every file is written to a temporary name, flushed to disk (fsync) and renamed, and the
+directory is synced after the rename: a crash mid-write leaves the previous checkpoint
+intact and the new one without a manifest, which never counts. Loading verifies the
+manifest, the fingerprints (naming what differs) and each shard's SHA-256. After a new
+checkpoint is complete the oldest are removed, keeping the newest ``checkpoint.keep``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from adaqp.partitioning.format import sha256_file
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_DIR = "checkpoints"
+"""Where a run's checkpoints go inside its output directory (``checkpoint.dir`` empty)."""
+FORMAT = "adaqp-checkpoint"
+VERSION = 1
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete, damaged, or does not fit this run."""
+
+
+def _step_dir(root: Path, epoch: int) -> Path:
+    return root / f"epoch-{epoch:06d}"
+
+
+def _shard_name(rank: int) -> str:
+    return f"rank-{rank:05d}.npz"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, write: Callable[[Any], None]) -> None:
+    """Writes through ``write(file)`` to a temporary sibling, fsyncs, renames into place."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+
+
+def _to_numpy(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    arrays = {}
+    for name, tensor in tensors.items():
+        if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16
+            raise CheckpointError(f"{name}: bfloat16 tensors are not supported")
+        arrays[name] = tensor.detach().cpu().numpy()
+    return arrays
+
+
+def write_shard(root: Path, epoch: int, rank: int, tensors: dict[str, torch.Tensor]) -> str:
+    """Writes this rank's shard of the checkpoint at ``epoch``; returns its SHA-256."""
+    step = _step_dir(root, epoch)
+    step.mkdir(parents=True, exist_ok=True)
+    path = step / _shard_name(rank)
+    arrays = _to_numpy(tensors)
+    _write_atomic(path, lambda f: np.savez(f, **arrays))
+    return sha256_file(path)
+
+
+def write_manifest(
+    root: Path,
+    epoch: int,
+    shard_sha256: list[str],
+    fingerprint: dict[str, Any],
+    history: dict[str, Any],
+    keep: int,
+) -> Path:
+    """Rank 0, after every shard is written: completes the checkpoint, prunes old ones."""
+    step = _step_dir(root, epoch)
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "epoch": epoch,
+        "world_size": len(shard_sha256),
+        "fingerprint": fingerprint,
+        "shards": {_shard_name(r): sha for r, sha in enumerate(shard_sha256)},
+        "history": history,
+    }
+    text = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    _write_atomic(step / MANIFEST, lambda f: f.write(text))
+    _prune(root, keep)
+    return step
+
+
+def _prune(root: Path, keep: int) -> None:
+    complete = complete_epochs(root)
+    for epoch in complete[:-keep] if keep > 0 else []:
+        _remove_step(_step_dir(root, epoch))
+    # Steps older than the newest complete one that never got a manifest are debris of
+    # an interrupted write; newer ones may still be in progress elsewhere.
+    newest = complete[-1] if complete else None
+    for path in root.glob("epoch-*"):
+        epoch = _epoch_of(path)
+        stale = epoch is not None and newest is not None and epoch < newest
+        if stale and not (path / MANIFEST).exists():
+            _remove_step(path)
+
+
+def _remove_step(path: Path) -> None:
+    """Removes a checkpoint step: only the files this module writes, then the folder."""
+    for child in path.iterdir():
+        name = child.name
+        ours = name == MANIFEST or name.startswith("rank-") and name.endswith(".npz")
+        if ours or name.startswith(".") and ".tmp-" in name:  # incl. interrupted writes
+            child.unlink(missing_ok=True)
+    try:
+        path.rmdir()
+    except OSError:
+        logger.warning("left %s in place: it holds files that are not a checkpoint's", path)
+
+
+def _epoch_of(path: Path) -> int | None:
+    name = path.name
+    if not name.startswith("epoch-") or not name[6:].isdigit():
+        return None
+    return int(name[6:])
+
+
+def complete_epochs(root: Path) -> list[int]:
+    """Epochs with a manifest under ``root``, ascending (shards not yet verified)."""
+    if not root.is_dir():
+        return []
+    epochs = []
+    for path in root.glob("epoch-*"):
+        epoch = _epoch_of(path)
+        if epoch is not None and (path / MANIFEST).is_file():
+            epochs.append(epoch)
+    return sorted(epochs)
+
+
+def read_manifest(root: Path, epoch: int) -> dict[str, Any]:
+    path = _step_dir(root, epoch) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read checkpoint manifest {path}: {exc}") from exc
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise CheckpointError(f"{path} is not a version-{VERSION} AdaQP checkpoint manifest")
+    return manifest
+
+
+def check_fits(
+    manifest: dict[str, Any], world_size: int, fingerprint: dict[str, Any], where: Path
+) -> None:
+    """Refuses a checkpoint that does not fit this run, naming every difference."""
+    if manifest["world_size"] != world_size:
+        raise CheckpointError(
+            f"checkpoint {where} was written by {manifest['world_size']} workers, this run "
+            f"has {world_size}; resume with the same number of workers"
+        )
+    saved = manifest["fingerprint"]
+    diffs = [
+        f"{key}: checkpoint {saved.get(key)!r}, this run {fingerprint.get(key)!r}"
+        for key in sorted(set(saved) | set(fingerprint))
+        if saved.get(key) != fingerprint.get(key)
+    ]
+    if diffs:
+        raise CheckpointError(
+            f"checkpoint {where} does not fit this run (start a new --out, or --overwrite):\n  "
+            + "\n  ".join(diffs)
+        )
+
+
+def read_shard(root: Path, epoch: int, rank: int, manifest: dict[str, Any]) -> dict:
+    """This rank's tensors of the checkpoint at ``epoch``, verified against the manifest."""
+    path = _step_dir(root, epoch) / _shard_name(rank)
+    expected = manifest["shards"].get(_shard_name(rank))
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint shard {path} is missing")
+    if sha256_file(path) != expected:
+        raise CheckpointError(f"checkpoint shard {path} does not match its SHA-256: damaged")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: torch.from_numpy(data[name].copy()) for name in data.files}
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read checkpoint shard {path}: {exc}") from exc
+
+
+def remove_all(root: Path) -> None:
+    """Removes every checkpoint under ``root`` (files this module wrote only)."""
+    if not root.is_dir():
+        return
+    for path in root.glob("epoch-*"):
+        if _epoch_of(path) is not None and path.is_dir():
+            _remove_step(path)
+    with contextlib.suppress(OSError):  # it may hold the user's own files
+        root.rmdir()
+
+
+def checkpoint_root(config, out_dir: Path) -> Path:
+    """``checkpoint.dir``, or ``<out>/checkpoints``."""
+    return Path(config.checkpoint.dir) if config.checkpoint.dir else Path(out_dir) / DEFAULT_DIR
+
+
+class Checkpointer:
+    """Saves and restores one run's checkpoints on every rank (collective calls).
+
+    Args:
+        root: the checkpoint directory.
+        world: rank and world size.
+        every: save every this many epochs (0: never), and after the last epoch.
+        keep: complete checkpoints kept.
+        fingerprint: what a checkpoint must agree on to be resumed (see
+            ``Config.fingerprint``), plus the partition's identity.
+    """
+
+    def __init__(self, root: Path, world, every: int, keep: int, fingerprint: dict[str, Any]):
+        self.root = Path(root)
+        self.world = world
+        self.every = every
+        self.keep = keep
+        self.fingerprint = fingerprint
+
+    @classmethod
+    def for_run(cls, config, world, out_dir: Path, meta: dict[str, Any]) -> Checkpointer:
+        """The checkpoints of a run: ``checkpoint.dir`` or ``<out>/checkpoints``, matched
+        against the config's fingerprint and the partition's metadata checksum."""
+        section = config.checkpoint
+        fingerprint = {
+            **config.fingerprint(),
+            "partition.metadata_sha256": meta.get("metadata_sha256", ""),
+        }
+        root = checkpoint_root(config, out_dir)
+        return cls(root, world, section.every, section.keep, fingerprint)
+
+    def due(self, epoch: int, last_epoch: int) -> bool:
+        return bool(self.every) and (epoch % self.every == 0 or epoch == last_epoch)
+
+    def save(self, epoch: int, tensors: dict[str, torch.Tensor], history: dict[str, Any]) -> None:
+        """Every rank writes its shard; rank 0 completes the checkpoint once all are on disk."""
+        import torch.distributed as dist
+
+        error = None
+        try:
+            sha = write_shard(self.root, epoch, self.world.rank, tensors)
+        except OSError as exc:
+            error, sha = exc, "0" * 64
+        digest = torch.tensor(list(bytes.fromhex(sha)), dtype=torch.uint8)
+        gathered = [torch.zeros_like(digest) for _ in range(self.world.world_size)]
+        failed = torch.tensor([float(error is not None)])
+        dist.all_reduce(failed)
+        if failed.item():
+            raise CheckpointError(
+                f"rank {self.world.rank}: checkpoint at epoch {epoch} could not be written "
+                f"to {self.root}" + (f": {error}" if error else " (a peer failed; see its log)")
+            )
+        dist.all_gather(gathered, digest)
+        if self.world.is_main:
+            shards = [bytes(g.tolist()).hex() for g in gathered]
+            write_manifest(self.root, epoch, shards, self.fingerprint, history, self.keep)
+            logger.debug("checkpoint at epoch %d written to %s", epoch, _step_dir(self.root, epoch))
+        dist.barrier()  # the checkpoint is complete for everyone before training goes on
+
+    def load_latest(self) -> tuple[int, dict[str, torch.Tensor], dict[str, Any]]:
+        """The newest complete checkpoint that fits: (epoch, this rank's tensors, history).
+
+        Every rank checks; if any rank finds a problem, all raise together.
+        """
+        import torch.distributed as dist
+
+        epochs = complete_epochs(self.root)
+        # Rank 0 picks the checkpoint, so that every rank resumes from the same epoch.
+        choice = torch.tensor([epochs[-1] if epochs else -1], dtype=torch.int64)
+        dist.broadcast(choice, src=0)
+        epoch = int(choice.item())
+        error: Exception | None = None
+        result = None
+        try:
+            if epoch < 0:
+                raise CheckpointError(f"no complete checkpoint in {self.root} to resume from")
+            manifest = read_manifest(self.root, epoch)
+            where = _step_dir(self.root, epoch)
+            check_fits(manifest, self.world.world_size, self.fingerprint, where)
+            tensors = read_shard(self.root, epoch, self.world.rank, manifest)
+            result = (epoch, tensors, manifest["history"])
+        except CheckpointError as exc:
+            error = exc
+        failed = torch.tensor([float(error is not None)])
+        dist.all_reduce(failed)
+        if error is not None:
+            raise error
+        if failed.item():
+            raise CheckpointError(
+                f"rank {self.world.rank}: a peer could not load the checkpoint at epoch {epoch} "
+                f"from {self.root}; see its log"
+            )
+        return result

@@ -1,0 +1,295 @@
+"""The run's output directory: who may write it, and whether what it holds is complete.
+
+Rank 0 claims ``--out`` before any other work and holds it until its process ends::
+
+    out/
+      run.lock        flock held by the run writing here (pid, host); the kernel
+                      releases it when that process ends, however it ends
+      status.json     {"status": "running" | "complete" | "failed" | "interrupted",
+                       "error": ..., "pid": ..., "host": ..., "started_at": ...}
+      config.json     -+
+      metrics.jsonl    +- adaqp.run.metrics.RunWriter's files; summary.json is written
+      summary.json    -+  only once the run is complete
+      checkpoints/    adaqp.run.checkpoint's files (unless checkpoint.dir puts them elsewhere)
+
+A directory with a ``summary.json`` holds a finished run, and one whose lock is held
+holds a running run. A new run into a finished one is refused unless it starts fresh
+(``overwrite``: removes only ``PROJECT_FILES`` and the checkpoints, so the old summary
+never sits beside a new config) or continues it from its newest complete checkpoint
+(``resume``); a running run is never joined. The output of a
+failed or interrupted run says so in ``status.json`` and has no ``summary.json``; a new
+run may start over it. ``status.json`` still saying "running" with no lock held is the
+trace of a run whose process died without a word.
+
+Nothing here is collective: ``adaqp.train`` combines every rank's verdict in one
+all-reduce, which is why a problem has a number (``Problem``).
+"""
+
+from __future__ import annotations
+
+import enum
+import fcntl
+import json
+import logging
+import os
+import socket
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from adaqp.run.checkpoint import DEFAULT_DIR, complete_epochs
+from adaqp.run.checkpoint import remove_all as remove_checkpoints
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = "run.lock"
+STATUS_FILE = "status.json"
+SUMMARY_FILE = "summary.json"
+PROJECT_FILES: tuple[str, ...] = ("config.json", "metrics.jsonl", SUMMARY_FILE, STATUS_FILE)
+"""Every file a run writes (besides the lock), and all that starting fresh removes."""
+STATUSES = ("running", "complete", "failed", "interrupted")
+
+
+class Problem(enum.IntEnum):
+    """Why a directory cannot take a run; the value travels in the ranks' all-reduce."""
+
+    UNWRITABLE = 1
+    FINISHED = 2
+    RUNNING = 3
+    NO_CHECKPOINT = 4
+
+    def describe(self, out_dir: Path) -> str:
+        """A one-line account for ranks that only learn the number."""
+        return {
+            Problem.UNWRITABLE: f"cannot write the run's output to {out_dir}",
+            Problem.FINISHED: f"{out_dir} holds a finished run "
+            "(pass --overwrite or --resume, or choose another --out)",
+            Problem.RUNNING: f"{out_dir} is in use by another run",
+            Problem.NO_CHECKPOINT: f"--resume: there is no checkpoint to resume from in {out_dir}",
+        }[self]
+
+
+class RunDirError(Exception):
+    """The output directory cannot take this run; the message says why and what to do."""
+
+    def __init__(self, problem: Problem, message: str):
+        super().__init__(message)
+        self.problem = problem
+
+
+def find_checkpoint(checkpoint_dir: Path) -> Path | None:
+    """The newest complete checkpoint under ``checkpoint_dir`` (``adaqp.run.checkpoint``), or
+    None. Complete means it has a manifest; its shards are verified when loaded."""
+    epochs = complete_epochs(checkpoint_dir)
+    return checkpoint_dir / f"epoch-{epochs[-1]:06d}" if epochs else None
+
+
+def require_checkpoint(out_dir: Path, checkpoint_dir: Path) -> Path:
+    """``find_checkpoint``, or RunDirError(NO_CHECKPOINT) when there is none."""
+    checkpoint = find_checkpoint(checkpoint_dir)
+    if checkpoint is None:
+        raise RunDirError(Problem.NO_CHECKPOINT, Problem.NO_CHECKPOINT.describe(out_dir))
+    return checkpoint
+
+
+def check_writable(out_dir: str | Path) -> None:
+    """Checks, changing nothing, that ``out_dir`` could be made (if missing) and written.
+
+    Creates and removes a probe file in ``out_dir`` or, if it is missing, in its nearest
+    existing parent: the ranks that only check must not leave directories behind.
+
+    Raises:
+        RunDirError(UNWRITABLE): with the reason (not a directory, permission, ...).
+    """
+    path = Path(out_dir)
+    existing = next(p for p in (path, *path.parents) if p.exists() or p.is_symlink())
+    if not existing.is_dir():
+        raise _unwritable(path, f"{existing} exists and is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise _unwritable(path, f"cannot create files in {existing}", exc) from exc
+
+
+class RunDir:
+    """A claimed output directory: holds its lock and writes ``status.json``.
+
+    Make one with ``RunDir.claim``; the lock lasts until ``close`` or the process ends.
+    """
+
+    def __init__(self, path: Path, lock_fd: int, resume_from: Path | None = None):
+        self.path = path
+        self.resume_from = resume_from
+        """The checkpoint this run continues from (``resume``); None when starting fresh."""
+        self._lock_fd: int | None = lock_fd
+        self._started_at = _now()
+
+    @classmethod
+    def claim(
+        cls,
+        out_dir: str | Path,
+        *,
+        overwrite: bool = False,
+        resume: bool | str = False,
+        checkpoint_dir: str | Path | None = None,
+    ) -> RunDir:
+        """Locks ``out_dir`` for this process and marks it "running".
+
+        Starting fresh (the default, or ``overwrite``) first removes the files of the
+        run that was there, its checkpoints included; ``resume`` keeps them. ``resume =
+        "auto"`` (a worker restarted by torchrun) resumes if there is a checkpoint and
+        starts fresh otherwise. ``checkpoint_dir`` defaults to ``out_dir/checkpoints``.
+
+        Raises:
+            RunDirError: UNWRITABLE, RUNNING (another process holds the lock, whatever
+                the flags), FINISHED (a summary is there and neither flag is given) or
+                NO_CHECKPOINT (``resume`` without a checkpoint). Nothing in the
+                directory is changed when it is refused.
+        """
+        if overwrite and resume:
+            raise ValueError("overwrite and resume exclude each other")
+        path = Path(out_dir)
+        checkpoints = Path(checkpoint_dir) if checkpoint_dir else path / DEFAULT_DIR
+        if resume == "auto":
+            resume = find_checkpoint(checkpoints) is not None
+        if resume and not path.is_dir():
+            require_checkpoint(path, checkpoints)  # nothing to resume; leave no dir behind
+        _make_dir(path)
+        try:
+            fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise _unwritable(path, f"cannot create files in {path}", exc) from exc
+        try:
+            _lock(fd, path)
+            finished = (path / SUMMARY_FILE).exists()
+            resume_from = require_checkpoint(path, checkpoints) if resume else None
+            if finished and not (overwrite or resume):
+                raise RunDirError(
+                    Problem.FINISHED,
+                    f"{path} holds a finished run ({SUMMARY_FILE}); pass --overwrite to "
+                    "start fresh there, --resume to continue it, or choose another --out",
+                )
+            run = cls(path, fd, resume_from)
+            if resume_from is None:
+                try:
+                    run._clear(finished)
+                    remove_checkpoints(checkpoints)
+                except OSError as exc:
+                    raise _unwritable(path, "cannot remove the old run's files", exc) from exc
+            run.set_status("running")
+        except BaseException:
+            os.close(fd)
+            raise
+        return run
+
+    def set_status(self, status: str, error: str | None = None) -> None:
+        """Replaces ``status.json`` atomically (never half-written)."""
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+        payload: dict[str, Any] = {
+            "status": status,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started_at": self._started_at,
+            "updated_at": _now(),
+        }
+        if error is not None:
+            payload["error"] = error
+        try:
+            _write_json(self.path / STATUS_FILE, payload)
+        except OSError as exc:
+            raise _unwritable(self.path, f"cannot write {STATUS_FILE}", exc) from exc
+
+    def end(self, exc: BaseException | None = None) -> None:
+        """Marks the run "complete" (no ``exc``), "interrupted" (Ctrl-C) or "failed".
+
+        Called on the way out of a failure, so it never raises over ``exc``.
+        """
+        if exc is None:
+            self.set_status("complete")
+            return
+        if isinstance(exc, KeyboardInterrupt):
+            status, message = "interrupted", f"interrupted ({str(exc) or 'SIGINT'})"
+        else:
+            status, message = "failed", str(exc) or type(exc).__name__
+        try:
+            self.set_status(status, error=message)
+        except RunDirError as write_error:
+            logger.warning("could not record the run's end: %s", write_error)
+
+    def close(self) -> None:
+        """Releases the lock (it is also released when the process ends)."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _clear(self, finished: bool) -> None:
+        previous = read_status(self.path)
+        if finished:
+            logger.info("--overwrite: removing the finished run's files in %s", self.path)
+        elif previous is not None and previous.get("status") == "running":
+            logger.warning(
+                "the run that last wrote %s (pid %s) ended without recording it; starting fresh",
+                self.path,
+                previous.get("pid", "?"),
+            )
+        for name in PROJECT_FILES:
+            for stale in (self.path / name, self.path / f"{name}.tmp"):
+                stale.unlink(missing_ok=True)
+
+
+def read_status(out_dir: str | Path) -> dict[str, Any] | None:
+    """The contents of ``status.json``; None if it is missing or unreadable."""
+    try:
+        return json.loads((Path(out_dir) / STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _lock(fd: int, path: Path) -> None:
+    """Takes the exclusive lock without waiting and records who holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        raise RunDirError(
+            Problem.RUNNING,
+            f"{path} is in use by another run ({holder or 'holder unknown'}); two runs "
+            "cannot share an output directory, even with --overwrite: wait for it to end "
+            "or choose another --out",
+        ) from None
+    holder = f"pid {os.getpid()} on {socket.gethostname()}, since {_now()}"
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, holder.encode() + b"\n", 0)
+
+
+def _make_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        in_the_way = (p for p in (*reversed(path.parents), path) if not p.is_dir())
+        blocker = next((p for p in in_the_way if p.exists() or p.is_symlink()), path)
+        raise _unwritable(path, f"{blocker} exists and is not a directory") from exc
+    except OSError as exc:
+        raise _unwritable(path, "cannot create the directory", exc) from exc
+
+
+def _unwritable(path: Path, what: str, exc: OSError | None = None) -> RunDirError:
+    reason = f" ({exc.strerror or exc})" if exc is not None else ""
+    return RunDirError(
+        Problem.UNWRITABLE,
+        f"cannot write the run's output to {path}: {what}{reason}; choose another --out",
+    )
+
+
+def _write_json(path: Path, payload: dict[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")

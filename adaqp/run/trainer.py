@@ -1,0 +1,511 @@
+"""The distributed full-graph training loop.
+
+Every rank holds one part. Each epoch is one optimiser step on the whole graph: forward
+with a halo exchange per layer, a loss summed over the local training nodes and divided
+by the *global* number of training nodes, backward (halo gradients return to their
+owners), one all-reduce of all parameter gradients, and an Adam step. Because the loss
+is a global mean and gradients are summed, P workers compute what one process would on
+the whole graph (Vanilla mode is exact, and so is overlap-only ``adaqp-p``).
+
+How each training-time exchange travels (float32, planned widths, or low-bit under
+bounded staleness) is the exchange policy's choice (``adaqp/exchange/policy.py``); evaluation
+always exchanges fresh rows in full precision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from adaqp.config import OVERLAP_MODES, QUANTIZED_MODES, Config
+from adaqp.exchange.adaptive import AdaptivePolicy
+from adaqp.exchange.counters import EpochCounters
+from adaqp.exchange.planner import BitWidthPlanner
+from adaqp.exchange.policy import ExchangePolicy
+from adaqp.exchange.stale import StalePolicy
+from adaqp.exchange.transport import (
+    INPUT_CACHE_KEY,
+    ExchangeError,
+    ExchangeKey,
+    HaloTransport,
+    NoCommTransport,
+)
+from adaqp.graph.aggregate import SparseAdjacency
+from adaqp.graph.local import LocalGraph
+from adaqp.model.gnn import GNN
+from adaqp.model.layers import Propagation
+from adaqp.run.checkpoint import Checkpointer
+from adaqp.run.gradsync import GradientBuckets, GradientSyncError, gnn_layer_groups
+from adaqp.run.metrics import EpochRecord, RunWriter, Summary, median_after_warmup
+from adaqp.runtime import World, unresponsive_peers
+
+logger = logging.getLogger(__name__)
+
+
+class TrainingError(RuntimeError):
+    """A training step failed (often a dead or stuck peer); names the rank and epoch."""
+
+
+def make_policy(
+    config: Config,
+    transport: HaloTransport,
+    graph: LocalGraph,
+    adjacency: SparseAdjacency,
+    world: World,
+) -> ExchangePolicy:
+    """The exchange policy of ``config.comm.mode``."""
+    mode = config.comm.mode
+    if mode in QUANTIZED_MODES:
+        planner = BitWidthPlanner(config.quant, transport, graph, adjacency, world)
+        return AdaptivePolicy(transport, planner)
+    if mode == "onebit":
+        return StalePolicy(transport, config.staleness, world.device)
+    return ExchangePolicy(transport)
+
+
+class Trainer:
+    """Owns the model, optimiser, transport, exchange policy and counters of one rank.
+
+    Args:
+        config: the resolved run configuration.
+        graph: this rank's local graph (already on ``world.device``).
+        meta: the partition's metadata (dataset sizes, evaluator name).
+        world: rank, world size and device.
+        exchange_delay_s: test-only: this rank's exchanges land no earlier than this many
+            seconds after they start (a slow link).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        graph: LocalGraph,
+        meta: dict[str, Any],
+        world: World,
+        exchange_delay_s: float = 0.0,
+    ):
+        self.config = config
+        self.graph = graph
+        self.meta = meta
+        self.world = world
+        dataset = meta["dataset"]
+        self.multilabel = bool(dataset["multilabel"])
+        mode = config.comm.mode
+        distributed = world.world_size > 1
+        self.cache_input = config.comm.cache_input_halo and distributed
+
+        torch.manual_seed(config.train.seed)
+        self.model = GNN(
+            config.model,
+            dataset["feature_dim"],
+            dataset["num_classes"],
+            transform_first=config.comm.transform_first,
+            cached_input=self.cache_input,
+        )
+        self.model.to(world.device)
+        # Identical seeds already give identical weights; the broadcast makes it a fact.
+        for tensor in self.model.state_dict().values():
+            dist.broadcast(tensor, src=0)
+
+        self.transport: HaloTransport | None = None
+        if distributed:
+            transport_type = NoCommTransport if mode == "nocomm" else HaloTransport
+            self.transport = transport_type(
+                world.rank,
+                graph.send_counts,
+                graph.recv_counts,
+                timeout_s=config.comm.timeout_s,
+                seed=config.quant.seed,
+                device=world.device,
+                delay_s=exchange_delay_s,
+            )
+        if mode == "nocomm":
+            logger.warning(
+                "mode nocomm skips the halo exchange: benchmark-only, the model "
+                "trained is not the graph's (accuracy is not comparable)"
+            )
+        self.inputs = graph.features
+        self.input_cache_bytes = 0
+        if self.cache_input:
+            # Layer-0 inputs never change: fetch their halo rows once, in full precision.
+            self.transport.at("set-up (layer-0 halo cache)")
+            pending = self.transport.start(
+                graph.features.index_select(0, graph.send_idx), INPUT_CACHE_KEY
+            )
+            self.inputs = torch.cat([graph.features, pending.wait()])
+            sent = torch.tensor(float(pending.bytes_sent), dtype=torch.float64)
+            self.input_cache_bytes = int(self._all_sum(sent))
+        adjacency = graph.adjacency(self.model.norm)
+        self.policy: ExchangePolicy | None = None
+        if distributed:
+            self.policy = make_policy(config, self.transport, graph, adjacency, world)
+        self.propagation = Propagation(
+            graph,
+            adjacency,
+            self.policy,
+            overlap=mode in OVERLAP_MODES or mode == "onebit",
+            cached_input=self.cache_input,
+        )
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay
+        )
+        self.buckets = GradientBuckets(
+            gnn_layer_groups(self.model),
+            enabled=config.comm.overlap_allreduce,
+            timeout_s=config.comm.timeout_s,
+        )
+        self.num_train = int(self._all_sum(graph.train_mask.sum().double()).item())
+        if self.num_train == 0:
+            raise ValueError("the dataset has no training nodes")
+        self.evaluator = _make_evaluator(dataset.get("info", {}))
+        self.tags = [
+            str(make(layer))
+            for layer in range(config.model.layers)
+            for make in (ExchangeKey.forward, ExchangeKey.backward)
+        ]
+        """Every exchange a training step may run, by metric name."""
+
+    def _all_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.clone()
+        dist.all_reduce(tensor)
+        return tensor
+
+    def _at(self, step: str) -> None:
+        if self.policy is not None:
+            self.policy.at(step)
+
+    def logits(self) -> torch.Tensor:
+        """Forward pass over the inner nodes: logits [I, C]."""
+        return self.model(self.inputs, self.propagation)
+
+    def local_loss_sum(self, logits: torch.Tensor) -> torch.Tensor:
+        """Sum of per-node losses over this rank's training nodes."""
+        mask = self.graph.train_mask
+        if self.multilabel:
+            return (
+                F.binary_cross_entropy_with_logits(
+                    logits[mask], self.graph.labels[mask].float(), reduction="sum"
+                )
+                / logits.shape[1]
+            )
+        return F.cross_entropy(logits[mask], self.graph.labels[mask], reduction="sum")
+
+    def sync_gradients(self) -> float:
+        """Sums gradients accumulated outside ``train_step`` over ranks with one flat
+        all-reduce; returns the seconds it took."""
+        start = time.perf_counter()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat)
+        offset = 0
+        for p in params:
+            n = p.grad.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+            offset += n
+        return time.perf_counter() - start
+
+    def train_step(self, counters: EpochCounters | None = None) -> float:
+        """One full-graph optimiser step; returns the global mean training loss."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        # Each layer's gradient all-reduce starts as soon as backward has finished it.
+        self.buckets.start()
+        if self.policy is None:
+            loss_sum = self.local_loss_sum(self.logits())
+            (loss_sum / self.num_train).backward()
+        else:
+            with self.policy.training():
+                loss_sum = self.local_loss_sum(self.logits())
+                (loss_sum / self.num_train).backward()
+        times = self.buckets.finish()
+        if counters is not None:
+            counters.record_allreduce(times.blocked_s)
+        self.optimizer.step()
+        return float(self._all_sum(loss_sum.detach()).item()) / self.num_train
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Full-precision accuracy on the train, val and test nodes of the whole graph."""
+        self.model.eval()
+        logits = self.logits()
+        counts = []
+        for mask in (self.graph.train_mask, self.graph.val_mask, self.graph.test_mask):
+            counts += [self._correct(logits[mask], self.graph.labels[mask]), float(mask.sum())]
+        totals = self._all_sum(torch.tensor(counts, dtype=torch.float64, device=logits.device))
+        totals = totals.tolist()
+        return {
+            name: totals[2 * i] / totals[2 * i + 1] if totals[2 * i + 1] else 0.0
+            for i, name in enumerate(("train_acc", "val_acc", "test_acc"))
+        }
+
+    def _correct(self, logits: torch.Tensor, labels: torch.Tensor) -> float:
+        """Number of correct predictions (a sum, so ranks' counts add up)."""
+        if len(labels) == 0:
+            return 0.0
+        if self.multilabel:
+            return float(((logits > 0).float() == labels.float()).float().mean(1).sum())
+        pred = logits.argmax(1)
+        if self.evaluator is not None:
+            # The official metric; accuracy times count is additive over ranks.
+            result = self.evaluator.eval(
+                {"y_true": labels.view(-1, 1).cpu(), "y_pred": pred.view(-1, 1).cpu()}
+            )
+            return float(result["acc"]) * len(labels)
+        return float((pred == labels).sum())
+
+    def _reduce(self, counters: EpochCounters) -> EpochCounters:
+        """This epoch's counters combined over ranks (see ``EpochCounters.reduced``)."""
+
+        def all_reduce(tensor: torch.Tensor, how: str) -> torch.Tensor:
+            op = dist.ReduceOp.MAX if how == "max" else dist.ReduceOp.SUM
+            dist.all_reduce(tensor, op=op)
+            return tensor
+
+        bound = self.policy.max_staleness_bound if self.policy is not None else 0
+        return counters.reduced(all_reduce, self.world.world_size, self.tags, bound)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Everything this rank needs to continue the run exactly (for checkpoints)."""
+        state = {f"model/{k}": v for k, v in self.model.state_dict().items()}
+        for index, entries in self.optimizer.state_dict()["state"].items():
+            for name, value in entries.items():
+                state[f"optimizer/{index}/{name}"] = torch.as_tensor(value)
+        state.update({f"rng/{k}": v for k, v in self.world.rng_state().items()})
+        if self.policy is not None:
+            state.update({f"policy/{k}": v for k, v in self.policy.state_dict().items()})
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        parts: dict[str, dict[str, torch.Tensor]] = {}
+        for name, tensor in state.items():
+            kind, _, rest = name.partition("/")
+            parts.setdefault(kind, {})[rest] = tensor
+        self.model.load_state_dict(parts.get("model", {}))
+        optimizer = self.optimizer.state_dict()
+        optimizer["state"] = {}
+        for name, tensor in parts.get("optimizer", {}).items():
+            index, _, field = name.partition("/")
+            optimizer["state"].setdefault(int(index), {})[field] = tensor
+        self.optimizer.load_state_dict(optimizer)
+        self.world.set_rng_state(parts.get("rng", {}))
+        if self.policy is not None:
+            self.policy.load_state_dict(parts.get("policy", {}))
+
+    def fit(
+        self,
+        writer: RunWriter,
+        on_epoch: Callable[[EpochRecord], None] | None = None,
+        checkpoints: Checkpointer | None = None,
+        resume: dict[str, Any] | None = None,
+    ) -> Summary:
+        """Trains until epoch ``train.epochs``, writing one record per epoch.
+
+        Args:
+            writer: receives every epoch's record.
+            on_epoch: called with every record (progress display).
+            checkpoints: saves checkpoints when due.
+            resume: the history of a checkpoint whose state was loaded
+                (``load_state_dict``): training continues after its epoch.
+        """
+        try:
+            return self._fit(writer, on_epoch, checkpoints, resume or {})
+        finally:
+            if self.policy is not None:
+                self.policy.close()
+
+    def _fit(
+        self,
+        writer: RunWriter,
+        on_epoch: Callable[[EpochRecord], None] | None,
+        checkpoints: Checkpointer | None,
+        resume: dict[str, Any],
+    ) -> Summary:
+        cfg = self.config
+        records = [EpochRecord(**r) for r in resume.get("records", [])]
+        best_val = resume.get("best_val", -1.0)
+        best_epoch = resume.get("best_epoch", 0)
+        test_at_best = resume.get("test_at_best", 0.0)
+        started = time.perf_counter() - resume.get("elapsed_s", 0.0)
+        first = len(records) + 1
+        for epoch in range(first, cfg.train.epochs + 1):
+            try:
+                counters = EpochCounters()
+                if self.policy is not None:
+                    self.policy.begin_epoch(epoch, counters)
+                self.world.synchronize()
+                t0 = time.perf_counter()
+                loss = self.train_step(counters)
+                self.world.synchronize()
+                epoch_time = time.perf_counter() - t0
+                record = EpochRecord.from_counters(
+                    epoch,
+                    loss,
+                    epoch_time,
+                    self._reduce(counters),
+                    wall_time_s=time.perf_counter() - started,
+                )
+                if not math.isfinite(loss) and cfg.train.stop_on_nonfinite:
+                    raise TrainingError(
+                        f"rank {self.world.rank}: training loss is {loss} at epoch {epoch}; "
+                        "check the learning rate and the input features (set "
+                        "train.stop_on_nonfinite=false to continue anyway)"
+                    )
+                if self.policy is not None:
+                    record.assign_time_s = self.policy.end_epoch(
+                        epoch, record.exchange_after_arrival_by_tag
+                    )
+                every = cfg.train.eval_every
+                if (every and epoch % every == 0) or epoch == cfg.train.epochs:
+                    self._at(f"epoch {epoch} evaluation")
+                    acc = self.evaluate()
+                    record.train_acc, record.val_acc, record.test_acc = (
+                        acc["train_acc"],
+                        acc["val_acc"],
+                        acc["test_acc"],
+                    )
+                    if acc["val_acc"] > best_val:
+                        best_val, best_epoch, test_at_best = acc["val_acc"], epoch, acc["test_acc"]
+                records.append(record)
+                writer.log_epoch(record)
+                if checkpoints is not None and checkpoints.due(epoch, cfg.train.epochs):
+                    self._at(f"epoch {epoch} checkpoint")
+                    history = {
+                        "records": [dataclasses.asdict(r) for r in records],
+                        "best_val": best_val,
+                        "best_epoch": best_epoch,
+                        "test_at_best": test_at_best,
+                        "elapsed_s": time.perf_counter() - started,
+                    }
+                    checkpoints.save(epoch, self.state_dict(), history)
+                if on_epoch is not None:
+                    on_epoch(record)
+            except TrainingError:
+                raise
+            except RuntimeError as exc:  # gloo/nccl failures, timeouts, checkpoint I/O
+                raise self._failure(epoch, exc) from exc
+        return self._summary(
+            records, best_val, best_epoch, test_at_best, time.perf_counter() - started
+        )
+
+    def _failure(self, epoch: int, exc: RuntimeError) -> TrainingError:
+        """The error of a failed epoch; names the peers that did not see the failure."""
+        message = f"rank {self.world.rank}: training step failed at epoch {epoch}: {exc}"
+        if self.world.world_size > 1 and _is_communication_failure(exc):
+            peers = unresponsive_peers(self.world, f"epoch {epoch}")
+            if peers:
+                message += (
+                    f"\n  rank(s) {', '.join(map(str, peers))} did not report the failure: "
+                    "stopped, hung or lost (check their hosts and logs)"
+                )
+        return TrainingError(message)
+
+    def _summary(
+        self,
+        records: list[EpochRecord],
+        best_val: float,
+        best_epoch: int,
+        test_at_best: float,
+        total_s: float,
+    ) -> Summary:
+        cfg = self.config
+        warmup = cfg.train.warmup_epochs
+
+        def median(name: str) -> float:
+            return median_after_warmup([getattr(r, name) for r in records], warmup)
+
+        last = records[-1]
+        exchange, wait = median("comm_time_s"), median("comm_wait_s")
+        # Exchange spans under the last plans that ran: those of the last re-solve before
+        # the final epoch (a re-solve after the final epoch plans epochs never run).
+        solved = [r.epoch for r in records if r.assign_time_s > 0 and r.epoch < last.epoch]
+        settled = [r for r in records if r.epoch > solved[-1]] if solved else records[warmup:]
+
+        def settled_median(name: str) -> dict[str, float]:
+            by_tag = [getattr(r, name) for r in settled]
+            return {
+                tag: float(statistics.median(d.get(tag, 0.0) for d in by_tag))
+                for tag in sorted({t for d in by_tag for t in d})
+            }
+
+        peak = torch.tensor(float(self.world.peak_memory_bytes()), dtype=torch.float64)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        return Summary(
+            mode=cfg.comm.mode,
+            dataset=cfg.data.dataset,
+            model=cfg.model.name,
+            world_size=self.world.world_size,
+            epochs=cfg.train.epochs,
+            final_train_loss=last.train_loss,
+            best_val_acc=best_val,
+            best_epoch=best_epoch,
+            test_acc=test_at_best,
+            epoch_time_s=median("epoch_time_s"),
+            comm_time_s=exchange,
+            halo_bytes_per_epoch=last.halo_bytes,
+            avg_bits=last.avg_bits,
+            max_staleness=max(r.max_staleness for r in records),
+            comm_wait_s=wait,
+            allreduce_time_s=median("allreduce_time_s"),
+            total_time_s=total_s,
+            partition_dir="",
+            edge_cut=int(self.meta.get("edge_cut", 0)),
+            split_seed=cfg.data.split_seed,
+            seed=cfg.train.seed,
+            metric=self.meta["dataset"].get("info", {}).get("metric", "acc"),
+            quant_time_s=median("quant_time_s"),
+            dequant_time_s=median("dequant_time_s"),
+            hidden_comm_fraction=(exchange - wait) / exchange if exchange > 0 else 0.0,
+            halo_bytes_by_tag=last.bytes_by_tag,
+            bits_histogram=last.values_by_bits,
+            solver_time_s=sum(r.assign_time_s for r in records),
+            input_cache_bytes=self.input_cache_bytes,
+            cache_input_halo=self.cache_input,
+            transform_first=cfg.comm.transform_first,
+            quant_scheme=cfg.quant.scheme if cfg.comm.mode in QUANTIZED_MODES else "",
+            peak_memory_mb=float(peak) / 2**20,
+            staleness_bound=cfg.staleness.bound if cfg.comm.mode == "onebit" else 0,
+            staleness_histogram=_sum_histograms(r.staleness_by_tag for r in records),
+            hidden_comm_fraction_by_tag={
+                tag: median_after_warmup([r.hidden_by_tag.get(tag, 0.0) for r in records], warmup)
+                for tag in sorted({t for r in records for t in r.hidden_by_tag})
+            },
+            exchange_span_s_by_tag=settled_median("exchange_span_by_tag"),
+            exchange_after_arrival_s_by_tag=settled_median("exchange_after_arrival_by_tag"),
+            **(self.policy.report(solved[-1] if solved else 0) if self.policy else {}),
+        )
+
+
+def _is_communication_failure(exc: RuntimeError) -> bool:
+    """Whether a failed step failed in communication (an exchange, the gradient
+    all-reduce, or any collective: the backend's own errors name it)."""
+    if isinstance(exc, ExchangeError | GradientSyncError | dist.DistError):
+        return True
+    text = str(exc).lower()
+    return "gloo" in text or "nccl" in text
+
+
+def _sum_histograms(histograms) -> dict[str, dict[str, int]]:
+    total: dict[str, dict[str, int]] = {}
+    for by_tag in histograms:
+        for tag, hist in by_tag.items():
+            into = total.setdefault(tag, {})
+            for s, n in hist.items():
+                into[s] = into.get(s, 0) + n
+    return {t: dict(sorted(h.items(), key=lambda kv: int(kv[0]))) for t, h in sorted(total.items())}
+
+
+def _make_evaluator(info: dict[str, Any]):
+    name = info.get("evaluator")
+    if not name:
+        return None
+    from ogb.nodeproppred import Evaluator
+
+    return Evaluator(name)

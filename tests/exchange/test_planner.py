@@ -1,0 +1,281 @@
+"""Bit-width planning across ranks: one assignment for all, from the right statistics."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from adaqp.assign import Channel, HostModel, LinkModel
+from adaqp.config import load_config
+from adaqp.data import load_dataset
+from adaqp.exchange import planner as planner_module
+from adaqp.exchange.planner import _merge, _split, first_width, fit_calibration
+from adaqp.graph.local import LocalGraph
+from adaqp.partitioning.build import make_partition
+from adaqp.partitioning.format import load_part, read_metadata
+from adaqp.run.trainer import Trainer
+from adaqp.runtime import init_distributed, shutdown
+from tests.distributed import NullWriter, run_workers
+
+
+def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, scheme: str):
+    scheme, _, cost_model = scheme.partition("/")
+    config = load_config(
+        None,
+        [
+            "data.dataset=cora",
+            f"partition.dir={part_dir}",
+            "comm.mode=adaqp",
+            f"quant.scheme={scheme}",
+            f"quant.cost_model={cost_model or 'shared'}",
+            "quant.assign_cycle=2",
+            # The host model re-profiles before every re-solve but the first.
+            f"quant.profile_every={1 if cost_model == 'host' else 0}",
+            "quant.group_size=10",
+            "train.epochs=6",
+            "model.hidden=32",
+            "model.layers=3",
+            "train.eval_every=0",
+        ],
+    )
+    profiles = []
+    profile = planner_module.profile_links
+    planner_module.profile_links = lambda world: profiles.append(1) or profile(world)
+    world = init_distributed(config.comm, init_method, rank, world_size)
+    try:
+        meta = read_metadata(part_dir)
+        graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
+        trainer = Trainer(config, graph, meta, world)
+        summary = trainer.fit(NullWriter())
+        out = {
+            "send_counts": np.array(graph.send_counts),
+            "recv_counts": np.array(graph.recv_counts),
+            "sent_ids": graph.global_ids[graph.send_idx.numpy()],
+            "avg_bits": np.array(summary.avg_bits),
+            "profiles": np.array(len(profiles)),
+        }
+        planner = trainer.policy.planner
+        if rank == 0 and scheme == "adaptive":
+            # The last plans solved (after epoch 6), by pair, as the summary reports them
+            # for the plans that ran (solved after epoch 4).
+            report = {
+                "pair_bits_final": planner.solutions[6]["pair_bits"],
+                "calibrated": summary.calibrated_exchange_s_by_tag,
+                "calibration": summary.cost_calibration,
+                "pair_bits": summary.plan_bits_by_pair,
+                "predicted": summary.predicted_exchange_s_by_tag,
+                "spans": summary.exchange_span_s_by_tag,
+                "after_arrival": summary.exchange_after_arrival_s_by_tag,
+                "hosts": summary.host_of_rank,
+                "fabric": summary.fabric_Bps,
+            }
+            out["report"] = np.array(json.dumps(report))  # results travel without pickle
+        if planner.forward_coef is not None:
+            out["forward_coef"] = planner.forward_coef.numpy()
+        for key, plan in planner.plans.items():
+            tag = str(key)
+            out[f"{tag}/out"] = plan.out_bits.numpy()
+            out[f"{tag}/in"] = plan.in_bits.numpy()
+        return out
+    finally:
+        shutdown()
+
+
+def _affine(plans):
+    c = fit_calibration(plans)
+    return c["fixed_s"], c["scale"]
+
+
+def test_calibration_recovers_an_affine_relation_and_stays_non_negative():
+    """One plan: one scale for all exchanges, fitted with one fixed cost."""
+    predicted = {"a": 0.010, "b": 0.050, "c": 0.002}
+    measured = {t: 0.020 + 1.5 * s for t, s in predicted.items()}
+    c = fit_calibration([(predicted, measured)])
+    assert c["scale"] == pytest.approx(1.5)
+    assert c["fixed_s_by_tag"] == pytest.approx(dict.fromkeys(predicted, 0.020))
+    # Measured falls as predicted rises: no negative scale, each exchange its own time.
+    c = fit_calibration([({"a": 0.01, "b": 0.05}, {"a": 0.04, "b": 0.02})])
+    assert c["scale"] == 0.0 and c["fixed_s_by_tag"] == pytest.approx({"a": 0.04, "b": 0.02})
+    # Proportional, but a fitted fixed cost would be negative: the scale, nothing negative.
+    c = fit_calibration([({"a": 0.01, "b": 0.05}, {"a": 0.001, "b": 0.1})])
+    assert c["scale"] > 0 and min(c["fixed_s_by_tag"].values()) == 0.0
+    # One tag: the ratio; nothing measured: the identity.
+    assert _affine([({"a": 0.01}, {"a": 0.03})]) == pytest.approx((0.0, 3.0))
+    assert fit_calibration([({"a": 0.01}, {})]) == {
+        "fixed_s": 0.0,
+        "scale": 1.0,
+        "fixed_s_by_tag": {},
+    }
+
+
+def test_calibration_gives_each_exchange_its_fixed_cost_and_predicts_a_new_plan():
+    """Two large exchanges and two small ones whose fixed costs differ (4 and 12 ms): one
+    shared fixed cost misses the small backward one by a third; per exchange, the next
+    plan's times follow from the two plans before it."""
+    fixed = {"l1/fwd": 0.004, "l1/bwd": 0.004, "l2/fwd": 0.004, "l2/bwd": 0.012}
+
+    def measured(predicted):
+        return {t: fixed[t] + 1.5 * s for t, s in predicted.items()}
+
+    plans = [
+        {"l1/fwd": 0.050, "l1/bwd": 0.045, "l2/fwd": 0.003, "l2/bwd": 0.003},
+        {"l1/fwd": 0.040, "l1/bwd": 0.042, "l2/fwd": 0.002, "l2/bwd": 0.002},
+    ]
+    c = fit_calibration([(x, measured(x)) for x in plans])
+    assert c["scale"] == pytest.approx(1.5, rel=0.05)
+    assert c["fixed_s_by_tag"] == pytest.approx(fixed, abs=2e-3)
+    assert c["fixed_s_by_tag"]["l2/bwd"] == pytest.approx(0.012, abs=5e-4)
+    new = {"l1/fwd": 0.030, "l1/bwd": 0.060, "l2/fwd": 0.004, "l2/bwd": 0.001}
+    truth = measured(new)
+    for t, s in new.items():
+        assert c["fixed_s_by_tag"][t] + c["scale"] * s == pytest.approx(truth[t], rel=0.05)
+    shared = c["fixed_s"] + c["scale"] * new["l2/bwd"]
+    assert abs(shared / truth["l2/bwd"] - 1) > 0.3
+    # Noise that leaves less than the scaled model: no negative fixed cost.
+    low = fit_calibration([(x, {**measured(x), "l2/fwd": 1e-4}) for x in plans])
+    assert low["fixed_s_by_tag"]["l2/fwd"] == 0.0 and low["scale"] > 0
+
+
+def _segments(result, tag: str, side: str) -> list[np.ndarray]:
+    """A rank's widths of one exchange, split by peer (``side``: "/out" or "/in")."""
+    forward_out = tag.endswith("/forward") == (side == "/out")
+    counts = result["send_counts" if forward_out else "recv_counts"]
+    return np.split(result[f"{tag}{side}"], np.cumsum(counts)[:-1])
+
+
+@pytest.fixture(scope="module")
+def cora():
+    return load_dataset("cora")
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("scheme", ["adaptive", "random", "adaptive/host"])
+def test_every_rank_applies_the_same_assignment(scheme, cora, tmp_path):
+    world_size = 3
+    parts = tmp_path / "parts"
+    make_partition(
+        cora, parts, num_parts=world_size, spec=load_config(None, ["data.dataset=cora"]).data.spec()
+    )
+    results = run_workers(_plan_worker, world_size, tmp_path, str(parts), scheme)
+    tags = sorted(k[: -len("/out")] for k in results[0] if k.endswith("/out"))
+    assert "layer1/forward" in tags and "layer1/backward" in tags
+    widths = set()
+    for tag in tags:
+        for p, rp in enumerate(results):
+            out_segments = _segments(rp, tag, "/out")
+            for q, rq in enumerate(results):
+                if p == q:
+                    continue
+                in_segments = _segments(rq, tag, "/in")
+                # What p sends q at which width is exactly what q expects from p.
+                np.testing.assert_array_equal(out_segments[q], in_segments[p])
+            widths |= set(np.unique(rp[f"{tag}/out"]).tolist())
+    # Links are profiled for the adaptive scheme only; again before the second and third
+    # re-solves with profile_every=1 (the host case).
+    profiles = {"adaptive": 1, "random": 0, "adaptive/host": 3}[scheme]
+    assert [int(r["profiles"]) for r in results] == [profiles] * 3
+    if scheme.startswith("adaptive"):
+        r0, report = results[0], json.loads(str(results[0]["report"]))
+        assert report["hosts"] == [0, 0, 0]  # one machine
+        assert set(report["predicted"]) == set(report["spans"]) == set(tags)
+        assert set(report["after_arrival"]) == set(tags)
+        for tag in tags:  # the exchange alone is never longer than the slowest rank's span
+            assert 0 < report["after_arrival"][tag] <= report["spans"][tag] + 1e-3
+        # The solve after epoch 4 states its plans through the calibration fitted on the
+        # exchanges of epochs 3-4.
+        calibration = report["calibration"]
+        fixed, scale = calibration["fixed_s_by_tag"], calibration["scale"]
+        assert calibration["fixed_s"] >= 0 and scale >= 0
+        assert set(fixed) == set(report["calibrated"]) == set(tags)
+        for tag in tags:
+            assert fixed[tag] >= 0 and fixed[tag] + scale > 0
+            expected = fixed[tag] + scale * report["predicted"][tag]
+            assert report["calibrated"][tag] == pytest.approx(expected)
+        # One machine: the all-to-all is as fast as the pairs, or measured bounded.
+        assert report["fabric"] is None or report["fabric"] > 0
+        assert all(t > 0 for t in report["predicted"].values())
+        assert set(report["pair_bits"]) == {"0->1", "0->2", "1->0", "1->2", "2->0", "2->1"}
+        for dst in (1, 2):
+            sent = np.concatenate([_segments(r0, t, "/out")[dst] for t in tags])
+            assert report["pair_bits_final"][f"0->{dst}"] == pytest.approx(sent.mean())
+    if scheme.endswith("/host"):  # full precision is a choice of the host model
+        assert widths <= {2, 4, 8, 32}
+        assert widths != {8}, "the re-solve should move some messages off the initial 8 bits"
+        return
+    assert widths <= {2, 4, 8}
+    assert len(widths) > 1, "the re-solve should move some messages off the initial 8 bits"
+    assert all(float(r["avg_bits"]) < 8 for r in results)
+
+
+@pytest.mark.distributed
+def test_forward_weights_use_receiver_squared_coefficients(cora, tmp_path):
+    world_size = 3
+    parts = tmp_path / "parts"
+    make_partition(
+        cora, parts, num_parts=world_size, spec=load_config(None, ["data.dataset=cora"]).data.spec()
+    )
+    results = run_workers(_plan_worker, world_size, tmp_path, str(parts), "adaptive")
+    owner = np.zeros(cora.num_nodes, dtype=np.int64)
+    for rank in range(world_size):
+        owner[load_part(parts, rank).global_ids] = rank
+    deg = np.diff(cora.indptr).astype(np.float64)
+    for rank, r in enumerate(results):
+        segments = np.split(np.arange(len(r["sent_ids"])), np.cumsum(r["send_counts"])[:-1])
+        for q, seg in enumerate(segments):
+            for i in seg:
+                v = int(r["sent_ids"][i])
+                # Edges v -> u into q's nodes (the graph is symmetric: u lists v as in-edge).
+                u = cora.indices[cora.indptr[v] : cora.indptr[v + 1]]
+                u = u[owner[u] == q]
+                expected = np.sum(1.0 / ((deg[u] + 1) * (deg[v] + 1)))
+                assert r["forward_coef"][i] == pytest.approx(expected, rel=1e-5)
+        assert rank != 0 or len(r["sent_ids"]) > 0
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_merge_and_split_round_trip(shared):
+    rng = np.random.default_rng(0)
+    channels = [
+        Channel(s, d, rng.random(int(rng.integers(0, 6))))
+        for s in range(3)
+        for d in range(3)
+        if s != d
+    ]
+    links = LinkModel(rng.random((3, 3)) * 1e-4, 1e8 + rng.random((3, 3)) * 1e9)
+    merged, model, members = _merge(channels, links, shared)
+    assert len(merged) == (1 if shared else 3)
+    assert sum(c.num_messages for c in merged) == sum(c.num_messages for c in channels)
+    fake = tuple(np.arange(c.num_messages, dtype=np.int64) + 100 * i for i, c in enumerate(merged))
+    split = _split(fake, members, channels)
+    for bits, c in zip(split, channels, strict=True):
+        assert len(bits) == c.num_messages
+    # Each merged channel's widths come back, in order, to its member channels.
+    for i, group in enumerate(members):
+        back = np.concatenate([split[channels.index(c)] for c in group])
+        np.testing.assert_array_equal(back, fake[i])
+    assert model.num_ranks == 3
+
+
+@pytest.mark.parametrize(
+    ("nic_Bps", "expected"),
+    [(2e9, 32), (37.5e6, 8)],  # loopback-like: quantizing costs more than it saves; 300 Mbit/s
+)
+def test_first_width_is_full_precision_only_where_the_host_model_finds_it_no_slower(
+    nic_Bps, expected
+):
+    """Before any trace, the host model chooses between initial_bits and float32 by time
+    alone (float32 also has no variance); 4 hosts, 1000 rows of 64 values per pair."""
+    model = HostModel.uniform(
+        [0, 1, 2, 3], 1e-4, nic_Bps, 2e9, quant_s_per_value=15e-9, dequant_s_per_value=5e-9
+    )
+    counts = np.full((4, 4), 1000) - np.diag([1000] * 4)
+    width, times = first_width(model, counts, 64, 8)
+    assert width == expected
+    # Each host sends 3 x 1000 rows: 768 KB at 32 bits; at 8 bits a quarter of that plus
+    # the rows' min/max (8 bytes each), and 3000 x 64 values quantized and dequantized.
+    sent = {32: 3000 * 64 * 4, 8: 3000 * (64 + 8)}
+    assert times[32] == pytest.approx(1e-4 + sent[32] / nic_Bps)
+    assert times[8] == pytest.approx(1e-4 + sent[8] / nic_Bps + 3000 * 64 * 20e-9)
+    assert first_width(model, counts, 64, 32) == (32, {32: times[32]})

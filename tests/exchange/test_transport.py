@@ -1,0 +1,140 @@
+"""Halo exchange between real gloo workers: exact in float32, bounded when quantized."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from adaqp.config import CommConfig
+from adaqp.exchange.transport import BitPlan, ExchangeKey, HaloTransport
+from adaqp.quant import mixed_buffer_bytes
+from adaqp.runtime import init_distributed, shutdown
+from tests.distributed import run_workers
+
+ROWS = 12  # rows every rank sends every peer (uneven below)
+DIM = 37
+
+
+def _layout(rank: int, world_size: int):
+    """Rank r sends rows r*7 + q ... to q; counts differ by pair so splits are uneven."""
+    send_counts = [0 if q == rank else ROWS + rank + 2 * q for q in range(world_size)]
+    recv_counts = [0 if p == rank else ROWS + p + 2 * rank for p in range(world_size)]
+    send_idx = torch.cat([torch.arange(c) % 50 for c in send_counts]).long()
+    return send_idx, send_counts, recv_counts
+
+
+def _rows(rank: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(100 + rank)
+    return torch.randn(50, DIM, generator=gen) * (rank + 1)
+
+
+def _exchange_worker(rank: int, world_size: int, init_method: str, bits: int):
+    init_distributed(CommConfig(timeout_s=60), init_method, rank, world_size)
+    try:
+        send_idx, send_counts, recv_counts = _layout(rank, world_size)
+        transport = HaloTransport(rank, send_counts, recv_counts, timeout_s=60, seed=1)
+        h = _rows(rank)
+        if bits == "mixed":  # every third row of a segment at full precision, others 4, 2
+            plan = BitPlan(_mixed_bits(send_counts), _mixed_bits(recv_counts))
+        elif bits == "by-peer":  # rows to the next rank at full precision, others at 2
+            plan = BitPlan(
+                _peer_bits(send_counts, (rank + 1) % world_size),
+                _peer_bits(recv_counts, (rank - 1) % world_size),
+            )
+        else:
+            plan = BitPlan.uniform(bits, len(send_idx), sum(recv_counts), "cpu") if bits else None
+        pending = transport.start(h[send_idx], ExchangeKey.forward(1), plan)
+        halo = pending.wait()
+        expected_bytes = sum(
+            4 * c * DIM
+            if bits == "by-peer" and q == (rank + 1) % world_size
+            else mixed_buffer_bytes(torch.full((c,), 2, dtype=torch.int8), DIM)
+            if bits == "by-peer"
+            else _mixed_bytes(c)
+            if bits == "mixed"
+            else mixed_buffer_bytes(torch.full((c,), bits, dtype=torch.int8), DIM)
+            if bits not in (0, 32)
+            else 4 * c * DIM
+            for q, c in enumerate(send_counts)
+        )
+        return {
+            "halo": halo.numpy(),
+            "copy_s": np.array(pending.quant_s + pending.dequant_s),
+            "bytes": np.array(pending.bytes_sent),
+            "expected_bytes": np.array(expected_bytes),
+        }
+    finally:
+        shutdown()
+
+
+def _mixed_bits(counts: list[int]) -> torch.Tensor:
+    pattern = torch.tensor([32, 4, 2], dtype=torch.int8)
+    return torch.cat([pattern[torch.arange(c) % 3] for c in counts])
+
+
+def _peer_bits(counts: list[int], full_peer: int) -> torch.Tensor:
+    return torch.cat(
+        [
+            torch.full((c,), 32 if q == full_peer else 2, dtype=torch.int8)
+            for q, c in enumerate(counts)
+        ]
+    )
+
+
+def _mixed_bytes(count: int) -> int:
+    bits = _mixed_bits([count])
+    full = bits == 32
+    return mixed_buffer_bytes(bits[~full], DIM) + 4 * DIM * int(full.sum())
+
+
+def _expected_halo(rank: int, world_size: int) -> np.ndarray:
+    parts = []
+    for p in range(world_size):
+        if p == rank:
+            continue
+        send_idx, send_counts, _ = _layout(p, world_size)
+        start = sum(send_counts[:rank])
+        idx = send_idx[start : start + send_counts[rank]]
+        parts.append(_rows(p)[idx].numpy())
+    return np.concatenate(parts)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("bits", [0, 32, 8, 4, 2, "mixed", "by-peer"])
+def test_exchange_exact_or_within_one_step(bits, tmp_path):
+    """No plan (0), a plan at full precision everywhere (32), quantized, mixed within
+    each peer's segment, and mixed by peer (one peer's whole segment at full precision,
+    as between two ranks of one host)."""
+    world_size = 3
+    results = run_workers(_exchange_worker, world_size, tmp_path, bits)
+    for rank, result in enumerate(results):
+        expected = _expected_halo(rank, world_size)
+        got = result["halo"]
+        assert int(result["bytes"]) == int(result["expected_bytes"])
+        if bits in (0, 32):
+            np.testing.assert_array_equal(got, expected)
+            # An all-float32 plan sends the rows as Vanilla does, without copying them
+            # into a byte buffer and out again.
+            assert float(result["copy_s"]) == 0.0
+            continue
+        if bits in ("mixed", "by-peer"):  # rows at 32 bits arrive exact, others within a step
+            recv_counts = _layout(rank, world_size)[2]
+            if bits == "mixed":
+                widths = _mixed_bits([c for c in recv_counts if c]).numpy()
+            else:
+                widths = _peer_bits(recv_counts, (rank - 1) % world_size).numpy()
+            np.testing.assert_array_equal(got[widths == 32], expected[widths == 32])
+            assert np.abs(got[widths == 2] - expected[widths == 2]).max() > 0
+            step = (expected.max(1) - expected.min(1)) / (2.0 ** np.maximum(widths, 1) - 1)
+            assert (np.abs(got - expected) <= step[:, None] * (1 + 1e-5) + 1e-6).all()
+            continue
+        # Stochastic rounding moves each value by less than one step of its row.
+        step = (expected.max(1) - expected.min(1)) / (2**bits - 1)
+        err = np.abs(got - expected)
+        assert (err <= step[:, None] * (1 + 1e-5) + 1e-6).all()
+        assert (got >= expected.min(1, keepdims=True) - 1e-6).all()
+        assert (got <= expected.max(1, keepdims=True) + 1e-6).all()
+        # And the noise is real (the check above could not pass by accident at 2 bits).
+        if bits == 2:
+            assert err.mean() > 0.05 * step.mean()

@@ -1,0 +1,130 @@
+"""The halo aggregation's overlap window: what runs while an exchange is in flight, and
+that splitting the work around it changes no value."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from adaqp.exchange.transport import ExchangeKey
+from adaqp.graph.aggregate import SparseAdjacency
+from adaqp.model.layers import Propagation
+
+# 4 inner rows (0, 1 central; 2, 3 marginal), 2 halo rows (4, 5); rows 1 and 3 are sent.
+EDGES = [(0, 0), (0, 1), (1, 0), (1, 1), (1, 3), (2, 2), (2, 4), (3, 1), (3, 4), (3, 5)]
+NUM_INNER, NUM_HALO, DIM = 4, 2, 3
+
+
+class _Recorder:
+    """A policy stand-in: logs starts and waits; the halo rows and the returned
+    gradients are fixed tensors."""
+
+    def __init__(self, events: list[str], halo_HD: torch.Tensor, grad_SD: torch.Tensor):
+        self.events, self.halo, self.grad = events, halo_HD, grad_SD
+        self.sent: dict[str, torch.Tensor] = {}
+
+    def start(self, key: ExchangeKey, rows: torch.Tensor):
+        tag = str(key)
+        self.events.append(f"start {tag}")
+        self.sent[tag] = rows.clone()
+        back = tag.endswith("backward")
+
+        def wait():
+            self.events.append(f"wait {tag}")
+            return self.grad if back else self.halo
+
+        return SimpleNamespace(wait=wait)
+
+
+class _Logged(torch.autograd.Function):
+    """Identity that logs when its rows' gradient is computed."""
+
+    @staticmethod
+    def forward(ctx, x, events, name):
+        ctx.events, ctx.name = events, name
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.events.append(f"grad {ctx.name}")
+        return grad, None, None
+
+
+def _setup(overlap: bool):
+    rows, cols = np.array(EDGES).T
+    values = np.linspace(0.5, 1.4, len(EDGES)).astype(np.float32)
+    order = np.lexsort((cols, rows))
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=NUM_INNER))])
+    adjacency = SparseAdjacency.from_csr(
+        indptr, cols[order], values[order], (NUM_INNER, NUM_INNER + NUM_HALO)
+    )
+    graph = SimpleNamespace(
+        num_inner=NUM_INNER,
+        num_halo=NUM_HALO,
+        num_central=2,
+        send_idx=torch.tensor([1, 3]),
+    )
+    gen = torch.Generator().manual_seed(0)
+    halo = torch.randn(NUM_HALO, DIM, generator=gen)
+    grad_sent = torch.randn(2, DIM, generator=gen)
+    events: list[str] = []
+    policy = _Recorder(events, halo, grad_sent)
+    prop = Propagation(graph, adjacency, policy, overlap=overlap)
+    dense = torch.zeros(NUM_INNER, NUM_INNER + NUM_HALO)
+    dense[rows, cols] = torch.from_numpy(values)
+    return prop, events, policy, dense, halo, grad_sent
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_split_work_equals_whole_aggregation(overlap):
+    prop, _, policy, dense, halo, grad_sent = _setup(overlap)
+    torch.manual_seed(1)
+    weight = torch.randn(DIM, 5, requires_grad=True)
+    h = torch.randn(NUM_INNER, DIM, requires_grad=True)
+    out = prop(h, 1, lambda agg, rows: agg @ weight)
+    upstream = torch.randn(NUM_INNER, 5)
+    out.backward(upstream)
+
+    h_ref = h.detach().clone().requires_grad_(True)
+    weight_ref = weight.detach().clone().requires_grad_(True)
+    expected = dense @ torch.cat([h_ref, halo]) @ weight_ref
+    # The halo rows' gradient goes to their owners; what they return for the sent rows
+    # (grad_sent) is added to those rows' gradient.
+    expected.backward(upstream)
+    grad_halo = (dense.T @ (upstream @ weight_ref.detach().T))[NUM_INNER:]
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(weight.grad, weight_ref.grad)
+    grad_h = h_ref.grad.index_add(0, torch.tensor([1, 3]), grad_sent)
+    torch.testing.assert_close(h.grad, grad_h)
+    torch.testing.assert_close(policy.sent["layer1/forward"], h.detach()[[1, 3]])
+    torch.testing.assert_close(policy.sent["layer1/backward"], grad_halo)
+
+
+def test_central_rows_are_transformed_and_differentiated_while_the_exchange_travels():
+    prop, events, _, _, _, _ = _setup(overlap=True)
+    weight = torch.randn(DIM, 5, requires_grad=True)
+    h = torch.randn(NUM_INNER, DIM, requires_grad=True)
+
+    def finish(agg, rows):
+        name = "central" if rows.start == 0 else "marginal"
+        events.append(f"finish {name}")
+        return _Logged.apply(agg, events, name) @ weight
+
+    out = prop(h, 1, finish)
+    assert events == [
+        "start layer1/forward",
+        "finish central",  # inside the window
+        "wait layer1/forward",
+        "finish marginal",
+    ]
+    events.clear()
+    out.sum().backward()
+    assert events == [
+        "grad marginal",
+        "start layer1/backward",
+        "grad central",  # inside the window
+        "wait layer1/backward",
+    ]

@@ -1,0 +1,262 @@
+"""Checkpoints: a resumed run is the uninterrupted run, damaged or unfitting checkpoints
+are refused, and an interrupted write leaves the previous checkpoint usable."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from adaqp.bench import torchrun_command
+from adaqp.config import load_config
+from adaqp.data import load_dataset
+from adaqp.graph.local import LocalGraph
+from adaqp.partitioning.build import make_partition
+from adaqp.partitioning.format import load_part, read_metadata
+from adaqp.run.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    check_fits,
+    complete_epochs,
+    read_manifest,
+    read_shard,
+    write_manifest,
+    write_shard,
+)
+from adaqp.run.trainer import Trainer
+from adaqp.runtime import init_distributed, shutdown
+from tests.distributed import run_workers, worker_pid
+
+
+class _Records:
+    def __init__(self):
+        self.records = []
+
+    def log_epoch(self, record) -> None:
+        self.records.append(record)
+
+
+def _worker(rank, world_size, init_method, part_dir, ckpt_dir, overrides, stop_at, total):
+    """Trains to ``stop_at`` (checkpointing there), then a fresh trainer resumes to
+    ``total``; with ``stop_at == 0`` trains to ``total`` in one go."""
+    base = [
+        "data.dataset=cora",
+        "model.hidden=16",
+        "model.dropout=0.5",
+        f"partition.dir={part_dir}",
+        f"checkpoint.dir={ckpt_dir}",
+        *overrides,
+    ]
+    result = {}
+    for stage, epochs in enumerate([stop_at, total] if stop_at else [total]):
+        config = load_config(None, [*base, f"train.epochs={epochs}"])
+        world = init_distributed(config.comm, f"{init_method}-{stage}", rank, world_size)
+        try:
+            meta = read_metadata(part_dir)
+            graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
+            trainer = Trainer(config, graph, meta, world)
+            ckpt = Checkpointer.for_run(config, world, Path("unused"), meta)
+            history = None
+            if stage == 1:
+                epoch, tensors, history = ckpt.load_latest()
+                trainer.load_state_dict(tensors)
+                result["resumed_at"] = np.array(epoch)
+            records = _Records()
+            summary = trainer.fit(records, checkpoints=ckpt, resume=history)
+            result["loss"] = np.array(summary.final_train_loss)
+            result["epochs_run"] = np.array([r.epoch for r in records.records])
+            result["weights"] = (
+                torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
+                .numpy()
+                .copy()
+            )
+            result["avg_bits"] = np.array(summary.avg_bits)
+        finally:
+            shutdown()
+    return result
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    part_dir = tmp_path_factory.mktemp("cora") / "parts"
+    make_partition(load_dataset("cora"), part_dir, num_parts=2, spec={"name": "cora"})
+    return str(part_dir)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("comm.mode=vanilla", "checkpoint.every=5"),
+        ("comm.mode=adaqp", "quant.assign_cycle=3", "checkpoint.every=4"),
+    ],
+    ids=["vanilla", "adaqp"],
+)
+def test_resume_equals_uninterrupted(overrides, parts, tmp_path):
+    """Stopped after a checkpoint and resumed to 10 epochs: bitwise the same weights and
+    final loss as one 10-epoch run (dropout, Adam state, quantization RNG and bit-width
+    plans and traces all restored)."""
+    stop = 5 if "vanilla" in overrides[0] else 8
+    whole = run_workers(_worker, 2, tmp_path, parts, str(tmp_path / "a"), overrides, 0, 10)
+    split = run_workers(_worker, 2, tmp_path, parts, str(tmp_path / "b"), overrides, stop, 10)
+    for w, s in zip(whole, split, strict=True):
+        assert int(s["resumed_at"]) == stop
+        assert s["epochs_run"].tolist() == list(range(stop + 1, 11))
+        np.testing.assert_array_equal(s["weights"], w["weights"])
+        assert float(s["loss"]) == float(w["loss"])
+    if "adaqp" in overrides[0]:  # the plans were solved (not the first cycle's 8 bits)
+        assert float(whole[0]["avg_bits"]) < 8
+    # Only the newest checkpoints are kept.
+    assert complete_epochs(tmp_path / "a") == ([8, 10] if stop == 8 else [5, 10])
+
+
+def test_unfitting_or_damaged_checkpoints_are_refused(tmp_path):
+    tensors = {"model/w": torch.arange(6.0).view(2, 3), "rng/torch": torch.get_rng_state()}
+    sha = write_shard(tmp_path, 3, 0, tensors)
+    fingerprint = {"model.hidden": 16, "data.name": "cora"}
+    write_manifest(tmp_path, 3, [sha], fingerprint, {"records": []}, keep=2)
+    manifest = read_manifest(tmp_path, 3)
+    loaded = read_shard(tmp_path, 3, 0, manifest)
+    assert torch.equal(loaded["model/w"], tensors["model/w"])
+    check_fits(manifest, 1, fingerprint, tmp_path)
+
+    with pytest.raises(CheckpointError, match="model.hidden: checkpoint 16, this run 32"):
+        check_fits(manifest, 1, {**fingerprint, "model.hidden": 32}, tmp_path)
+    with pytest.raises(CheckpointError, match="written by 1 workers, this run has 2"):
+        check_fits(manifest, 2, fingerprint, tmp_path)
+
+    shard = tmp_path / "epoch-000003" / "rank-00000.npz"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="does not match its SHA-256"):
+        read_shard(tmp_path, 3, 0, manifest)
+    shard.write_bytes(bytes(data[:100]))
+    with pytest.raises(CheckpointError, match="SHA-256"):
+        read_shard(tmp_path, 3, 0, manifest)
+
+
+def test_interrupted_write_keeps_the_previous_checkpoint(tmp_path):
+    """Killed between the shards and the manifest: the step without a manifest never
+    counts, the previous one is still complete, and the debris goes once a newer
+    checkpoint completes."""
+    tensors = {"x": torch.ones(3)}
+    write_manifest(tmp_path, 2, [write_shard(tmp_path, 2, 0, tensors)], {}, {}, keep=2)
+    write_shard(tmp_path, 4, 0, {"x": torch.zeros(3)})  # ... and no manifest: killed here
+    assert complete_epochs(tmp_path) == [2]
+    manifest = read_manifest(tmp_path, 2)
+    assert torch.equal(read_shard(tmp_path, 2, 0, manifest)["x"], tensors["x"])
+    for epoch in (6, 8):
+        write_manifest(tmp_path, epoch, [write_shard(tmp_path, epoch, 0, tensors)], {}, {}, 2)
+    assert complete_epochs(tmp_path) == [6, 8]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-000006", "epoch-000008"]
+
+
+def test_pruning_never_removes_foreign_files(tmp_path):
+    tensors = {"x": torch.ones(1)}
+    for epoch in (1, 2):
+        write_manifest(tmp_path, epoch, [write_shard(tmp_path, epoch, 0, tensors)], {}, {}, 5)
+    (tmp_path / "epoch-000001" / "notes.txt").write_text("mine")
+    write_manifest(tmp_path, 3, [write_shard(tmp_path, 3, 0, tensors)], {}, {}, keep=1)
+    assert (tmp_path / "epoch-000001" / "notes.txt").read_text() == "mine"
+    assert not (tmp_path / "epoch-000001" / "manifest.json").exists()
+    assert not (tmp_path / "epoch-000002").exists()
+    assert complete_epochs(tmp_path) == [3]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _torchrun(out: Path, parts: Path, *flags: str, nproc: int = 2) -> list[str]:
+    train_args = ["--config", str(ROOT / "configs/cora-gcn.toml"), "--out", str(out)]
+    train_args += ["--set", f"partition.dir={parts}", "--set", "metrics.progress=false"]
+    return torchrun_command(nproc, train_args, flags)
+
+
+def _wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.2)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_killed_worker_is_restarted_and_the_run_resumes(tmp_path):
+    """SIGKILL of one worker mid-run under torchrun --max-restarts 1: the group restarts,
+    resumes from the last checkpoint and finishes; the summary counts the restart and
+    the epochs redone, and metrics.jsonl holds every epoch once."""
+    out, parts = tmp_path / "run", tmp_path / "parts"
+    epochs = 200  # the kill lands soon after epoch 10, far from the end
+    cmd = _torchrun(out, parts, "--max-restarts", "1")
+    cmd += ["--epochs", str(epochs), "--set", "checkpoint.every=10"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        _wait_for(lambda: complete_epochs(out / "checkpoints"), 240, "a first checkpoint")
+        pid = worker_pid(out, 1)
+        assert pid is not None, "rank 1's worker not found"
+        os.kill(pid, signal.SIGKILL)
+        output, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = output.decode(errors="replace")
+    assert proc.returncode == 0, text[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["restarts"] == 1
+    assert summary["resumed_from_epoch"] >= 10
+    assert summary["epochs"] == epochs
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in lines] == list(range(1, epochs + 1))
+    assert summary["epochs_redone"] >= 0
+
+
+@pytest.mark.distributed
+def test_resume_from_the_command_line_extends_the_run(tmp_path):
+    """Stopped at 6 epochs, --resume --epochs 10 continues: the same final loss as one
+    10-epoch run; a changed model is refused naming the key."""
+    parts = tmp_path / "parts"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+
+    def train(out: Path, *flags: str) -> subprocess.CompletedProcess:
+        cmd = [*_torchrun(out, parts), "--set", "checkpoint.every=3", *flags]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+    first = train(tmp_path / "a", "--epochs", "6")
+    assert first.returncode == 0, first.stderr[-3000:]
+    refused = train(tmp_path / "a", "--epochs", "10", "--resume", "--set", "model.hidden=32")
+    assert refused.returncode != 0
+    assert "model.hidden: checkpoint 64, this run 32" in refused.stderr
+    resumed = train(tmp_path / "a", "--epochs", "10", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    whole = train(tmp_path / "b", "--epochs", "10")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    a = json.loads((tmp_path / "a" / "summary.json").read_text())
+    b = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert a["final_train_loss"] == b["final_train_loss"]
+    assert a["resumed_from_epoch"] == 6 and b["resumed_from_epoch"] == 0
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("mode", ["vanilla", "adaqp"])
+def test_same_seed_gives_the_same_run_twice(mode, parts, tmp_path):
+    """Determinism: two runs with one seed and world size end bitwise equal (adaqp's
+    widths too: its re-solve at epoch 3 sees the same traces)."""
+    overrides = (f"comm.mode={mode}", "quant.assign_cycle=3", "checkpoint.every=0")
+    runs = [
+        run_workers(_worker, 2, tmp_path, parts, str(tmp_path / f"c{i}"), overrides, 0, 6)
+        for i in range(2)
+    ]
+    for a, b in zip(*runs, strict=True):
+        np.testing.assert_array_equal(a["weights"], b["weights"])
+        assert float(a["loss"]) == float(b["loss"])

@@ -1,0 +1,228 @@
+"""Claiming an output directory: refusals, the lock, starting fresh, and status.json."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from adaqp.run.metrics import RunWriter, Summary
+from adaqp.run.rundir import (
+    LOCK_FILE,
+    PROJECT_FILES,
+    Problem,
+    RunDir,
+    RunDirError,
+    check_writable,
+    read_status,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _finished_run(out: Path) -> None:
+    """A directory as a complete run leaves it, plus a file the project did not write."""
+    run = RunDir.claim(out)
+    (out / "config.json").write_text('{"old": true}\n')
+    (out / "metrics.jsonl").write_text('{"epoch": 1}\n')
+    (out / "summary.json").write_text('{"test_acc": 0.8}\n')
+    run.end()
+    run.close()
+    (out / "logs").mkdir()
+    (out / "logs" / "host0.log").write_text("kept\n")
+
+
+def _refused(out: Path, **flags) -> RunDirError:
+    with pytest.raises(RunDirError) as info:
+        RunDir.claim(out, **flags)
+    return info.value
+
+
+def test_claim_makes_the_directory_and_marks_it_running(tmp_path):
+    out = tmp_path / "a" / "b"
+    run = RunDir.claim(out)
+    try:
+        status = read_status(out)
+        assert status["status"] == "running" and status["pid"] == os.getpid()
+        assert (out / LOCK_FILE).exists()
+        assert not list(out.glob("*.tmp"))
+    finally:
+        run.close()
+
+
+def test_finished_run_is_refused_and_left_untouched(tmp_path):
+    out = tmp_path / "run"
+    _finished_run(out)
+    before = {p.name: p.read_text() for p in out.iterdir() if p.is_file()}
+    error = _refused(out)
+    assert error.problem is Problem.FINISHED
+    assert "finished run" in str(error) and "--overwrite" in str(error), error
+    assert {p.name: p.read_text() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_overwrite_removes_only_the_run_files(tmp_path):
+    out = tmp_path / "run"
+    _finished_run(out)
+    (out / "summary.json.tmp").write_text("half")
+    (out / "notes.txt").write_text("mine\n")
+    run = RunDir.claim(out, overwrite=True)
+    try:
+        left = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+        assert left == ["logs/host0.log", "notes.txt", LOCK_FILE, "status.json"]
+        assert read_status(out)["status"] == "running"
+    finally:
+        run.close()
+
+
+def test_a_running_run_is_refused_even_with_overwrite(tmp_path):
+    out = tmp_path / "run"
+    first = RunDir.claim(out)
+    try:
+        for flags in ({}, {"overwrite": True}):
+            error = _refused(out, **flags)
+            assert error.problem is Problem.RUNNING
+            assert "in use by another run" in str(error) and f"pid {os.getpid()}" in str(error)
+        assert read_status(out)["status"] == "running"
+    finally:
+        first.close()
+    RunDir.claim(out).close()  # free again once the holder lets go
+
+
+def test_lock_of_a_killed_process_does_not_block(tmp_path):
+    out = tmp_path / "run"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from adaqp.run.rundir import RunDir; "
+            "RunDir.claim(sys.argv[1]); print('held', flush=True); time.sleep(600)",
+            str(out),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert _refused(out).problem is Problem.RUNNING
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
+    run = RunDir.claim(out)  # the kernel dropped the dead holder's lock
+    try:
+        assert read_status(out)["pid"] == os.getpid()
+    finally:
+        run.close()
+
+
+def test_failed_or_interrupted_output_may_be_started_over(tmp_path):
+    out = tmp_path / "run"
+    for exc, status in ((RuntimeError("boom"), "failed"), (KeyboardInterrupt(), "interrupted")):
+        run = RunDir.claim(out)
+        (out / "metrics.jsonl").write_text('{"epoch": 1}\n')
+        run.end(exc)
+        run.close()
+        recorded = read_status(out)
+        assert recorded["status"] == status and recorded["error"], recorded
+        assert not (out / "summary.json").exists()
+    run = RunDir.claim(out)  # no flag needed: nothing complete is lost
+    try:
+        assert not (out / "metrics.jsonl").exists()
+    finally:
+        run.close()
+
+
+@pytest.mark.parametrize("finished", [False, True])
+def test_resume_without_a_checkpoint_is_an_error(tmp_path, finished):
+    out = tmp_path / "run"
+    if finished:
+        _finished_run(out)
+    before = sorted(p.name for p in out.iterdir()) if finished else None
+    error = _refused(out, resume=True)
+    assert error.problem is Problem.NO_CHECKPOINT
+    assert "no checkpoint to resume from" in str(error)
+    if finished:
+        assert sorted(p.name for p in out.iterdir()) == before
+        assert read_status(out)["status"] == "complete"
+    else:
+        assert not out.exists()
+
+
+def test_overwrite_and_resume_exclude_each_other(tmp_path):
+    with pytest.raises(ValueError, match="exclude"):
+        RunDir.claim(tmp_path / "run", overwrite=True, resume=True)
+
+
+def _unwritable_paths(tmp_path: Path) -> list[Path]:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    paths = [a_file, a_file / "below"]
+    if Path("/proc/self").exists():
+        paths.append(Path("/proc/adaqp-out"))
+    if os.geteuid() != 0:  # root writes through permission bits
+        read_only = tmp_path / "read-only"
+        read_only.mkdir(mode=0o555)
+        paths.append(read_only)
+    return paths
+
+
+def test_unwritable_out_is_refused_naming_the_path(tmp_path):
+    for path in _unwritable_paths(tmp_path):
+        for check in (RunDir.claim, check_writable):
+            with pytest.raises(RunDirError) as info:
+                check(path)
+            assert info.value.problem is Problem.UNWRITABLE
+            assert str(path) in str(info.value) and "choose another --out" in str(info.value)
+    assert "a-file exists and is not a directory" in str(_refused(tmp_path / "a-file" / "x"))
+
+
+def test_check_writable_changes_nothing(tmp_path):
+    (tmp_path / "old").mkdir()
+    check_writable(tmp_path / "new" / "run")  # probes tmp_path, the nearest parent there is
+    check_writable(tmp_path / "old")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["old"]
+
+
+def test_status_is_replaced_atomically(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    run = RunDir.claim(out)
+    try:
+        seen = []
+        real_replace = Path.replace
+
+        def spy(self, target):
+            seen.append(read_status(out)["status"])  # the old status is whole until the rename
+            return real_replace(self, target)
+
+        monkeypatch.setattr(Path, "replace", spy)
+        run.end()
+        assert seen == ["running"] and read_status(out)["status"] == "complete"
+        with pytest.raises(ValueError, match="status must be one of"):
+            run.set_status("done")
+    finally:
+        run.close()
+
+
+def test_every_file_a_run_writes_is_known_to_overwrite(tmp_path):
+    """Starting fresh removes PROJECT_FILES: they must cover what RunWriter writes."""
+    out = tmp_path / "run"
+    run = RunDir.claim(out)
+    writer = RunWriter(out, enabled=True)
+    writer.write_config({"a": 1})
+    writer.close()
+    missing = dataclasses.MISSING
+    required = [
+        f.name
+        for f in dataclasses.fields(Summary)
+        if f.default is missing and f.default_factory is missing
+    ]
+    writer.write_summary(Summary(**dict.fromkeys(required, 0)))
+    run.end()
+    run.close()
+    written = {p.name for p in out.iterdir()} - {LOCK_FILE}
+    assert written <= set(PROJECT_FILES), written - set(PROJECT_FILES)
+    assert "summary.json" in written and "metrics.jsonl" in written

@@ -1,0 +1,248 @@
+"""Vanilla mode is exact: P workers compute what one process computes on the whole graph.
+
+The reference below builds the normalised adjacency of the *whole* graph directly from
+the dataset with SciPy, never touching partitions, local ids or the exchanger; it shares
+only the model definition and the initial weights with the distributed run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+
+from adaqp.config import load_config
+from adaqp.data import load_dataset
+from adaqp.graph.local import LocalGraph
+from adaqp.model.gnn import GNN
+from adaqp.partitioning.build import make_partition
+from adaqp.partitioning.format import load_part, read_metadata
+from adaqp.run.trainer import Trainer
+from adaqp.runtime import init_distributed, shutdown
+from tests.distributed import run_workers
+
+EPOCHS = 5
+MODELS = ("gcn", "sage")
+
+
+def _config(model: str, part_dir: str, extra: tuple[str, ...] = ()):
+    return load_config(
+        None,
+        [
+            *extra,
+            "data.dataset=cora",
+            f"model.name={model}",
+            "model.layers=3",
+            "model.hidden=16",
+            "model.dropout=0",
+            "model.layernorm=true",
+            "train.lr=0.01",
+            f"partition.dir={part_dir}",
+        ],
+    )
+
+
+def _worker(
+    rank: int, world_size: int, init_method: str, part_dir: str, extra: tuple[str, ...] = ()
+):
+    result = {}
+    for model in MODELS:
+        config = _config(model, part_dir, extra)
+        world = init_distributed(config.comm, init_method + model, rank, world_size)
+        try:
+            meta = read_metadata(part_dir)
+            graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
+            trainer = Trainer(config, graph, meta, world)
+            result[f"{model}/initial"] = _flat_params(trainer.model)
+            trainer.model.train()
+            logits = trainer.logits()
+            (trainer.local_loss_sum(logits) / trainer.num_train).backward()
+            trainer.sync_gradients()
+            result[f"{model}/logits"] = logits.detach().numpy()
+            result[f"{model}/global_ids"] = graph.global_ids
+            result[f"{model}/grads"] = torch.cat(
+                [p.grad.reshape(-1) for p in trainer.model.parameters()]
+            ).numpy()
+            trainer.optimizer.step()
+            losses = [trainer.train_step() for _ in range(EPOCHS - 1)]
+            result[f"{model}/losses"] = np.array(losses)
+            result[f"{model}/weights"] = _flat_params(trainer.model)
+        finally:
+            shutdown()
+    return result
+
+
+def _flat_params(model) -> np.ndarray:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().copy()
+
+
+def _set_flat(model, flat: np.ndarray) -> None:
+    offset = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            n = p.numel()
+            p.copy_(torch.from_numpy(flat[offset : offset + n]).view_as(p))
+            offset += n
+
+
+def _full_adjacency(graph, norm: str) -> torch.Tensor:
+    """Dense normalised adjacency of the whole graph, built straight from the CSR."""
+    n = graph.num_nodes
+    a = sp.csr_matrix((np.ones(graph.num_edges), graph.indices, graph.indptr), shape=(n, n))
+    deg = np.asarray(a.sum(1)).ravel()
+    if norm == "gcn":
+        d = 1.0 / np.sqrt(deg + 1.0)
+        a = sp.diags(d) @ (a + sp.eye(n)) @ sp.diags(d)
+    else:
+        a = sp.diags(1.0 / np.maximum(deg, 1.0)) @ a
+    return torch.tensor(a.toarray(), dtype=torch.float32)
+
+
+def _whole_graph_propagate(adj: torch.Tensor):
+    def propagate(h, layer, finish=lambda agg, rows: agg):
+        return finish(adj @ h, slice(0, adj.shape[0]))
+
+    return propagate
+
+
+def _reference(graph, model_name: str, initial: np.ndarray):
+    config = _config(model_name, "unused")
+    torch.manual_seed(0)
+    model = GNN(config.model, graph.feature_dim, graph.num_classes)
+    _set_flat(model, initial)
+    adj = _full_adjacency(graph, model.norm)
+    x = torch.from_numpy(graph.features)
+    y = torch.from_numpy(graph.labels).long()
+    mask = torch.from_numpy(graph.train_mask)
+    optimizer = torch.optim.Adam(
+        model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay
+    )
+    out = {}
+    losses = []
+    for epoch in range(EPOCHS):
+        optimizer.zero_grad()
+        logits = model(x, _whole_graph_propagate(adj))
+        loss = F.cross_entropy(logits[mask], y[mask])
+        loss.backward()
+        if epoch == 0:
+            out["logits"] = logits.detach()
+            out["grads"] = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        else:
+            losses.append(loss.item())
+        optimizer.step()
+    out["losses"] = torch.tensor(losses)
+    out["weights"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return out
+
+
+def _close(actual, expected, rtol: float, what: str) -> None:
+    actual = torch.as_tensor(actual, dtype=torch.float32)
+    scale = float(expected.abs().max())
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=rtol * scale, msg=what)
+
+
+@pytest.fixture(scope="module")
+def cora():
+    return load_dataset("cora")
+
+
+EXACT_VARIANTS = {
+    "vanilla": ("comm.mode=vanilla",),
+    "vanilla-no-savings": (
+        "comm.mode=vanilla",
+        "comm.cache_input_halo=false",
+        "comm.transform_first=false",
+    ),
+    "adaqp-p": ("comm.mode=adaqp-p",),
+    "adaqp-p-no-savings": (
+        "comm.mode=adaqp-p",
+        "comm.cache_input_halo=false",
+        "comm.transform_first=false",
+    ),
+}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    ("world_size", "variant"),
+    [
+        (1, "vanilla"),
+        (2, "vanilla"),
+        (4, "vanilla"),
+        (2, "vanilla-no-savings"),
+        (2, "adaqp-p"),
+        (4, "adaqp-p"),
+        (4, "adaqp-p-no-savings"),
+    ],
+)
+def test_exact_modes_match_single_process(world_size, variant, cora, tmp_path):
+    """Vanilla and overlap-only training equal whole-graph training, with and without the
+    exact savings (layer-0 halo cache, transform-first)."""
+    part_dir = tmp_path / "parts"
+    spec = _config("gcn", str(part_dir)).data.spec()
+    make_partition(cora, part_dir, num_parts=world_size, spec=spec)
+    results = run_workers(_worker, world_size, tmp_path, str(part_dir), EXACT_VARIANTS[variant])
+
+    for model in MODELS:
+        initial = results[0][f"{model}/initial"]
+        for r in results[1:]:
+            np.testing.assert_array_equal(r[f"{model}/initial"], initial)
+        ref = _reference(cora, model, initial)
+        logits = np.zeros((cora.num_nodes, cora.num_classes), dtype=np.float32)
+        seen = np.zeros(cora.num_nodes, dtype=bool)
+        for r in results:
+            logits[r[f"{model}/global_ids"]] = r[f"{model}/logits"]
+            seen[r[f"{model}/global_ids"]] = True
+        assert seen.all(), "every node is inner on exactly one rank"
+        _close(logits, ref["logits"], 1e-5, f"{model} logits, P={world_size}")
+        for r in results:
+            _close(r[f"{model}/grads"], ref["grads"], 1e-5, f"{model} grads, P={world_size}")
+            _close(r[f"{model}/losses"], ref["losses"], 1e-5, f"{model} losses")
+            _close(r[f"{model}/weights"], ref["weights"], 1e-4, f"{model} weights, 5 epochs")
+        # The comparison must be able to fail: training moved the weights a lot.
+        assert np.abs(results[0][f"{model}/weights"] - initial).max() > 1e-3
+
+
+CORA_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cora-gcn.toml"
+
+
+def _run_worker(rank: int, world_size: int, init_method: str, overrides: tuple[str, ...]):
+    from adaqp.train import run
+
+    summary = run(load_config(CORA_CONFIG, list(overrides)), init_method, rank, world_size)
+    return {
+        "test_acc": np.array(summary.test_acc),
+        "bytes": np.array(summary.halo_bytes_per_epoch),
+        "avg_bits": np.array(summary.avg_bits),
+        "max_staleness": np.array(summary.max_staleness),
+    }
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_adaqp_and_onebit_on_cora_train_close_to_vanilla(tmp_path):
+    """Same seed and split, 4 workers, 200 epochs of the Cora GCN config: adaqp within
+    one point of Vanilla's test accuracy, one-bit bounded staleness (S = 1) within two."""
+    results = {}
+    for mode in ("vanilla", "adaqp", "onebit"):
+        overrides = (
+            f"comm.mode={mode}",
+            "train.epochs=200",
+            f"partition.dir={tmp_path / 'parts'}",
+            f"metrics.out={tmp_path / mode}",
+        )
+        results[mode] = run_workers(_run_worker, 4, tmp_path, overrides, timeout=300)[0]
+    # The shipped config, as the quick start trains it (4 workers, seed 0: 0.791).
+    vanilla, adaqp = results["vanilla"], results["adaqp"]
+    assert float(vanilla["test_acc"]) >= 0.77
+    assert abs(float(adaqp["test_acc"]) - float(vanilla["test_acc"])) <= 0.01
+    assert float(adaqp["avg_bits"]) < 8  # the quantized run really was quantized
+    assert int(adaqp["bytes"]) < int(vanilla["bytes"]) / 2
+    onebit = results["onebit"]
+    assert abs(float(onebit["test_acc"]) - float(vanilla["test_acc"])) <= 0.02
+    assert float(onebit["avg_bits"]) == 1.0
+    assert int(onebit["max_staleness"]) <= 1  # the default bound S = 1 held
