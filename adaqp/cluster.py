@@ -1,4 +1,4 @@
-"""``python -m adaqp.cluster``: the emulated cluster's command line (see adaqp/bench/emulate.py)."""
+"""``python -m adaqp.cluster``: the emulated cluster's command line (adaqp/bench/emulate/)."""
 
 from adaqp.bench.emulate import main
 

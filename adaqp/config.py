@@ -216,7 +216,7 @@ class QuantConfig:
     sender (a rank's outgoing channels share its link), link (every pair has its own
     link and the slowest sets the time), or host (hosts with full-duplex NICs: the
     busiest host's send or receive time, copies within a host, the measured
-    (de)quantization cost, and full precision as a choice; see adaqp/assign/hosts.py). shared
+    (de)quantization cost, and full precision as a choice; see adaqp/assign/profile.py). shared
     measured best on the emulated clusters (README): host equals it on uniform links and
     is slower where hosts differ, because it spends the slack it predicts on fast hosts
     on wider messages while the measured exchanges take 1.2-2.7x its prediction."""

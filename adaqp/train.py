@@ -15,7 +15,6 @@ result. Exit codes: 0 success, 1 a failed run, 2 a usage or config error, 130 in
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import hashlib
 import json
@@ -33,8 +32,9 @@ from adaqp.exchange.transport import ExchangeError
 from adaqp.graph.local import LocalGraph
 from adaqp.partitioning.format import PartitionError, check_matches, load_part, read_metadata
 from adaqp.run.checkpoint import Checkpointer, CheckpointError, checkpoint_root
-from adaqp.run.metrics import EpochRecord, RunWriter, Summary
+from adaqp.run.metrics import EpochRecord, RunWriter
 from adaqp.run.rundir import Problem, RunDir, RunDirError, check_writable
+from adaqp.run.summary import RunFacts, Summary
 from adaqp.run.trainer import Trainer, TrainingError
 from adaqp.runtime import World, init_distributed, shutdown
 
@@ -227,18 +227,19 @@ def run(
         )
         bar = _progress_bar(config, world, first_epoch=resumed_from + 1)
         try:
-            summary = trainer.fit(writer, on_epoch=bar, checkpoints=checkpoints, resume=history)
+            facts = RunFacts(
+                partition_dir=str(part_dir),
+                restarts=restarts,
+                resumed_from_epoch=resumed_from,
+                epochs_redone=max(redone, 0),
+            )
+            summary = trainer.fit(
+                writer, on_epoch=bar, checkpoints=checkpoints, resume=history, facts=facts
+            )
         finally:
             writer.close()
             if bar is not None:
                 bar.close()
-        summary = dataclasses.replace(
-            summary,
-            partition_dir=str(part_dir),
-            restarts=restarts,
-            resumed_from_epoch=resumed_from,
-            epochs_redone=max(redone, 0),
-        )
         writer.write_summary(summary)
         if run_dir is not None:
             run_dir.end()
@@ -371,8 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     if int(os.environ.get("RANK", 0)) == 0:
         print(
             f"{summary.dataset} {summary.model} {summary.mode} P={summary.world_size}: "
-            f"test acc {summary.test_acc:.4f} (best val {summary.best_val_acc:.4f} at epoch "
-            f"{summary.best_epoch}), final loss {summary.final_train_loss:.4f}, "
+            f"test acc {summary.test_acc_at_best_val:.4f} (best val "
+            f"{summary.best_val_acc:.4f} at epoch {summary.best_epoch}), "
+            f"final loss {summary.final_train_loss:.4f}, "
             f"epoch {summary.epoch_time_s * 1000:.1f} ms, comm {summary.comm_time_s * 1000:.1f} "
             f"ms, halo {summary.halo_bytes_per_epoch / 1e6:.2f} MB/epoch"
         )

@@ -41,8 +41,8 @@ class AdaptivePolicy(ExchangePolicy):
         return self.planner.end_epoch(epoch, exchange_s_by_tag)
 
     def report(self, solved_at: int) -> dict:
-        planner = self.planner
-        if planner.link_model is None:
+        planner, kind = self.planner, self.planner.cost_kind
+        if not kind.plans_by_pair:
             return {}  # uniform and random widths: no cost model, nothing planned by pair
         solution = planner.solutions.get(solved_at, {})
         return {
@@ -52,7 +52,7 @@ class AdaptivePolicy(ExchangePolicy):
             "calibrated_exchange_s_by_tag": dict(sorted(solution.get("calibrated_s", {}).items())),
             "cost_calibration": dict(solution.get("calibration", {})),
             "fabric_Bps": _finite_or_none(planner.host_model.fabric_Bps)
-            if planner.host_model is not None
+            if kind.has_fabric_rate
             else None,
         }
 

@@ -42,9 +42,9 @@ class EpochCounters:
     quant_time_s: float = _reduced("mean")
     dequant_time_s: float = _reduced("mean")
     allreduce_time_s: float = _reduced("mean")
-    halo_bytes: int = _reduced("sum", default=0)
+    halo_bytes_per_epoch: int = _reduced("sum", default=0)
     """Payload plus metadata bytes sent."""
-    values_by_bits: dict[int, int] = _reduced("sum", dict)
+    bits_histogram: dict[int, int] = _reduced("sum", dict)
     """Transmitted values (rows x width) by bit width."""
     bytes_by_tag: dict[str, int] = _reduced("sum", dict)
     """Halo bytes by exchange (``layer1/forward``)."""
@@ -66,10 +66,10 @@ class EpochCounters:
     def record_launch(self, handle) -> None:
         """Bytes and launch-side times of an exchange (a ``comm.PendingExchange``)."""
         tag = str(handle.key)
-        self.halo_bytes += handle.bytes_sent
+        self.halo_bytes_per_epoch += handle.bytes_sent
         self.bytes_by_tag[tag] = self.bytes_by_tag.get(tag, 0) + handle.bytes_sent
-        for bits, count in handle.values_by_bits.items():
-            self.values_by_bits[bits] = self.values_by_bits.get(bits, 0) + count
+        for bits, count in handle.bits_histogram.items():
+            self.bits_histogram[bits] = self.bits_histogram.get(bits, 0) + count
         self.quant_time_s += handle.quant_s
         # Launching may block (copies, connection set-up): that is not hidden either.
         self.comm_wait_s += handle.launch_s
@@ -110,17 +110,17 @@ class EpochCounters:
 
     @property
     def avg_bits(self) -> float:
-        sent = sum(self.values_by_bits.values())
+        sent = sum(self.bits_histogram.values())
         if not sent:
             return float(FULL_PRECISION_BITS)
-        return sum(b * v for b, v in self.values_by_bits.items()) / sent
+        return sum(b * v for b, v in self.bits_histogram.items()) / sent
 
     def reduced(
         self,
         all_reduce: Callable[[torch.Tensor, str], torch.Tensor],
         world_size: int,
         tags: Sequence[str],
-        max_bound: int = 0,
+        staleness_bound: int = 0,
     ) -> EpochCounters:
         """The counters of all ranks combined, field by field.
 
@@ -128,13 +128,13 @@ class EpochCounters:
             all_reduce: ``(tensor, "sum" | "max") -> tensor`` over the ranks.
             world_size: number of ranks (for means).
             tags: every exchange name any rank may have recorded (the same on all ranks).
-            max_bound: the largest staleness any rank may have recorded.
+            staleness_bound: the largest staleness any rank may have recorded.
         """
-        staleness = range(max_bound + 1)
+        staleness = range(staleness_bound + 1)
         values, layout = [], []
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name == "values_by_bits":
+            if f.name == "bits_histogram":
                 keys = list(BIT_WIDTHS)
             elif f.name.endswith("_by_tag") and f.name != "staleness_by_tag":
                 keys = list(tags)

@@ -10,18 +10,17 @@ the squared range is traced on the sender during each assignment cycle.
 
 At the end of every ``assign_cycle`` epochs the ranks send their weights to rank 0,
 which solves every exchange with ``adaqp.assign`` (a pure function) against the
-alpha-beta link model profiled at start-up, and broadcasts all per-message widths in
-one buffer. Every rank installs the same plans before the next epoch, so all ranks
-switch together. The first cycle runs at ``initial_bits`` while tracing (under the host
-cost model at full precision where that is predicted no slower).
+alpha-beta link model profiled at start-up (``adaqp.assign.profile``), and broadcasts all
+per-message widths in one buffer. Every rank installs the same plans before the next
+epoch, so all ranks switch together. The first cycle runs at ``initial_bits`` while
+tracing (under the host cost model at full precision where that is predicted no slower).
+Which cost model prices the plans, and what that means for profiling, solving and
+reporting, is decided once, by the run's ``adaqp.assign.CostModelKind`` (``cost_kind``).
 
-The cost model prices an exchange from the profiled links; what it does not see (the
-fixed cost of a collective among busy processes, a slower rate than the probes saw) is
-measured: each re-solve fits ``fixed_t + scale * model`` to the exchange times measured
-under the last ``CALIBRATION_PLANS`` plans (``fit_calibration``; one scale, a fixed
-cost per exchange ``t``), and states the new plans' times through it. An affine map
-with fixed costs changes no choice between plans; it turns the model's figures into
-seconds that can be checked.
+The cost model prices an exchange from the profiled links; what it does not see is
+measured: each re-solve fits the model's figures to the exchange times measured under
+the last ``CALIBRATION_PLANS`` plans (``fit_calibration``, ``adaqp.assign.calibrate``)
+and states the new plans' times through it.
 """
 
 from __future__ import annotations
@@ -36,16 +35,21 @@ import torch
 import torch.distributed as dist
 
 from adaqp.assign import (
-    FULL_PRECISION_BITS,
+    CALIBRATION_PLANS,
     Channel,
     HostModel,
     LinkModel,
-    fit_alpha_beta,
+    cost_model_kind,
+    first_width,
+    fit_calibration,
+    host_model,
+    host_of_rank,
+    profile_fabric,
+    profile_links,
     random_assignment,
-    solve_assignment,
-    uniform_assignment,
+    solve_exchange,
+    time_quantization,
 )
-from adaqp.assign.hosts import host_model, host_of_rank, profile_fabric, time_quantization
 from adaqp.config import QuantConfig
 from adaqp.exchange.transport import SETUP_KEY, BitPlan, Direction, ExchangeKey, HaloTransport
 from adaqp.graph.aggregate import SparseAdjacency
@@ -53,113 +57,6 @@ from adaqp.graph.local import LocalGraph
 from adaqp.runtime import World
 
 logger = logging.getLogger(__name__)
-
-PROFILE_SIZES = (4_096, 1_048_576, 4_194_304)
-"""Bytes per probe transfer when profiling links. The large probes exceed the burst a
-shaped link lets through at line rate (the emulated cluster's token bucket holds 256 KB),
-so the fitted bandwidth is the sustained rate that a whole exchange sees."""
-
-
-CALIBRATION_PLANS = 3
-"""Plans whose measured exchanges a calibration is fitted on: the last few, so that it
-follows a host that slows down without chasing one noisy cycle."""
-
-
-def _fit_affine(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """``(fixed, scale)``, both >= 0, minimising the relative error of ``fixed + scale * x``
-    against ``y`` (all ``y > 0``)."""
-    rows = np.stack([np.ones_like(x), x], axis=1) / y[:, None]  # relative residuals
-    candidates = []
-    if x.size > 1 and np.ptp(x) > 0:
-        fixed, scale = np.linalg.lstsq(rows, np.ones_like(y), rcond=None)[0]
-        candidates.append((float(fixed), float(scale)))
-    # One parameter: the scale alone, or the fixed cost alone.
-    candidates.append((0.0, float(rows[:, 1].sum() / (rows[:, 1] @ rows[:, 1]))))
-    candidates.append((float(rows[:, 0].sum() / (rows[:, 0] @ rows[:, 0])), 0.0))
-    feasible = [(f, s) for f, s in candidates if f >= 0 and s >= 0]
-
-    def error(c: tuple[float, float]) -> float:
-        return float(np.sum((rows @ np.array(c) - 1.0) ** 2))
-
-    return min(feasible, key=error)
-
-
-def fit_calibration(
-    plans: list[tuple[dict[str, float], dict[str, float]]],
-) -> dict[str, float | dict[str, float]]:
-    """The calibration of the cost model from ``(predicted, measured)`` seconds by tag,
-    one pair per plan that ran.
-
-    Returns ``{"fixed_s", "scale", "fixed_s_by_tag"}``, all >= 0: a plan's time for
-    exchange ``t`` is ``fixed_s_by_tag[t] + scale * predicted[t]`` (``fixed_s``, the
-    median of the exchanges' fixed costs, for one not measured yet). The scale comes
-    from ``fixed + scale * predicted`` fitted over every measured exchange (relative
-    least squares): exchanges of different sizes identify it, where one exchange's
-    few plans, often nearly alike, would not. Each exchange's fixed cost is then the
-    median over the plans of what the scaled model leaves unexplained in it: small
-    exchanges cost mostly a fixed time that differs between them (the first backward
-    exchange meets ranks as they leave the loss), which one shared fixed cost misses.
-    """
-    points = [(t, x[t], y[t]) for x, y in plans for t in sorted(x) if t in y and y[t] > 0]
-    if not points:
-        return {"fixed_s": 0.0, "scale": 1.0, "fixed_s_by_tag": {}}
-    x = np.array([p[1] for p in points])
-    y = np.array([p[2] for p in points])
-    scale = _fit_affine(x, y)[1]
-    left: dict[str, list[float]] = {}
-    for tag, xt, yt in points:
-        left.setdefault(tag, []).append(yt - scale * xt)
-    by_tag = {t: max(0.0, float(np.median(r))) for t, r in sorted(left.items())}
-    return {
-        "fixed_s": float(np.median(list(by_tag.values()))),
-        "scale": scale,
-        "fixed_s_by_tag": by_tag,
-    }
-
-
-def profile_links(
-    world: World, sizes: tuple[int, ...] = PROFILE_SIZES, repeats: int = 3
-) -> LinkModel:
-    """Times ping-pongs between every ordered pair of ranks and fits alpha/beta per pair.
-
-    Each pair runs alone (the others proceed to their own pairs), so the figures are
-    per-link, not shared. A fit that fails (timings too noisy to grow with size, as on an
-    idle loopback) falls back to alpha = fastest probe and beta from the largest probe.
-    """
-    p = world.world_size
-    alpha, beta = np.zeros((p, p)), np.ones((p, p))
-    reply = torch.zeros(1, dtype=torch.uint8)
-    for src in range(p):
-        for dst in range(p):
-            if src == dst or world.rank not in (src, dst):
-                continue
-            times = []
-            for size in sizes:
-                payload = torch.zeros(size, dtype=torch.uint8)
-                best = float("inf")
-                for _ in range(repeats):
-                    if world.rank == src:
-                        t0 = time.perf_counter()
-                        dist.send(payload, dst)
-                        dist.recv(reply, dst)
-                        best = min(best, time.perf_counter() - t0)
-                    else:
-                        dist.recv(payload, src)
-                        dist.send(reply, src)
-                times.append(best)
-            if world.rank == src:
-                try:
-                    alpha[src, dst], beta[src, dst] = fit_alpha_beta(sizes, times)
-                except ValueError:
-                    alpha[src, dst] = min(times)
-                    beta[src, dst] = sizes[-1] / max(times[-1], 1e-9)
-    # Each sender measured its own links: summing the matrices shares them with everyone.
-    mine = ~np.eye(p, dtype=bool) & (np.arange(p)[:, None] == world.rank)
-    packed = torch.tensor(np.stack([np.where(mine, alpha, 0.0), np.where(mine, beta, 0.0)]))
-    dist.all_reduce(packed)
-    alpha, beta = packed[0].numpy(), packed[1].numpy()
-    np.fill_diagonal(beta, 1.0)
-    return LinkModel(alpha, beta)
 
 
 class BitWidthPlanner:
@@ -195,6 +92,9 @@ class BitWidthPlanner:
         }
         self._plans: dict[ExchangeKey, BitPlan] = {}
         self._traces: dict[ExchangeKey, list] = {}
+        self.cost_kind = cost_model_kind(config)
+        """Which cost model plans (``adaqp.assign.kinds``): what is profiled, solved with
+        and reported."""
         self.link_model: LinkModel | None = None
         self.host_model: HostModel | None = None
         self.hosts = np.zeros(p, dtype=np.int64)
@@ -213,6 +113,7 @@ class BitWidthPlanner:
         ran, oldest first (at most ``CALIBRATION_PLANS``)."""
         if config.scheme == "adaptive":
             self.forward_coef = self._forward_coefficients(transport, graph, adjacency)
+        if self.cost_kind.plans_by_pair:
             self.hosts = host_of_rank(p)
             self._profile()
 
@@ -221,7 +122,7 @@ class BitWidthPlanner:
         config, world = self.config, self.world
         p = world.world_size
         self.link_model = profile_links(world)
-        if config.cost_model == "host":
+        if self.cost_kind.profiles_hosts:
             quant, dequant = time_quantization(config.allowed_bits, 64, self.device)
             nics = host_model(self.link_model, self.hosts, quant, dequant)
             fabric = profile_fabric(nics)
@@ -283,7 +184,7 @@ class BitWidthPlanner:
         cfg = self.config
         if cfg.scheme == "uniform":
             return cfg.bits
-        if self.host_model is None:
+        if not self.cost_kind.offers_full_precision:
             return cfg.initial_bits
         width, times = first_width(
             self.host_model, self.counts[key.direction], dim, cfg.initial_bits
@@ -320,10 +221,10 @@ class BitWidthPlanner:
         for key, (squared, cycles, dim) in self._traces.items():
             state[f"trace/{key}/squared"] = squared
             state[f"trace/{key}/cycles_dim"] = torch.tensor([cycles, dim])
-        if self.link_model is not None:
+        if self.cost_kind.plans_by_pair:
             state["links/alpha"] = torch.from_numpy(self.link_model.alpha_s.copy())
             state["links/beta"] = torch.from_numpy(self.link_model.beta_Bps.copy())
-        if self.host_model is not None:
+        if self.cost_kind.profiles_hosts:
             quant, dequant = self.host_model.quant_s_per_value, self.host_model.dequant_s_per_value
             state["hosts/costs"] = torch.tensor(
                 [[b, quant[b], dequant[b]] for b in sorted(quant)], dtype=torch.float64
@@ -350,7 +251,7 @@ class BitWidthPlanner:
         }
         if "links/alpha" in state:
             self.link_model = LinkModel(state["links/alpha"].numpy(), state["links/beta"].numpy())
-        if "hosts/costs" in state and self.config.cost_model == "host":
+        if "hosts/costs" in state and self.cost_kind.profiles_hosts:
             # The checkpoint's profile, not this start-up's: the run continues as it was.
             rows = state["hosts/costs"].tolist()
             quant, dequant = {int(b): q for b, q, _ in rows}, {int(b): d for b, _, d in rows}
@@ -362,7 +263,7 @@ class BitWidthPlanner:
 
         ``exchange_s_by_tag``: this epoch's measured exchange times (the same on every
         rank), which calibrate the cost model's figures at the next re-solve."""
-        if self.link_model is not None and self.world.is_main:  # what _calibrate reads
+        if self.cost_kind.plans_by_pair and self.world.is_main:  # what _calibrate reads
             for tag, seconds in (exchange_s_by_tag or {}).items():
                 self._measured.setdefault(tag, []).append(seconds)
         if not self.tracing or epoch % self.config.assign_cycle:
@@ -370,7 +271,7 @@ class BitWidthPlanner:
         start = time.perf_counter()
         earlier = epoch // self.config.assign_cycle - 1  # re-solves before this one
         every = self.config.profile_every
-        if self.link_model is not None and every and earlier and earlier % every == 0:
+        if self.cost_kind.plans_by_pair and every and earlier and earlier % every == 0:
             self._profile()
         self._resolve(epoch)
         return time.perf_counter() - start
@@ -449,26 +350,18 @@ class BitWidthPlanner:
             result = random_assignment(channels, dim, cfg.allowed_bits, cfg.seed + epoch)
             widths = result.bits
         else:
-            solve_channels, model, bits, members = channels, self.link_model, cfg.allowed_bits, None
-            if cfg.cost_model == "host":
-                # Full precision is one of the choices: an exchange is never planned slower
-                # than sending float32.
-                model, bits = self.host_model, tuple(sorted({*bits, FULL_PRECISION_BITS}))
-            elif cfg.cost_model != "link":
-                solve_channels, model, members = _merge(
-                    channels, self.link_model, shared=cfg.cost_model == "shared"
-                )
-            result = solve_assignment(
-                solve_channels,
+            result, widths = solve_exchange(
+                self.cost_kind,
+                channels,
                 dim,
-                model,
-                bits=bits,
+                self.link_model,
+                self.host_model,
+                bits=cfg.allowed_bits,
                 group_size=cfg.group_size,
                 lam=cfg.lam,
                 method=cfg.solver,
                 time_limit_s=cfg.time_limit_s,
             )
-            widths = result.bits if members is None else _split(result.bits, members, channels)
         self.last_status[str(key)] = result.status
         if math.isfinite(result.time_s):
             predicted = self.solutions.setdefault(epoch, {}).setdefault("predicted_s", {})
@@ -516,66 +409,3 @@ class BitWidthPlanner:
             self._plans[key] = BitPlan(
                 out_bits.to(torch.int8).to(self.device), in_bits.to(torch.int8).to(self.device)
             )
-
-
-def first_width(
-    model: HostModel, counts: np.ndarray, dim: int, initial_bits: int
-) -> tuple[int, dict[int, float]]:
-    """The width of an exchange before anything is traced, under the host model:
-    ``initial_bits``, or full precision where the model predicts it no slower (it is then
-    better in variance and in time alike, so a fast network is not slowed down by
-    quantizing). ``counts[src, dst]``: messages src sends dst. Returns the width and the
-    predicted time at each width considered. Every rank gets the same answer from the same
-    collective profile."""
-    p = len(counts)
-    channels = [
-        Channel(src, dst, np.zeros(int(counts[src, dst])))
-        for src in range(p)
-        for dst in range(p)
-        if src != dst
-    ]
-    times = {
-        width: uniform_assignment(channels, dim, width, link_model=model).time_s
-        for width in dict.fromkeys((initial_bits, FULL_PRECISION_BITS))
-    }
-    if times[FULL_PRECISION_BITS] <= times[initial_bits]:
-        return FULL_PRECISION_BITS, times
-    return initial_bits, times
-
-
-def _merge(channels: list[Channel], links: LinkModel, shared: bool):
-    """Channels that share one link become one channel (their bytes add up).
-
-    ``shared``: every channel shares one resource (ranks on one host); otherwise each
-    sender's channels share its link. A merged channel is filed under ``(src, src + 1)``
-    with the median latency and bandwidth of the pairs it covers: each pair was profiled
-    alone, i.e. at the full rate of the shared link. Returns the merged channels, their
-    link model, and the member channels (in order) of each merged channel.
-    """
-    p = links.num_ranks
-    alpha, beta = np.zeros((p, p)), np.ones((p, p))
-    groups: dict[int, list[Channel]] = {}
-    for c in channels:
-        groups.setdefault(0 if shared else c.src, []).append(c)
-    merged, members = [], []
-    for src, group in sorted(groups.items()):
-        dst = (src + 1) % p
-        pairs = tuple(zip(*[(c.src, c.dst) for c in group], strict=True))
-        alpha[src, dst] = float(np.median(links.alpha_s[pairs]))
-        beta[src, dst] = float(np.median(links.beta_Bps[pairs]))
-        merged.append(Channel(src, dst, np.concatenate([c.weights for c in group])))
-        members.append(group)
-    return merged, LinkModel(alpha, beta), members
-
-
-def _split(
-    merged_bits: tuple[np.ndarray, ...], members: list[list[Channel]], channels: list[Channel]
-) -> list[np.ndarray]:
-    """Inverse of ``_merge`` for the widths: per original channel, in the original order."""
-    widths = {}
-    for bits, group in zip(merged_bits, members, strict=True):
-        offset = 0
-        for c in group:
-            widths[c.src, c.dst] = bits[offset : offset + c.num_messages]
-            offset += c.num_messages
-    return [widths[c.src, c.dst] for c in channels]

@@ -63,7 +63,7 @@ class ExchangePolicy:
         transport: this rank's halo transport.
     """
 
-    max_staleness_bound = 0
+    staleness_bound = 0
     """The largest staleness this policy may use (for reducing its histograms)."""
 
     def __init__(self, transport: HaloTransport):
@@ -128,6 +128,6 @@ class ExchangePolicy:
         """Waits for every exchange still in flight (none here)."""
 
     def report(self, solved_at: int) -> dict:
-        """Summary fields this policy adds (see ``metrics.Summary``) for the plans solved
+        """Summary fields this policy adds (see ``adaqp.run.summary.Summary``) for the plans solved
         after epoch ``solved_at``; rank 0's are complete."""
         return {}

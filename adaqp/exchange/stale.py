@@ -79,14 +79,14 @@ class StalePolicy(ExchangePolicy):
         super().__init__(transport)
         self.config = config
         self.device = device
-        self.max_staleness_bound = config.bound
+        self.staleness_bound = config.bound
         self._plans: dict[ExchangeKey, BitPlan] = {}
         # Per key: (epoch started, handle), oldest first; at most bound + 1 entries.
         self._buffers: dict[ExchangeKey, deque[tuple[int, PendingExchange]]] = {}
         # Superseded exchanges not yet known to have landed: waited for before close.
         self._retired: list[PendingExchange] = []
 
-    def bound_at(self, epoch: int) -> int:
+    def staleness_bound_at(self, epoch: int) -> int:
         """The staleness allowed at ``epoch`` (0 on synchronous epochs)."""
         every = self.config.sync_every
         return 0 if every and epoch % every == 0 else self.config.bound
@@ -108,7 +108,7 @@ class StalePolicy(ExchangePolicy):
     def _resolve(self, key: ExchangeKey, epoch: int) -> torch.Tensor:
         """Rows of the newest landed exchange of ``key`` within the bound at ``epoch``."""
         entries = self._buffers[key]
-        oldest = epoch - self.bound_at(epoch)
+        oldest = epoch - self.staleness_bound_at(epoch)
         while entries and entries[0][0] < oldest:
             self._retire(entries.popleft()[1])
         if not entries:  # cannot happen: this epoch's exchange was just launched

@@ -130,7 +130,7 @@ class BitPlan:
             )
         return self._splits[dim]
 
-    def values_by_bits(self, dim: int) -> dict[int, int]:
+    def bits_histogram(self, dim: int) -> dict[int, int]:
         """Values this rank sends, by width."""
         widths, counts = torch.unique(self.out_bits, return_counts=True)
         return {int(b): int(c) * dim for b, c in zip(widths, counts, strict=True)}
@@ -181,7 +181,7 @@ def _decode(buf, bits_R, dim: int, out_RD, has_full: bool) -> None:
 class PendingExchange:
     """Handle of one exchange in flight; ``wait()`` returns the received rows [R_in, D].
 
-    Read-only figures: ``bytes_sent`` and ``values_by_bits`` (known at launch),
+    Read-only figures: ``bytes_sent`` and ``bits_histogram`` (known at launch),
     ``quant_s`` and ``launch_s`` (time to quantize and to launch), and once waited
     ``wait_s`` (blocked in ``wait``), ``exchange_s`` (payload ready to landing) and
     ``dequant_s``. ``arrived_at`` and ``done_at`` date, on the wall clock that ranks
@@ -197,7 +197,7 @@ class PendingExchange:
         recv: torch.Tensor,
         *,
         bytes_sent: int,
-        values_by_bits: dict[int, int],
+        bits_histogram: dict[int, int],
         quant_s: float = 0.0,
         launch_s: float = 0.0,
         decode: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -209,7 +209,7 @@ class PendingExchange:
         self._recv = recv
         self._decode = decode
         self._bytes_sent = bytes_sent
-        self._values_by_bits = values_by_bits
+        self._values_by_bits = bits_histogram
         self._quant_s = quant_s
         self._launch_s = launch_s
         self._started = time.perf_counter() - launch_s
@@ -229,7 +229,7 @@ class PendingExchange:
 
     key = property(lambda self: self._key)
     bytes_sent = property(lambda self: self._bytes_sent)
-    values_by_bits = property(lambda self: dict(self._values_by_bits))
+    bits_histogram = property(lambda self: dict(self._values_by_bits))
     quant_s = property(lambda self: self._quant_s)
     launch_s = property(lambda self: self._launch_s)
     wait_s = property(lambda self: self._wait_s)
@@ -311,8 +311,6 @@ class HaloTransport:
         group: process group (default: the world).
         seed: seed of the stochastic rounding (offset by rank).
         device: where quantization buffers live.
-        delay_s: test-only: every exchange lands no earlier than this many seconds after
-            it starts (emulates a slow link on this rank).
     """
 
     def __init__(
@@ -324,14 +322,15 @@ class HaloTransport:
         group: dist.ProcessGroup | None = None,
         seed: int = 0,
         device: torch.device | str = "cpu",
-        delay_s: float = 0.0,
     ):
         self.rank = rank
         self.send_counts = list(send_counts)
         self.recv_counts = list(recv_counts)
         self.timeout_s = timeout_s
         self.group = group
-        self.delay_s = delay_s
+        self.emulated_delay_s = 0.0
+        """Emulates a slow link for tests: every exchange lands no earlier than this many
+        seconds after it starts. Zero in training; nothing in the project sets it."""
         self.step = "set-up"
         """Where training is (e.g. "epoch 3"), quoted in errors; set through ``at``."""
         self.generator = torch.Generator(device=device)
@@ -377,9 +376,9 @@ class HaloTransport:
                 work,
                 recv,
                 bytes_sent=rows_RD.numel() * rows_RD.element_size(),
-                values_by_bits={FULL_PRECISION_BITS: rows_RD.numel()} if rows_RD.numel() else {},
+                bits_histogram={FULL_PRECISION_BITS: rows_RD.numel()} if rows_RD.numel() else {},
                 launch_s=time.perf_counter() - began,
-                ready_at=began + self.delay_s,
+                ready_at=began + self.emulated_delay_s,
             )
 
         began = time.perf_counter()
@@ -417,11 +416,11 @@ class HaloTransport:
             work,
             recv,
             bytes_sent=send.numel(),
-            values_by_bits=plan.values_by_bits(dim),
+            bits_histogram=plan.bits_histogram(dim),
             quant_s=quantized - began,
             launch_s=time.perf_counter() - quantized,
             decode=decode,
-            ready_at=quantized + self.delay_s,
+            ready_at=quantized + self.emulated_delay_s,
         )
 
     def _launch(self, recv, send, in_splits, out_splits, key: ExchangeKey):
@@ -445,4 +444,4 @@ class NoCommTransport(HaloTransport):
     ) -> PendingExchange:
         _, in_counts = self.counts(key)
         recv = rows_RD.new_zeros((sum(in_counts), rows_RD.shape[1]))
-        return PendingExchange(self, key, None, recv, bytes_sent=0, values_by_bits={})
+        return PendingExchange(self, key, None, recv, bytes_sent=0, bits_histogram={})

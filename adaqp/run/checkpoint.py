@@ -23,14 +23,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from adaqp.atomic import write_atomic
 from adaqp.partitioning.format import sha256_file
 
 logger = logging.getLogger(__name__)
@@ -54,28 +53,6 @@ def _shard_name(rank: int) -> str:
     return f"rank-{rank:05d}.npz"
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, write: Callable[[Any], None]) -> None:
-    """Writes through ``write(file)`` to a temporary sibling, fsyncs, renames into place."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
-
-
 def _to_numpy(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     arrays = {}
     for name, tensor in tensors.items():
@@ -91,7 +68,7 @@ def write_shard(root: Path, epoch: int, rank: int, tensors: dict[str, torch.Tens
     step.mkdir(parents=True, exist_ok=True)
     path = step / _shard_name(rank)
     arrays = _to_numpy(tensors)
-    _write_atomic(path, lambda f: np.savez(f, **arrays))
+    write_atomic(path, lambda f: np.savez(f, **arrays))
     return sha256_file(path)
 
 
@@ -115,7 +92,7 @@ def write_manifest(
         "history": history,
     }
     text = json.dumps(manifest, indent=1, sort_keys=True).encode()
-    _write_atomic(step / MANIFEST, lambda f: f.write(text))
+    write_atomic(step / MANIFEST, lambda f: f.write(text))
     _prune(root, keep)
     return step
 

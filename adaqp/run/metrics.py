@@ -17,6 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from adaqp.atomic import write_json
+
+LEGACY_RECORD_NAMES = {
+    "halo_bytes_per_epoch": "halo_bytes",
+    "bits_histogram": "values_by_bits",
+    "solver_time_s": "assign_time_s",
+}
+"""Fields ``metrics.jsonl`` also carries under the name they had before they were given
+the name the summary uses (readers outside the project use both)."""
+
 
 @dataclass
 class EpochRecord:
@@ -32,7 +42,7 @@ class EpochRecord:
     allreduce_time_s: float
     """Gradient all-reduce time not hidden behind backward (blocked after it), mean over
     ranks."""
-    halo_bytes: int
+    halo_bytes_per_epoch: int
     """Bytes all ranks sent in halo exchanges during this epoch."""
     train_acc: float | None = None
     val_acc: float | None = None
@@ -45,9 +55,9 @@ class EpochRecord:
     """Time spent dequantizing received messages, mean over ranks."""
     avg_bits: float = 32.0
     """Bits per transmitted value in this epoch (32 for float32)."""
-    values_by_bits: dict[str, int] = field(default_factory=dict)
+    bits_histogram: dict[str, int] = field(default_factory=dict)
     """Transmitted values (rows x width) of all ranks by bit width."""
-    assign_time_s: float = 0.0
+    solver_time_s: float = 0.0
     """Bit-width re-assignment after this epoch (tracing exchange + solver), 0 if none."""
     wall_time_s: float = 0.0
     """Seconds since training started, at the end of this epoch's step."""
@@ -63,6 +73,22 @@ class EpochRecord:
     """Per exchange: seconds from the last rank reaching it to the last rank's rows
     dequantized (the span without waiting for late peers; wall clocks must agree)."""
 
+    def to_json(self) -> dict[str, Any]:
+        """The ``metrics.jsonl`` object: every field, plus its older name where it has one."""
+        out = dataclasses.asdict(self)
+        out.update({old: out[new] for new, old in LEGACY_RECORD_NAMES.items()})
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> EpochRecord:
+        """A record from ``to_json``'s object, or from one written before the renames."""
+        obj = dict(obj)
+        for new, old in LEGACY_RECORD_NAMES.items():
+            value = obj.pop(old, None)
+            if value is not None:
+                obj.setdefault(new, value)
+        return cls(**obj)
+
     @classmethod
     def from_counters(cls, epoch: int, train_loss: float, epoch_time_s: float, c, **extra):
         """A record from an epoch's reduced ``EpochCounters``."""
@@ -73,12 +99,12 @@ class EpochRecord:
             comm_time_s=c.comm_time_s,
             comm_wait_s=c.comm_wait_s,
             allreduce_time_s=c.allreduce_time_s,
-            halo_bytes=c.halo_bytes,
+            halo_bytes_per_epoch=c.halo_bytes_per_epoch,
             bytes_by_tag=dict(c.bytes_by_tag),
             quant_time_s=c.quant_time_s,
             dequant_time_s=c.dequant_time_s,
             avg_bits=c.avg_bits,
-            values_by_bits={str(b): v for b, v in sorted(c.values_by_bits.items())},
+            bits_histogram={str(b): v for b, v in sorted(c.bits_histogram.items())},
             staleness_by_tag={
                 t: {str(s): v for s, v in sorted(h.items())} for t, h in c.staleness_by_tag.items()
             },
@@ -88,96 +114,6 @@ class EpochRecord:
             exchange_after_arrival_by_tag=c.exchange_after_arrival_by_tag,
             **extra,
         )
-
-
-@dataclass
-class Summary:
-    mode: str
-    dataset: str
-    model: str
-    world_size: int
-    epochs: int
-    final_train_loss: float
-    best_val_acc: float
-    best_epoch: int
-    test_acc: float
-    """Test accuracy at the epoch with the best validation accuracy."""
-    epoch_time_s: float
-    """Median epoch time after warm-up."""
-    comm_time_s: float
-    """Median per-epoch halo exchange time."""
-    halo_bytes_per_epoch: int
-    """Payload plus metadata bytes sent by all ranks in one training epoch."""
-    avg_bits: float
-    """Average bits per transmitted value (32 for full precision)."""
-    max_staleness: int
-    """Largest halo staleness used, in epochs (0 for synchronous modes)."""
-    comm_wait_s: float
-    allreduce_time_s: float
-    total_time_s: float
-    partition_dir: str
-    edge_cut: int
-    split_seed: int
-    seed: int
-    metric: str = "acc"
-    quant_time_s: float = 0.0
-    """Median per-epoch quantization time (mean over ranks)."""
-    dequant_time_s: float = 0.0
-    """Median per-epoch dequantization time (mean over ranks)."""
-    hidden_comm_fraction: float = 0.0
-    """Share of the exchange time hidden behind central compute: 1 - wait / exchange."""
-    halo_bytes_by_tag: dict[str, int] = field(default_factory=dict)
-    """Last epoch's halo bytes by layer and direction."""
-    bits_histogram: dict[str, int] = field(default_factory=dict)
-    """Last epoch's transmitted values by bit width."""
-    solver_time_s: float = 0.0
-    """Total time spent re-assigning bit widths."""
-    input_cache_bytes: int = 0
-    """Bytes sent once at start-up to cache the layer-0 halo inputs."""
-    cache_input_halo: bool = False
-    transform_first: bool = False
-    quant_scheme: str = ""
-    """Bit-width scheme of quantized modes (adaptive, uniform, random); empty otherwise."""
-    peak_memory_mb: float = 0.0
-    """Largest peak memory of any rank (resident set on CPU, allocated memory on CUDA)."""
-    staleness_bound: int = 0
-    """Mode onebit: the configured bound S (0 for synchronous modes)."""
-    staleness_histogram: dict[str, dict[str, int]] = field(default_factory=dict)
-    """Whole run, per exchange: how many times halo rows s epochs old were used."""
-    hidden_comm_fraction_by_tag: dict[str, float] = field(default_factory=dict)
-    """Per exchange, median over epochs after warm-up: the share of its time hidden."""
-    restarts: int = 0
-    """Times torchrun restarted the worker group (--max-restarts) during this run."""
-    resumed_from_epoch: int = 0
-    """The checkpoint's epoch this run continued from (0: started fresh)."""
-    epochs_redone: int = 0
-    """Epochs run past that checkpoint before the failure, and so trained again."""
-    host_of_rank: list[int] = field(default_factory=list)
-    """Adaptive widths: the host index of each rank (torchrun node or hostname)."""
-    plan_bits_by_pair: dict[str, float] = field(default_factory=dict)
-    """Adaptive widths: "src->dst" -> mean planned width of the messages src sends dst
-    under the last solve (all exchanges; 32 is full precision)."""
-    predicted_exchange_s_by_tag: dict[str, float] = field(default_factory=dict)
-    """Adaptive widths: per exchange, the cost model's time for the last solve's plan."""
-    exchange_span_s_by_tag: dict[str, float] = field(default_factory=dict)
-    """Per exchange, median over the epochs after the last re-solve (after warm-up if
-    none): quantization + exchange + dequantization, the slowest rank's."""
-    calibrated_exchange_s_by_tag: dict[str, float] = field(default_factory=dict)
-    """Adaptive widths: per exchange, the last solve's predicted time through the
-    calibration (``cost_calibration``) fitted on the exchanges measured before it."""
-    cost_calibration: dict[str, Any] = field(default_factory=dict)
-    """Adaptive widths: the last solve's calibration, fitted on the exchange times
-    measured (after the last arrival) under the plans before it: ``fixed_s`` and
-    ``scale`` (one fixed cost for all exchanges), ``fixed_s_by_tag`` (each exchange's
-    own; a plan's calibrated time is ``fixed_s_by_tag[t] + scale * predicted``). Empty
-    until a re-solve follows another in the same process."""
-    fabric_Bps: float | None = None
-    """Host cost model: the aggregate rate the network carried between hosts when all
-    sent at once, as profiled (None: not bounded below the hosts' own rates, or no host
-    model)."""
-    exchange_after_arrival_s_by_tag: dict[str, float] = field(default_factory=dict)
-    """Per exchange, over the same epochs: from the last rank reaching the exchange to
-    the last rank's rows dequantized (wall clocks; hosts must keep them in sync)."""
 
 
 def hidden_fractions(time_by_tag: dict[str, float], wait_by_tag: dict[str, float]):
@@ -213,24 +149,19 @@ class RunWriter:
 
     def write_config(self, config: dict[str, Any]) -> None:
         if self.enabled:
-            _write_json(self.out_dir / "config.json", config)
+            write_json(self.out_dir / "config.json", config)
 
     def log_epoch(self, record: EpochRecord) -> None:
         if self._jsonl is not None:
-            self._jsonl.write(json.dumps(dataclasses.asdict(record)) + "\n")
+            self._jsonl.write(json.dumps(record.to_json()) + "\n")
             self._jsonl.flush()
 
-    def write_summary(self, summary: Summary) -> None:
+    def write_summary(self, summary) -> None:
+        """Writes ``summary.json`` from an ``adaqp.run.summary.Summary``."""
         if self.enabled:
-            _write_json(self.out_dir / "summary.json", dataclasses.asdict(summary))
+            write_json(self.out_dir / "summary.json", summary.to_json())
 
     def close(self) -> None:
         if self._jsonl is not None:
             self._jsonl.close()
             self._jsonl = None
-
-
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)

@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from adaqp.atomic import write_json
 from adaqp.run.checkpoint import DEFAULT_DIR, complete_epochs
 from adaqp.run.checkpoint import remove_all as remove_checkpoints
 
@@ -199,7 +200,7 @@ class RunDir:
         if error is not None:
             payload["error"] = error
         try:
-            _write_json(self.path / STATUS_FILE, payload)
+            write_json(self.path / STATUS_FILE, payload)
         except OSError as exc:
             raise _unwritable(self.path, f"cannot write {STATUS_FILE}", exc) from exc
 
@@ -283,12 +284,6 @@ def _unwritable(path: Path, what: str, exc: OSError | None = None) -> RunDirErro
         Problem.UNWRITABLE,
         f"cannot write the run's output to {path}: {what}{reason}; choose another --out",
     )
-
-
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
 
 
 def _now() -> str:

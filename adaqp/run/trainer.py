@@ -14,10 +14,8 @@ always exchanges fresh rows in full precision.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -45,7 +43,8 @@ from adaqp.model.gnn import GNN
 from adaqp.model.layers import Propagation
 from adaqp.run.checkpoint import Checkpointer
 from adaqp.run.gradsync import GradientBuckets, GradientSyncError, gnn_layer_groups
-from adaqp.run.metrics import EpochRecord, RunWriter, Summary, median_after_warmup
+from adaqp.run.metrics import EpochRecord, RunWriter
+from adaqp.run.summary import Outcome, RunFacts, Summary, last_solve, summarize
 from adaqp.runtime import World, unresponsive_peers
 
 logger = logging.getLogger(__name__)
@@ -80,8 +79,6 @@ class Trainer:
         graph: this rank's local graph (already on ``world.device``).
         meta: the partition's metadata (dataset sizes, evaluator name).
         world: rank, world size and device.
-        exchange_delay_s: test-only: this rank's exchanges land no earlier than this many
-            seconds after they start (a slow link).
     """
 
     def __init__(
@@ -90,7 +87,6 @@ class Trainer:
         graph: LocalGraph,
         meta: dict[str, Any],
         world: World,
-        exchange_delay_s: float = 0.0,
     ):
         self.config = config
         self.graph = graph
@@ -125,7 +121,6 @@ class Trainer:
                 timeout_s=config.comm.timeout_s,
                 seed=config.quant.seed,
                 device=world.device,
-                delay_s=exchange_delay_s,
             )
         if mode == "nocomm":
             logger.warning(
@@ -198,20 +193,6 @@ class Trainer:
             )
         return F.cross_entropy(logits[mask], self.graph.labels[mask], reduction="sum")
 
-    def sync_gradients(self) -> float:
-        """Sums gradients accumulated outside ``train_step`` over ranks with one flat
-        all-reduce; returns the seconds it took."""
-        start = time.perf_counter()
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat)
-        offset = 0
-        for p in params:
-            n = p.grad.numel()
-            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
-            offset += n
-        return time.perf_counter() - start
-
     def train_step(self, counters: EpochCounters | None = None) -> float:
         """One full-graph optimiser step; returns the global mean training loss."""
         self.model.train()
@@ -269,8 +250,8 @@ class Trainer:
             dist.all_reduce(tensor, op=op)
             return tensor
 
-        bound = self.policy.max_staleness_bound if self.policy is not None else 0
-        return counters.reduced(all_reduce, self.world.world_size, self.tags, bound)
+        staleness_bound = self.policy.staleness_bound if self.policy is not None else 0
+        return counters.reduced(all_reduce, self.world.world_size, self.tags, staleness_bound)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Everything this rank needs to continue the run exactly (for checkpoints)."""
@@ -305,6 +286,7 @@ class Trainer:
         on_epoch: Callable[[EpochRecord], None] | None = None,
         checkpoints: Checkpointer | None = None,
         resume: dict[str, Any] | None = None,
+        facts: RunFacts | None = None,
     ) -> Summary:
         """Trains until epoch ``train.epochs``, writing one record per epoch.
 
@@ -314,12 +296,14 @@ class Trainer:
             checkpoints: saves checkpoints when due.
             resume: the history of a checkpoint whose state was loaded
                 (``load_state_dict``): training continues after its epoch.
+            facts: what the launcher knows of the run, for the summary.
         """
         try:
-            return self._fit(writer, on_epoch, checkpoints, resume or {})
+            outcome = self._fit(writer, on_epoch, checkpoints, resume or {})
         finally:
             if self.policy is not None:
                 self.policy.close()
+        return summarize(self.config, self.world.world_size, outcome, facts or RunFacts())
 
     def _fit(
         self,
@@ -327,9 +311,9 @@ class Trainer:
         on_epoch: Callable[[EpochRecord], None] | None,
         checkpoints: Checkpointer | None,
         resume: dict[str, Any],
-    ) -> Summary:
+    ) -> Outcome:
         cfg = self.config
-        records = [EpochRecord(**r) for r in resume.get("records", [])]
+        records = [EpochRecord.from_json(r) for r in resume.get("records", [])]
         best_val = resume.get("best_val", -1.0)
         best_epoch = resume.get("best_epoch", 0)
         test_at_best = resume.get("test_at_best", 0.0)
@@ -359,7 +343,7 @@ class Trainer:
                         "train.stop_on_nonfinite=false to continue anyway)"
                     )
                 if self.policy is not None:
-                    record.assign_time_s = self.policy.end_epoch(
+                    record.solver_time_s = self.policy.end_epoch(
                         epoch, record.exchange_after_arrival_by_tag
                     )
                 every = cfg.train.eval_every
@@ -378,7 +362,7 @@ class Trainer:
                 if checkpoints is not None and checkpoints.due(epoch, cfg.train.epochs):
                     self._at(f"epoch {epoch} checkpoint")
                     history = {
-                        "records": [dataclasses.asdict(r) for r in records],
+                        "records": [r.to_json() for r in records],
                         "best_val": best_val,
                         "best_epoch": best_epoch,
                         "test_at_best": test_at_best,
@@ -391,8 +375,21 @@ class Trainer:
                 raise
             except RuntimeError as exc:  # gloo/nccl failures, timeouts, checkpoint I/O
                 raise self._failure(epoch, exc) from exc
-        return self._summary(
-            records, best_val, best_epoch, test_at_best, time.perf_counter() - started
+        total_s = time.perf_counter() - started
+        peak = torch.tensor(float(self.world.peak_memory_bytes()), dtype=torch.float64)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        return Outcome(
+            records=records,
+            best_val_acc=best_val,
+            best_epoch=best_epoch,
+            test_acc_at_best_val=test_at_best,
+            total_time_s=total_s,
+            peak_memory_mb=float(peak) / 2**20,
+            input_cache_bytes=self.input_cache_bytes,
+            cache_input_halo=self.cache_input,
+            edge_cut=int(self.meta.get("edge_cut", 0)),
+            metric=self.meta["dataset"].get("info", {}).get("metric", "acc"),
+            plan_report=self.policy.report(last_solve(records)) if self.policy else {},
         )
 
     def _failure(self, epoch: int, exc: RuntimeError) -> TrainingError:
@@ -407,81 +404,6 @@ class Trainer:
                 )
         return TrainingError(message)
 
-    def _summary(
-        self,
-        records: list[EpochRecord],
-        best_val: float,
-        best_epoch: int,
-        test_at_best: float,
-        total_s: float,
-    ) -> Summary:
-        cfg = self.config
-        warmup = cfg.train.warmup_epochs
-
-        def median(name: str) -> float:
-            return median_after_warmup([getattr(r, name) for r in records], warmup)
-
-        last = records[-1]
-        exchange, wait = median("comm_time_s"), median("comm_wait_s")
-        # Exchange spans under the last plans that ran: those of the last re-solve before
-        # the final epoch (a re-solve after the final epoch plans epochs never run).
-        solved = [r.epoch for r in records if r.assign_time_s > 0 and r.epoch < last.epoch]
-        settled = [r for r in records if r.epoch > solved[-1]] if solved else records[warmup:]
-
-        def settled_median(name: str) -> dict[str, float]:
-            by_tag = [getattr(r, name) for r in settled]
-            return {
-                tag: float(statistics.median(d.get(tag, 0.0) for d in by_tag))
-                for tag in sorted({t for d in by_tag for t in d})
-            }
-
-        peak = torch.tensor(float(self.world.peak_memory_bytes()), dtype=torch.float64)
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        return Summary(
-            mode=cfg.comm.mode,
-            dataset=cfg.data.dataset,
-            model=cfg.model.name,
-            world_size=self.world.world_size,
-            epochs=cfg.train.epochs,
-            final_train_loss=last.train_loss,
-            best_val_acc=best_val,
-            best_epoch=best_epoch,
-            test_acc=test_at_best,
-            epoch_time_s=median("epoch_time_s"),
-            comm_time_s=exchange,
-            halo_bytes_per_epoch=last.halo_bytes,
-            avg_bits=last.avg_bits,
-            max_staleness=max(r.max_staleness for r in records),
-            comm_wait_s=wait,
-            allreduce_time_s=median("allreduce_time_s"),
-            total_time_s=total_s,
-            partition_dir="",
-            edge_cut=int(self.meta.get("edge_cut", 0)),
-            split_seed=cfg.data.split_seed,
-            seed=cfg.train.seed,
-            metric=self.meta["dataset"].get("info", {}).get("metric", "acc"),
-            quant_time_s=median("quant_time_s"),
-            dequant_time_s=median("dequant_time_s"),
-            hidden_comm_fraction=(exchange - wait) / exchange if exchange > 0 else 0.0,
-            halo_bytes_by_tag=last.bytes_by_tag,
-            bits_histogram=last.values_by_bits,
-            solver_time_s=sum(r.assign_time_s for r in records),
-            input_cache_bytes=self.input_cache_bytes,
-            cache_input_halo=self.cache_input,
-            transform_first=cfg.comm.transform_first,
-            quant_scheme=cfg.quant.scheme if cfg.comm.mode in QUANTIZED_MODES else "",
-            peak_memory_mb=float(peak) / 2**20,
-            staleness_bound=cfg.staleness.bound if cfg.comm.mode == "onebit" else 0,
-            staleness_histogram=_sum_histograms(r.staleness_by_tag for r in records),
-            hidden_comm_fraction_by_tag={
-                tag: median_after_warmup([r.hidden_by_tag.get(tag, 0.0) for r in records], warmup)
-                for tag in sorted({t for r in records for t in r.hidden_by_tag})
-            },
-            exchange_span_s_by_tag=settled_median("exchange_span_by_tag"),
-            exchange_after_arrival_s_by_tag=settled_median("exchange_after_arrival_by_tag"),
-            **(self.policy.report(solved[-1] if solved else 0) if self.policy else {}),
-        )
-
 
 def _is_communication_failure(exc: RuntimeError) -> bool:
     """Whether a failed step failed in communication (an exchange, the gradient
@@ -490,16 +412,6 @@ def _is_communication_failure(exc: RuntimeError) -> bool:
         return True
     text = str(exc).lower()
     return "gloo" in text or "nccl" in text
-
-
-def _sum_histograms(histograms) -> dict[str, dict[str, int]]:
-    total: dict[str, dict[str, int]] = {}
-    for by_tag in histograms:
-        for tag, hist in by_tag.items():
-            into = total.setdefault(tag, {})
-            for s, n in hist.items():
-                into[s] = into.get(s, 0) + n
-    return {t: dict(sorted(h.items(), key=lambda kv: int(kv[0]))) for t, h in sorted(total.items())}
 
 
 def _make_evaluator(info: dict[str, Any]):

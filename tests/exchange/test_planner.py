@@ -7,11 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from adaqp.assign import Channel, HostModel, LinkModel
 from adaqp.config import load_config
 from adaqp.data import load_dataset
 from adaqp.exchange import planner as planner_module
-from adaqp.exchange.planner import _merge, _split, first_width, fit_calibration
 from adaqp.graph.local import LocalGraph
 from adaqp.partitioning.build import make_partition
 from adaqp.partitioning.format import load_part, read_metadata
@@ -81,61 +79,6 @@ def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, sc
         return out
     finally:
         shutdown()
-
-
-def _affine(plans):
-    c = fit_calibration(plans)
-    return c["fixed_s"], c["scale"]
-
-
-def test_calibration_recovers_an_affine_relation_and_stays_non_negative():
-    """One plan: one scale for all exchanges, fitted with one fixed cost."""
-    predicted = {"a": 0.010, "b": 0.050, "c": 0.002}
-    measured = {t: 0.020 + 1.5 * s for t, s in predicted.items()}
-    c = fit_calibration([(predicted, measured)])
-    assert c["scale"] == pytest.approx(1.5)
-    assert c["fixed_s_by_tag"] == pytest.approx(dict.fromkeys(predicted, 0.020))
-    # Measured falls as predicted rises: no negative scale, each exchange its own time.
-    c = fit_calibration([({"a": 0.01, "b": 0.05}, {"a": 0.04, "b": 0.02})])
-    assert c["scale"] == 0.0 and c["fixed_s_by_tag"] == pytest.approx({"a": 0.04, "b": 0.02})
-    # Proportional, but a fitted fixed cost would be negative: the scale, nothing negative.
-    c = fit_calibration([({"a": 0.01, "b": 0.05}, {"a": 0.001, "b": 0.1})])
-    assert c["scale"] > 0 and min(c["fixed_s_by_tag"].values()) == 0.0
-    # One tag: the ratio; nothing measured: the identity.
-    assert _affine([({"a": 0.01}, {"a": 0.03})]) == pytest.approx((0.0, 3.0))
-    assert fit_calibration([({"a": 0.01}, {})]) == {
-        "fixed_s": 0.0,
-        "scale": 1.0,
-        "fixed_s_by_tag": {},
-    }
-
-
-def test_calibration_gives_each_exchange_its_fixed_cost_and_predicts_a_new_plan():
-    """Two large exchanges and two small ones whose fixed costs differ (4 and 12 ms): one
-    shared fixed cost misses the small backward one by a third; per exchange, the next
-    plan's times follow from the two plans before it."""
-    fixed = {"l1/fwd": 0.004, "l1/bwd": 0.004, "l2/fwd": 0.004, "l2/bwd": 0.012}
-
-    def measured(predicted):
-        return {t: fixed[t] + 1.5 * s for t, s in predicted.items()}
-
-    plans = [
-        {"l1/fwd": 0.050, "l1/bwd": 0.045, "l2/fwd": 0.003, "l2/bwd": 0.003},
-        {"l1/fwd": 0.040, "l1/bwd": 0.042, "l2/fwd": 0.002, "l2/bwd": 0.002},
-    ]
-    c = fit_calibration([(x, measured(x)) for x in plans])
-    assert c["scale"] == pytest.approx(1.5, rel=0.05)
-    assert c["fixed_s_by_tag"] == pytest.approx(fixed, abs=2e-3)
-    assert c["fixed_s_by_tag"]["l2/bwd"] == pytest.approx(0.012, abs=5e-4)
-    new = {"l1/fwd": 0.030, "l1/bwd": 0.060, "l2/fwd": 0.004, "l2/bwd": 0.001}
-    truth = measured(new)
-    for t, s in new.items():
-        assert c["fixed_s_by_tag"][t] + c["scale"] * s == pytest.approx(truth[t], rel=0.05)
-    shared = c["fixed_s"] + c["scale"] * new["l2/bwd"]
-    assert abs(shared / truth["l2/bwd"] - 1) > 0.3
-    # Noise that leaves less than the scaled model: no negative fixed cost.
-    low = fit_calibration([(x, {**measured(x), "l2/fwd": 1e-4}) for x in plans])
-    assert low["fixed_s_by_tag"]["l2/fwd"] == 0.0 and low["scale"] > 0
 
 
 def _segments(result, tag: str, side: str) -> list[np.ndarray]:
@@ -232,50 +175,3 @@ def test_forward_weights_use_receiver_squared_coefficients(cora, tmp_path):
                 expected = np.sum(1.0 / ((deg[u] + 1) * (deg[v] + 1)))
                 assert r["forward_coef"][i] == pytest.approx(expected, rel=1e-5)
         assert rank != 0 or len(r["sent_ids"]) > 0
-
-
-@pytest.mark.parametrize("shared", [False, True])
-def test_merge_and_split_round_trip(shared):
-    rng = np.random.default_rng(0)
-    channels = [
-        Channel(s, d, rng.random(int(rng.integers(0, 6))))
-        for s in range(3)
-        for d in range(3)
-        if s != d
-    ]
-    links = LinkModel(rng.random((3, 3)) * 1e-4, 1e8 + rng.random((3, 3)) * 1e9)
-    merged, model, members = _merge(channels, links, shared)
-    assert len(merged) == (1 if shared else 3)
-    assert sum(c.num_messages for c in merged) == sum(c.num_messages for c in channels)
-    fake = tuple(np.arange(c.num_messages, dtype=np.int64) + 100 * i for i, c in enumerate(merged))
-    split = _split(fake, members, channels)
-    for bits, c in zip(split, channels, strict=True):
-        assert len(bits) == c.num_messages
-    # Each merged channel's widths come back, in order, to its member channels.
-    for i, group in enumerate(members):
-        back = np.concatenate([split[channels.index(c)] for c in group])
-        np.testing.assert_array_equal(back, fake[i])
-    assert model.num_ranks == 3
-
-
-@pytest.mark.parametrize(
-    ("nic_Bps", "expected"),
-    [(2e9, 32), (37.5e6, 8)],  # loopback-like: quantizing costs more than it saves; 300 Mbit/s
-)
-def test_first_width_is_full_precision_only_where_the_host_model_finds_it_no_slower(
-    nic_Bps, expected
-):
-    """Before any trace, the host model chooses between initial_bits and float32 by time
-    alone (float32 also has no variance); 4 hosts, 1000 rows of 64 values per pair."""
-    model = HostModel.uniform(
-        [0, 1, 2, 3], 1e-4, nic_Bps, 2e9, quant_s_per_value=15e-9, dequant_s_per_value=5e-9
-    )
-    counts = np.full((4, 4), 1000) - np.diag([1000] * 4)
-    width, times = first_width(model, counts, 64, 8)
-    assert width == expected
-    # Each host sends 3 x 1000 rows: 768 KB at 32 bits; at 8 bits a quarter of that plus
-    # the rows' min/max (8 bytes each), and 3000 x 64 values quantized and dequantized.
-    sent = {32: 3000 * 64 * 4, 8: 3000 * (64 + 8)}
-    assert times[32] == pytest.approx(1e-4 + sent[32] / nic_Bps)
-    assert times[8] == pytest.approx(1e-4 + sent[8] / nic_Bps + 3000 * 64 * 20e-9)
-    assert first_width(model, counts, 64, 32) == (32, {32: times[32]})

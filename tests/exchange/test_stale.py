@@ -139,8 +139,8 @@ def _delayed_worker(rank, world_size, init_method, part_dir: str, bound: int):
     try:
         meta = read_metadata(part_dir)
         graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
-        delay = DELAY_S if rank == 1 else 0.0
-        trainer = Trainer(config, graph, meta, world, exchange_delay_s=delay)
+        trainer = Trainer(config, graph, meta, world)
+        trainer.transport.emulated_delay_s = DELAY_S if rank == 1 else 0.0
         used, blocked = [], []
         try:
             for epoch in range(1, 5):
@@ -183,9 +183,9 @@ def test_exchange_state_has_one_owner():
         plan.out_bits = plan.in_bits
     handle = NoCommTransport(0, [0, 2], [0, 3]).start(torch.ones(2, 4), key)
     assert handle.wait().shape == (3, 4)
-    for name in ("bytes_sent", "values_by_bits", "wait_s", "exchange_s", "quant_s", "key"):
+    for name in ("bytes_sent", "bits_histogram", "wait_s", "exchange_s", "quant_s", "key"):
         with pytest.raises(AttributeError):
             setattr(handle, name, 0)
-    values = handle.values_by_bits
+    values = handle.bits_histogram
     values[32] = 7
-    assert handle.values_by_bits == {}  # a copy: the handle's own figure stays
+    assert handle.bits_histogram == {}  # a copy: the handle's own figure stays

@@ -12,6 +12,7 @@ import pytest
 
 from adaqp.data import SyntheticSpec, load_dataset
 from adaqp.partitioning import format as fmt
+from adaqp.partitioning import store
 from adaqp.partitioning.build import make_partition
 
 
@@ -352,7 +353,7 @@ def test_crash_while_staging_leaves_nothing_or_the_old_partition(graph, tmp_path
     make_partition(graph, old, num_parts=2, spec={"v": 1})
     before = _tree(old)
     calls = []
-    _fail_on_call(monkeypatch, fmt.np, "savez", lambda *a: calls.append(1) or len(calls) == 2)
+    _fail_on_call(monkeypatch, store.np, "savez", lambda *a: calls.append(1) or len(calls) == 2)
     with pytest.raises(fmt.PartitionError, match="cannot write a partition to .*fresh"):
         make_partition(graph, fresh, num_parts=2, spec={"v": 2})
     assert not fresh.exists()
@@ -367,7 +368,7 @@ def test_crash_while_staging_leaves_nothing_or_the_old_partition(graph, tmp_path
 def test_crash_while_swapping_leaves_no_complete_looking_directory(graph, tmp_path, monkeypatch):
     out = tmp_path / "parts"
     make_partition(graph, out, num_parts=2, spec={"v": 1})
-    _fail_on_call(monkeypatch, fmt.os, "replace", lambda src, dst: str(dst).endswith(".json"))
+    _fail_on_call(monkeypatch, store.os, "replace", lambda src, dst: str(dst).endswith(".json"))
     with pytest.raises(fmt.PartitionError):
         make_partition(graph, out, num_parts=2, spec={"v": 2})
     monkeypatch.undo()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from adaqp.run.metrics import RunWriter, Summary
+from adaqp.run.metrics import RunWriter
 from adaqp.run.rundir import (
     LOCK_FILE,
     PROJECT_FILES,
@@ -20,6 +20,7 @@ from adaqp.run.rundir import (
     check_writable,
     read_status,
 )
+from adaqp.run.summary import Summary
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from adaqp.assign import FULL_PRECISION_BITS, LinkModel
-from adaqp.assign.hosts import (
+from adaqp.assign.profile import (
     FABRIC_PROBE_BYTES,
     fabric_probe,
     fabric_rate,

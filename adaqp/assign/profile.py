@@ -1,9 +1,15 @@
-"""Hosts for the ``host`` cost model: which rank runs where, how fast each host's network
+"""Profiling the running cluster (collective): what the cost models are built from.
+
+Links: :func:`profile_links` times ping-pongs between every ordered pair of ranks (probe
+sizes ``PROFILE_SIZES``) and fits each pair's alpha and beta: the
+:class:`~adaqp.assign.costmodels.LinkModel`.
+
+Hosts for the ``host`` cost model: which rank runs where, how fast each host's network
 link is, and what (de)quantization costs per value.
 
 The host of a rank is torchrun's node (``GROUP_RANK``: one agent per host, also in an
 emulated cluster whose namespaces share one hostname), else its hostname. Link rates come
-from the per-pair profile (``planner.profile_links``, each pair timed alone): a host's
+from the per-pair profile (``profile_links``, each pair timed alone): a host's
 send rate is the median over pairs leaving it, its receive rate the median over pairs
 entering it, and copies between two ranks of one host run at the median of those pairs.
 (De)quantization is timed on every rank and the slowest rank's figure is used.
@@ -23,13 +29,68 @@ import os
 import socket
 import time
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from adaqp.assign import FULL_PRECISION_BITS, HostModel, LinkModel
+from adaqp.assign.costmodels import HostModel, LinkModel, fit_alpha_beta
+from adaqp.bits import FULL_PRECISION_BITS
 from adaqp.quant import dequantize_mixed, mixed_buffer_bytes, quantize_mixed
+
+if TYPE_CHECKING:
+    from adaqp.runtime import World
+
+PROFILE_SIZES = (4_096, 1_048_576, 4_194_304)
+"""Bytes per probe transfer when profiling links. The large probes exceed the burst a
+shaped link lets through at line rate (the emulated cluster's token bucket holds 256 KB),
+so the fitted bandwidth is the sustained rate that a whole exchange sees."""
+
+
+def profile_links(
+    world: World, sizes: tuple[int, ...] = PROFILE_SIZES, repeats: int = 3
+) -> LinkModel:
+    """Times ping-pongs between every ordered pair of ranks and fits alpha/beta per pair.
+
+    Each pair runs alone (the others proceed to their own pairs), so the figures are
+    per-link, not shared. A fit that fails (timings too noisy to grow with size, as on an
+    idle loopback) falls back to alpha = fastest probe and beta from the largest probe.
+    """
+    p = world.world_size
+    alpha, beta = np.zeros((p, p)), np.ones((p, p))
+    reply = torch.zeros(1, dtype=torch.uint8)
+    for src in range(p):
+        for dst in range(p):
+            if src == dst or world.rank not in (src, dst):
+                continue
+            times = []
+            for size in sizes:
+                payload = torch.zeros(size, dtype=torch.uint8)
+                best = float("inf")
+                for _ in range(repeats):
+                    if world.rank == src:
+                        t0 = time.perf_counter()
+                        dist.send(payload, dst)
+                        dist.recv(reply, dst)
+                        best = min(best, time.perf_counter() - t0)
+                    else:
+                        dist.recv(payload, src)
+                        dist.send(reply, src)
+                times.append(best)
+            if world.rank == src:
+                try:
+                    alpha[src, dst], beta[src, dst] = fit_alpha_beta(sizes, times)
+                except ValueError:
+                    alpha[src, dst] = min(times)
+                    beta[src, dst] = sizes[-1] / max(times[-1], 1e-9)
+    # Each sender measured its own links: summing the matrices shares them with everyone.
+    mine = ~np.eye(p, dtype=bool) & (np.arange(p)[:, None] == world.rank)
+    packed = torch.tensor(np.stack([np.where(mine, alpha, 0.0), np.where(mine, beta, 0.0)]))
+    dist.all_reduce(packed)
+    alpha, beta = packed[0].numpy(), packed[1].numpy()
+    np.fill_diagonal(beta, 1.0)
+    return LinkModel(alpha, beta)
 
 
 def host_of_rank(world_size: int) -> np.ndarray:

@@ -1,17 +1,15 @@
-"""Tests for adaqp.quant: stochastic per-row quantization, bit packing, mixed-width buffers."""
+"""Tests for adaqp.quant.rows: stochastic per-row quantization at one width."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from adaqp import quant as Q
 from adaqp.quant import (
     SUPPORTED_BITS,
     QuantizedRows,
     dequantize,
     dequantize_mixed,
-    message_bytes,
     mixed_buffer_bytes,
     pack,
     packed_row_bytes,
@@ -19,101 +17,18 @@ from adaqp.quant import (
     quantize_mixed,
     unpack,
 )
-
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-
-
-def _gen(seed: int, device: str = "cpu") -> torch.Generator:
-    return torch.Generator(device=device).manual_seed(seed)
-
-
-def _levels(bits: int) -> int:
-    return (1 << bits) - 1
-
-
-def _test_rows(device: str = "cpu") -> torch.Tensor:
-    """[5, 16] rows at assorted scales and offsets, incl. an offset where float32 rounding bites."""
-    g = _gen(1234)
-    base = torch.randn(5, 16, generator=g, dtype=torch.float64)
-    scale = torch.tensor([1.0, 1e-3, 50.0, 0.3, 2.0], dtype=torch.float64)[:, None]
-    offset = torch.tensor([0.0, 1.0, -20.0, 100.0, 0.5], dtype=torch.float64)[:, None]
-    return (base * scale + offset).to(torch.float32).to(device)
-
-
-def _grid_fraction(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 step [R] and fractional grid position f [R, D] of float32 rows x."""
-    x64 = x.double()
-    m = x.amin(1).double()
-    step = ((x.amax(1) - x.amin(1)) / _levels(bits)).double()  # the float32 step, widened
-    t = (x64 - m[:, None]) / step[:, None]
-    return step, t - t.floor()
-
-
-# --------------------------------------------------------------------------- sizes and packing
-
-
-def test_byte_counts_are_exact():
-    assert [packed_row_bytes(9, b) for b in SUPPORTED_BITS] == [2, 3, 5, 9]
-    assert [packed_row_bytes(0, b) for b in SUPPORTED_BITS] == [0, 0, 0, 0]
-    assert packed_row_bytes(16, 1) == 2 and packed_row_bytes(17, 1) == 3
-    assert message_bytes(10, 9, 2) == 10 * (3 + 8)
-    assert message_bytes(0, 9, 2) == 0
-    x = torch.randn(7, 33)
-    for bits in SUPPORTED_BITS:
-        q = quantize(x, bits, _gen(0))
-        actual = q.packed.numel() + q.minimum.numel() * 4 + q.maximum.numel() * 4
-        assert q.packed.shape == (7, packed_row_bytes(33, bits))
-        assert q.nbytes == message_bytes(7, 33, bits) == actual
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("bits", SUPPORTED_BITS)
-@pytest.mark.parametrize("dim", [1, 3, 7, 9, 33])
-def test_pack_unpack_round_trip(device: str, bits: int, dim: int):
-    g = _gen(dim * 10 + bits, device)
-    codes = torch.randint(
-        0, _levels(bits) + 1, (6, dim), generator=g, dtype=torch.uint8, device=device
-    )
-    packed = pack(codes, bits)
-    assert packed.dtype == torch.uint8
-    assert packed.shape == (6, packed_row_bytes(dim, bits))
-    assert torch.equal(unpack(packed, bits, dim), codes)
-    # Rows are independently addressable: a row packs to the same bytes on its own.
-    for r in (0, 5):
-        assert torch.equal(pack(codes[r : r + 1], bits)[0], packed[r])
-
-
-def test_pack_bit_order_and_padding():
-    # First code in the least significant bits; the unused tail of the last byte is zero.
-    codes = torch.tensor([[1, 2, 3, 0, 1]], dtype=torch.uint8)
-    assert pack(codes, 2).tolist() == [[1 | 2 << 2 | 3 << 4 | 0 << 6, 1]]
-    assert pack(torch.tensor([[1, 0, 1]], dtype=torch.uint8), 1).tolist() == [[0b101]]
-    assert pack(torch.tensor([[0xA, 0x5, 0xF]], dtype=torch.uint8), 4).tolist() == [[0x5A, 0x0F]]
-
-
-@pytest.mark.parametrize("bits", [1, 2, 4])
-@pytest.mark.parametrize("dim", [1, 8, 13, 64, 67])
-def test_pack_matches_slot_packing(bits: int, dim: int):
-    # The word-shift packer against the plain strided-slice one (kept for big-endian hosts).
-    codes = torch.randint(0, 1 << bits, (5, dim), generator=_gen(dim + bits), dtype=torch.uint8)
-    assert torch.equal(pack(codes, bits), Q._pack_slots(codes, bits))
-    # pack works on a copy: the caller's codes are left as they were.
-    before = codes.clone()
-    pack(codes, bits)
-    assert torch.equal(codes, before)
-
+from adaqp.quant import rows as R
+from tests.quant.helpers import (
+    DEVICES,
+    _gen,
+    _grid_fraction,
+    _levels,
+    _mean_error_ok,
+    _parse_mixed,
+    _test_rows,
+)
 
 # --------------------------------------------------------------------------- statistics
-
-
-def _mean_error_ok(mean_err: torch.Tensor, step: torch.Tensor, f: torch.Tensor, n: int) -> bool:
-    """Per element |mean error| <= 5 standard errors (+ float32 slack), and the pooled z < 4."""
-    se = step[:, None] * torch.sqrt(f * (1 - f) / n)
-    slack = 1e-5 * step[:, None] + 1e-6  # float32 rounding of t and of m + q*step
-    per_element = bool((mean_err.abs() <= 5 * se + slack).all())
-    pooled_se = torch.sqrt((se**2).sum())
-    pooled = bool(mean_err.sum().abs() <= 4 * pooled_se + slack.sum())
-    return per_element and pooled
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -190,7 +105,7 @@ def _exact_expectation(x_row: torch.Tensor, bits: int, monkeypatch) -> torch.Ten
     """float64 ``E[x̂]`` over all 2**15 noise draws, for one float32 row ``[D]``."""
     dim = x_row.numel()
     assert dim % 2 == 0
-    monkeypatch.setattr(Q, "_fill_noise_", _every_draw(dim))
+    monkeypatch.setattr(R, "_fill_noise_", _every_draw(dim))
     xhat = dequantize(quantize(x_row.repeat(2**15, 1), bits, _gen(0)))
     monkeypatch.undo()
     return xhat.double().mean(0)
@@ -302,7 +217,7 @@ def test_clamp_prevents_neighbour_corruption(
         calls.append(words.numel())
         return words.fill_(0x7FFF7FFF)  # both 15-bit draws of every word at their maximum
 
-    monkeypatch.setattr(Q, "_fill_noise_", max_noise)
+    monkeypatch.setattr(R, "_fill_noise_", max_noise)
     if path == "single":
         q = quantize(x, bits, _gen(0))
     else:
@@ -385,30 +300,6 @@ def test_one_bit_unbiased():
     # The criterion has teeth: rounding to the nearest extreme is biased and fails it.
     nearest = torch.where(p >= 0.5, big, m)
     assert not bool(((nearest - x64).abs() <= 5 * se + slack).all())
-
-
-@pytest.mark.parametrize("dim", [1, 7, 8, 9, 64, 100])
-def test_one_bit_pack_round_trip_and_bytes(dim: int):
-    codes = torch.randint(0, 2, (11, dim), generator=_gen(dim), dtype=torch.uint8)
-    packed = pack(codes, 1)
-    assert packed.shape == (11, -(-dim // 8))
-    assert torch.equal(unpack(packed, 1, dim), codes)
-    # Code j is bit j % 8 of byte j // 8; the tail of the last byte is zero.
-    weights = 2 ** torch.arange(8)
-    expected = torch.nn.functional.pad(codes.long(), (0, 8 * packed.shape[1] - dim))
-    assert torch.equal(packed.long(), (expected.view(11, -1, 8) * weights).sum(-1))
-    # Exact wire size: ceil(D / 8) payload bytes + 8 metadata bytes per row, on every path.
-    x = torch.randn(11, dim, generator=_gen(dim))
-    q = quantize(x, 1, _gen(1))
-    per_row = -(-dim // 8) + 8
-    assert q.packed.shape == (11, -(-dim // 8))
-    assert q.nbytes == message_bytes(11, dim, 1) == 11 * per_row
-    bits_r = torch.ones(11, dtype=torch.int8)
-    assert (
-        quantize_mixed(x, bits_r, _gen(1)).numel()
-        == mixed_buffer_bytes(bits_r, dim)
-        == 11 * per_row
-    )
 
 
 # --------------------------------------------------------------------------- edge cases
@@ -519,177 +410,3 @@ def test_dequantize_into_out_slice():
     assert result.data_ptr() == halo[2:8].data_ptr()
     assert torch.equal(halo[2:8], dequantize(q))
     assert bool((halo[:2] == -7).all()) and bool((halo[8:] == -7).all())
-
-
-# --------------------------------------------------------------------------- mixed widths
-
-
-def _parse_mixed(buf: torch.Tensor, bits_r: torch.Tensor, dim: int) -> dict[int, QuantizedRows]:
-    """Split a mixed buffer by the documented layout into one QuantizedRows per width."""
-    rows = bits_r.numel()
-    minimum = buf[: 4 * rows].clone().view(torch.float32)
-    maximum = buf[4 * rows : 8 * rows].clone().view(torch.float32)
-    offset, groups = 8 * rows, {}
-    for bits in SUPPORTED_BITS:
-        idx = (bits_r == bits).nonzero().squeeze(1)
-        size = idx.numel() * packed_row_bytes(dim, bits)
-        packed = buf[offset : offset + size].view(idx.numel(), packed_row_bytes(dim, bits))
-        groups[bits] = QuantizedRows(packed, minimum[idx], maximum[idx], bits, dim)
-        offset += size
-    assert offset == buf.numel()
-    return groups
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_mixed_round_trip_layout_and_order(device: str):
-    rows, dim = 41, 37
-    x = (torch.randn(rows, dim, generator=_gen(11)) * torch.logspace(-2, 2, rows)[:, None]).to(
-        device
-    )
-    bits_r = torch.tensor(SUPPORTED_BITS, dtype=torch.int8)[torch.randperm(rows) % 4].to(device)
-    buf = quantize_mixed(x, bits_r, _gen(12, device))
-    expected_size = 8 * rows + sum(
-        int((bits_r == b).sum()) * packed_row_bytes(dim, b) for b in SUPPORTED_BITS
-    )
-    assert buf.dtype == torch.uint8 and buf.numel() == mixed_buffer_bytes(bits_r, dim)
-    assert buf.numel() == expected_size
-
-    # Receive at an odd byte offset of a larger buffer, into a slice of a halo buffer.
-    recv = torch.zeros(buf.numel() + 3, dtype=torch.uint8, device=device)
-    recv[3:] = buf
-    halo = torch.full((rows + 4, dim), -9.0, device=device)
-    xhat = dequantize_mixed(recv[3:], bits_r, dim, out=halo[2 : rows + 2])
-    assert bool((halo[:2] == -9).all()) and bool((halo[rows + 2 :] == -9).all())
-
-    # Documented layout: each width's section decodes, via the single-width path, to the same
-    # values that dequantize_mixed put at those rows' original positions.
-    for bits, group in _parse_mixed(buf, bits_r, dim).items():
-        idx = (bits_r == bits).nonzero().squeeze(1)
-        assert torch.equal(group.minimum, x[idx].amin(1))
-        assert torch.equal(group.maximum, x[idx].amax(1))
-        assert torch.equal(dequantize(group), xhat[idx])
-
-    # Every row within [m, M] and within one of its own steps of the input.
-    step = (x.amax(1) - x.amin(1)) / (2 ** bits_r.float() - 1)
-    assert bool((xhat >= x.amin(1, keepdim=True)).all() and (xhat <= x.amax(1, keepdim=True)).all())
-    assert bool(((xhat - x).abs() <= step[:, None] * (1 + 1e-5)).all())
-
-
-def test_mixed_exact_on_grid_matches_per_width():
-    # Integer rows spanning [0, L_row] sit on their grid (step 1), so quantization is exact and
-    # mixed and per-width paths must agree with the input bit for bit.
-    bits_r = torch.tensor([8, 1, 4, 2, 2, 8, 1, 4], dtype=torch.int8)
-    g = _gen(21)
-    dim = 11
-    x = torch.stack(
-        [
-            torch.cat(
-                [
-                    torch.tensor([0.0, float(_levels(b))]),
-                    torch.randint(0, _levels(b) + 1, (dim - 2,), generator=g).float(),
-                ]
-            )
-            for b in bits_r.tolist()
-        ]
-    )
-    xhat = dequantize_mixed(quantize_mixed(x, bits_r, _gen(0)), bits_r, dim)
-    assert torch.equal(xhat, x)
-    for bits in SUPPORTED_BITS:
-        idx = (bits_r == bits).nonzero().squeeze(1)
-        assert torch.equal(dequantize(quantize(x[idx], bits, _gen(1))), x[idx])
-
-
-@pytest.mark.parametrize("bits", SUPPORTED_BITS)
-def test_mixed_uniform_width_matches_single_width(bits: int):
-    # With one width the buffer is exactly [minimum | maximum | packed] of quantize() drawn from
-    # the same generator state.
-    x = torch.randn(9, 13, generator=_gen(31))
-    bits_r = torch.full((9,), bits, dtype=torch.int8)
-    q = quantize(x, bits, _gen(5))
-    expected = torch.cat(
-        [q.minimum.view(torch.uint8), q.maximum.view(torch.uint8), q.packed.reshape(-1)]
-    )
-    send = torch.zeros(expected.numel() + 5, dtype=torch.uint8)
-    buf = quantize_mixed(x, bits_r, _gen(5), out=send[5:])
-    assert buf.data_ptr() == send[5:].data_ptr()
-    assert torch.equal(buf, expected) and bool((send[:5] == 0).all())
-
-
-def test_mixed_unbiased():
-    # Per-row levels in the mixed path: every width unbiased in the same buffer.
-    x = _test_rows()[:4]
-    bits_r = torch.tensor([1, 2, 4, 8], dtype=torch.int8)
-    n = 2000
-    xs, bs = x.repeat(n, 1), bits_r.repeat(n)
-    xhat = dequantize_mixed(quantize_mixed(xs, bs, _gen(77)), bs, x.shape[1]).view(n, 4, -1)
-    mean_err = (xhat.double() - x.double()).mean(0)
-    for r, bits in enumerate(bits_r.tolist()):
-        step, f = _grid_fraction(x[r : r + 1], bits)
-        assert _mean_error_ok(mean_err[r : r + 1], step, f, n)
-
-
-def test_mixed_size_matches_message_bytes():
-    bits_r = torch.tensor([2] * 5 + [8] * 3, dtype=torch.int8)
-    assert mixed_buffer_bytes(bits_r, 30) == message_bytes(5, 30, 2) + message_bytes(3, 30, 8)
-    assert mixed_buffer_bytes(bits_r.long(), 30) == mixed_buffer_bytes(bits_r, 30)
-    assert Q.row_step(torch.tensor([1.0]), torch.tensor([4.0]), 3).item() == 1.0
-    assert mixed_buffer_bytes(torch.tensor([1]), 9) == 8 + 2
-
-
-# --------------------------------------------------------------------------- reference and blocks
-
-
-def _on_grid_rows(bits_r: torch.Tensor, dim: int, seed: int) -> torch.Tensor:
-    """Integer rows spanning [0, L_row]: on their grid, so quantization is exact."""
-    g = _gen(seed)
-    rows = []
-    for b in bits_r.tolist():
-        inner = torch.randint(0, _levels(b) + 1, (dim - 2,), generator=g).float()
-        rows.append(torch.cat([torch.tensor([0.0, float(_levels(b))]), inner]))
-    return torch.stack(rows)
-
-
-def test_wire_format_matches_reference():
-    from adaqp.bench.quant import reference_dequantize_mixed, reference_quantize_mixed
-
-    bits_r = torch.tensor(SUPPORTED_BITS, dtype=torch.int8)[
-        torch.randperm(30, generator=_gen(4)) % 4
-    ]
-    dim = 19
-    # On the grid no draw changes a code: both encoders must write the same bytes.
-    x = _on_grid_rows(bits_r, dim, 5)
-    new = quantize_mixed(x, bits_r, _gen(0))
-    assert torch.equal(new, reference_quantize_mixed(x, bits_r, _gen(0)))
-    # Off the grid each code is floor(t) or floor(t) + 1 on both paths; each decoder reads
-    # the other's buffers, and they agree on every row of width > 1 (one bit: exact m or M).
-    x = torch.randn(30, dim, generator=_gen(6)) * torch.logspace(-2, 2, 30)[:, None]
-    step = (x.amax(1) - x.amin(1)) / (2 ** bits_r.float() - 1)
-    new = quantize_mixed(x, bits_r, _gen(1))
-    old = reference_quantize_mixed(x, bits_r, _gen(1))
-    assert torch.equal(new[: 8 * 30], old[: 8 * 30])  # exact float32 metadata
-    wide = bits_r > 1
-    for buf in (new, old):
-        ours = dequantize_mixed(buf, bits_r, dim)
-        theirs = reference_dequantize_mixed(buf, bits_r, dim)
-        assert torch.equal(ours[wide], theirs[wide])
-        assert bool(((ours - theirs).abs() <= 1e-6 * x.abs().amax(1, keepdim=True)).all())
-    gap = (dequantize_mixed(new, bits_r, dim) - dequantize_mixed(old, bits_r, dim)).abs()
-    ulps = 4 * torch.finfo(torch.float32).eps * x.abs().amax(1, keepdim=True)
-    assert bool((gap <= step[:, None] + ulps).all())
-
-
-@pytest.mark.parametrize("block_values", [40, 100, 1000])
-def test_blocks_split_rows_without_changing_layout(block_values: int, monkeypatch):
-    # Small CPU blocks, so that blocks end inside runs of one width and rows of several widths
-    # share a block; the buffer must not depend on the block size (on the grid, exactly).
-    monkeypatch.setattr(Q, "_CPU_BLOCK_VALUES", block_values)
-    bits_r = torch.tensor([8, 1, 1, 4, 2, 2, 2, 8, 1, 4, 4, 2, 8, 8, 1], dtype=torch.int8)
-    dim = 21
-    x = _on_grid_rows(bits_r, dim, 7)
-    buf = quantize_mixed(x, bits_r, _gen(0))
-    assert torch.equal(dequantize_mixed(buf, bits_r, dim), x)
-    monkeypatch.undo()
-    assert torch.equal(buf, quantize_mixed(x, bits_r, _gen(0)))
-    for bits in SUPPORTED_BITS:
-        rows = x[bits_r == bits]
-        assert torch.equal(dequantize(quantize(rows, bits, _gen(1))), rows)

@@ -1,0 +1,211 @@
+"""Which cost model a run plans with: the one owner of that decision.
+
+``quant.cost_model`` names the model and ``quant.scheme`` says whether exchanges are
+priced at all. :func:`cost_model_kind` is the only place that reads either for it, and
+:func:`kind_of` the only place that matches a model object to its solvers; the planner,
+the adaptive policy's report and :func:`~adaqp.assign.solve.solve_assignment` ask the
+:class:`CostModelKind` they get:
+
+* ``none`` (the uniform and random schemes): nothing is profiled, solved, calibrated or
+  reported by pair.
+* ``shared`` and ``sender``: the per-pair link profile, with the channels that share a
+  link (all of them; each sender's) merged into one, solved under the link model.
+* ``link``: every pair its own link; the slowest channel sets the time.
+* ``host``: the hosts profiled as well ((de)quantization cost, the fabric's rate) and
+  exchanges solved under the :class:`~adaqp.assign.costmodels.HostModel`, with full
+  precision one of the widths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from adaqp.assign.costmodels import CostModel, HostModel, LinkModel
+from adaqp.assign.host import _host_brute, _host_greedy, _host_milp, _host_polish
+from adaqp.assign.link import _brute, _greedy, _milp, _polish
+from adaqp.assign.problem import Channel, _HostProblem, _Problem
+from adaqp.bits import FULL_PRECISION_BITS
+
+if TYPE_CHECKING:
+    from adaqp.config import QuantConfig
+
+
+@dataclass(frozen=True, eq=False)
+class Solvers:
+    """What :func:`~adaqp.assign.solve.solve_assignment` runs under one type of model.
+
+    Attributes:
+        problem: the grouped instance, built as ``problem(channels, dim, model, bits,
+            group_size, lam)``.
+        greedy: ``greedy(problem, time_limit_s)`` -> group widths.
+        exact: ``exact(problem, time_limit_s)`` -> ``(group widths or None, status)``.
+        brute: ``brute(problem, max_combos)`` -> group widths.
+        polish: ``polish(problem, group widths, deadline)`` -> group widths.
+        trivial_lams: values of ``lam`` whose answer is one uniform width.
+    """
+
+    problem: type[_Problem] | type[_HostProblem]
+    greedy: Callable[[Any, float], np.ndarray]
+    exact: Callable[[Any, float], tuple[np.ndarray | None, str]]
+    brute: Callable[[Any, int], np.ndarray]
+    polish: Callable[[Any, np.ndarray, float], np.ndarray]
+    trivial_lams: tuple[float, ...]
+
+
+def _link_greedy(p: _Problem, time_limit_s: float) -> np.ndarray:
+    """:func:`~adaqp.assign.link._greedy`, which needs no time limit."""
+    return _greedy(p)
+
+
+LINK_SOLVERS = Solvers(_Problem, _link_greedy, _milp, _brute, _polish, (0.0, 1.0))
+"""Under the link model."""
+
+HOST_SOLVERS = Solvers(_HostProblem, _host_greedy, _host_milp, _host_brute, _host_polish, (1.0,))
+"""Under the host model; lam = 0 still needs the fastest mix, not a uniform width."""
+
+
+@dataclass(frozen=True, eq=False)
+class CostModelKind:
+    """The cost model a run plans with; the attributes are the questions others ask.
+
+    Attributes:
+        name: ``"none"``, ``"shared"``, ``"sender"``, ``"link"`` or ``"host"``.
+        plans_by_pair: exchanges are priced from the per-pair link profile: the links are
+            profiled (and again every ``quant.profile_every`` re-solves), plans solved
+            against them, measured exchange times calibrate them, and the report gives
+            the plans by pair (False only for ``none``).
+        by_host: priced by a :class:`HostModel` (see :attr:`profiles_hosts`,
+            :attr:`has_fabric_rate`, :attr:`offers_full_precision`).
+        merge: how channels that share a link are merged before solving: ``"shared"``
+            (all into one), ``"sender"`` (each sender's into one) or None (not merged).
+    """
+
+    name: str
+    plans_by_pair: bool
+    by_host: bool = False
+    merge: str | None = None
+
+    @property
+    def profiles_hosts(self) -> bool:
+        """Whether the hosts are profiled with the links ((de)quantization timed, the
+        fabric's rate probed) and their profile is kept in checkpoints."""
+        return self.by_host
+
+    @property
+    def has_fabric_rate(self) -> bool:
+        """Whether the model has a fabric rate to report."""
+        return self.by_host
+
+    @property
+    def offers_full_precision(self) -> bool:
+        """Whether full precision (float32) is one of the widths: solved among the allowed
+        ones, and chosen before the first re-solve where predicted no slower. (The link
+        greedy takes each group's upgrades in order of bytes, which 32 bits breaks.)"""
+        return self.by_host
+
+    @property
+    def solvers(self) -> Solvers:
+        """The solvers of the model object this kind solves with."""
+        return HOST_SOLVERS if self.by_host else LINK_SOLVERS
+
+    def solver_inputs(
+        self,
+        channels: list[Channel],
+        links: LinkModel | None,
+        hosts: HostModel | None,
+        bits: Sequence[int],
+    ) -> tuple[list[Channel], CostModel | None, Sequence[int], list[list[Channel]] | None]:
+        """What one exchange's ``channels`` are solved as: ``(channels, model, widths,
+        members)``, ``members`` the channels of each merged channel (None: not merged)."""
+        if self.by_host:
+            # Full precision is one of the choices: an exchange is never planned slower
+            # than sending float32.
+            return channels, hosts, tuple(sorted({*bits, FULL_PRECISION_BITS})), None
+        if self.merge is None:
+            return channels, links, bits, None
+        merged, model, members = _merge(channels, links, shared=self.merge == "shared")
+        return merged, model, bits, members
+
+    @staticmethod
+    def widths(
+        bits: tuple[np.ndarray, ...], members: list[list[Channel]] | None, channels: list[Channel]
+    ) -> tuple[np.ndarray, ...] | list[np.ndarray]:
+        """The solved ``bits`` per channel of ``channels`` (``members`` from
+        :meth:`solver_inputs`)."""
+        return bits if members is None else _split(bits, members, channels)
+
+
+KINDS = {
+    "none": CostModelKind("none", plans_by_pair=False),
+    "shared": CostModelKind("shared", plans_by_pair=True, merge="shared"),
+    "sender": CostModelKind("sender", plans_by_pair=True, merge="sender"),
+    "link": CostModelKind("link", plans_by_pair=True),
+    "host": CostModelKind("host", plans_by_pair=True, by_host=True),
+}
+"""Every kind, by name."""
+
+
+def cost_model_kind(config: QuantConfig) -> CostModelKind:
+    """The kind a run's quant section plans with: ``none`` unless the scheme is adaptive
+    (uniform and random widths are not priced), else ``quant.cost_model``'s."""
+    if config.scheme != "adaptive":
+        return KINDS["none"]
+    if config.cost_model == "none" or config.cost_model not in KINDS:
+        raise ValueError(f"unknown cost model {config.cost_model!r}")
+    return KINDS[config.cost_model]
+
+
+def kind_of(model: CostModel) -> CostModelKind:
+    """The kind whose solvers price ``model``: ``host`` for a :class:`HostModel`, ``link``
+    for a :class:`LinkModel` (merged channels are priced by one too).
+
+    Raises:
+        TypeError: ``model`` is neither.
+    """
+    if isinstance(model, HostModel):
+        return KINDS["host"]
+    if isinstance(model, LinkModel):
+        return KINDS["link"]
+    raise TypeError(f"link_model must be a LinkModel or HostModel, got {type(model)}")
+
+
+def _merge(channels: list[Channel], links: LinkModel, shared: bool):
+    """Channels that share one link become one channel (their bytes add up).
+
+    ``shared``: every channel shares one resource (ranks on one host); otherwise each
+    sender's channels share its link. A merged channel is filed under ``(src, src + 1)``
+    with the median latency and bandwidth of the pairs it covers: each pair was profiled
+    alone, i.e. at the full rate of the shared link. Returns the merged channels, their
+    link model, and the member channels (in order) of each merged channel.
+    """
+    p = links.num_ranks
+    alpha, beta = np.zeros((p, p)), np.ones((p, p))
+    groups: dict[int, list[Channel]] = {}
+    for c in channels:
+        groups.setdefault(0 if shared else c.src, []).append(c)
+    merged, members = [], []
+    for src, group in sorted(groups.items()):
+        dst = (src + 1) % p
+        pairs = tuple(zip(*[(c.src, c.dst) for c in group], strict=True))
+        alpha[src, dst] = float(np.median(links.alpha_s[pairs]))
+        beta[src, dst] = float(np.median(links.beta_Bps[pairs]))
+        merged.append(Channel(src, dst, np.concatenate([c.weights for c in group])))
+        members.append(group)
+    return merged, LinkModel(alpha, beta), members
+
+
+def _split(
+    merged_bits: tuple[np.ndarray, ...], members: list[list[Channel]], channels: list[Channel]
+) -> list[np.ndarray]:
+    """Inverse of ``_merge`` for the widths: per original channel, in the original order."""
+    widths = {}
+    for bits, group in zip(merged_bits, members, strict=True):
+        offset = 0
+        for c in group:
+            widths[c.src, c.dst] = bits[offset : offset + c.num_messages]
+            offset += c.num_messages
+    return [widths[c.src, c.dst] for c in channels]

@@ -1,0 +1,149 @@
+"""Solvers under the link model (``_Problem``): exact MILP, greedy, brute force, polish.
+
+Each channel's time is its own ``alpha + bytes / beta``, so the solvers work per channel:
+the greedy fills each channel's budget under a common cap on ``T``, the MILP bounds every
+channel's time by one continuous variable. What each method does, and how
+:func:`~adaqp.assign.solve.solve_assignment` combines them, is in :mod:`adaqp.assign.solve`.
+Under the shared and sender cost models the channels are merged first
+(:mod:`adaqp.assign.kinds`) and solved here as one link each.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_matrix
+
+from adaqp.assign.problem import _MILP_COST_SCALE, _TOL, _Problem
+
+
+def _polish(p: _Problem, k: np.ndarray, deadline: float) -> np.ndarray:
+    """Steepest-descent single-group moves; then byte-saving moves that keep the objective."""
+    k = k.copy()
+    nbytes = p.channel_bytes(k)
+    beta_g = p.beta[p.chan][:, None]
+    for _ in range(4 * k.size * p.bits.size + 10):
+        if time.perf_counter() > deadline:
+            break
+        t = np.where(p.nonempty, p.alpha + nbytes / p.beta, 0.0)
+        top = int(np.argmax(t))
+        t_other = np.full(t.size, t[top])  # exchange time without each channel
+        t_other[top] = np.delete(t, top).max(initial=0.0)
+        db = p.n[:, None] * (p.r[None, :] - p.r[k][:, None])  # [G, K]
+        new_t = np.maximum(t[p.chan][:, None] + db / beta_g, t_other[p.chan][:, None])
+        dobj = p.wv * p.w[:, None] * (p.f[None, :] - p.f[k][:, None]) + p.wt * (new_t - t[top])
+        best = int(np.argmin(dobj))
+        if dobj.flat[best] >= -_TOL:
+            tie = (dobj <= _TOL) & (db < 0)
+            if not tie.any():
+                break
+            best = int(np.argmax(tie))
+        g, j = divmod(best, p.bits.size)
+        nbytes[p.chan[g]] += db[g, j]
+        k[g] = j
+    return k
+
+
+def _greedy(p: _Problem) -> np.ndarray:
+    """Best over time caps of per-channel knapsack greedy fills (see :mod:`adaqp.assign.solve`)."""
+    # Step s upgrades a group from width index s to s + 1. For every subset of SUPPORTED_BITS and
+    # every dim, variance saved per extra byte falls from one step to the next (the factor drops
+    # ~4x per bit, bytes grow linearly), so filling by efficiency takes a group's steps in order.
+    steps = p.bits.size - 1
+    k0 = np.zeros(p.w.size, np.int64)
+    dr, df = np.diff(p.r), np.diff(p.f)  # [steps]
+    t0 = p.times(k0)
+    per_channel, caps = [], [np.array([p.t_min])]
+    for c in np.flatnonzero(p.nonempty):
+        groups = np.flatnonzero(p.chan == c)
+        g = np.repeat(groups, steps)
+        s = np.tile(np.arange(steps), groups.size)
+        # Variance saved per byte; a step that costs no bytes is free and always taken first.
+        eff = np.where(dr[s] > 0, -df[s] / np.maximum(dr[s], 1) * p.w[g] / p.n[g], np.inf)
+        order = np.lexsort((s, g, -eff))  # best efficiency first; ties by group, then step
+        g = g[order]
+        cum_t = t0[c] + np.concatenate([[0.0], np.cumsum(p.n[g] * dr[s[order]] / p.beta[c])])
+        cum_v = np.concatenate([[0.0], np.cumsum(p.w[g] * df[s[order]])])
+        per_channel.append((g, cum_t, cum_v))
+        caps.append(cum_t)
+    caps = np.unique(np.concatenate(caps))
+    caps = caps[caps >= p.t_min]
+    dv, t_act = np.zeros(caps.size), np.zeros(caps.size)
+    taken = []
+    for _g, cum_t, cum_v in per_channel:
+        idx = np.searchsorted(cum_t, caps, side="right") - 1
+        dv += cum_v[idx]
+        t_act = np.maximum(t_act, cum_t[idx])
+        taken.append(idx)
+    obj = p.wv * dv + p.wt * (t_act - p.t_min)
+    best = int(np.argmin(obj))  # first minimum: the smallest cap, i.e. fewest bytes
+    steps_taken = np.zeros(p.w.size, np.int64)
+    for (g, _, _), idx in zip(per_channel, taken, strict=True):
+        np.add.at(steps_taken, g[: idx[best]], 1)
+    return steps_taken
+
+
+def _milp(p: _Problem, time_limit_s: float) -> tuple[np.ndarray | None, str]:
+    """Exact solve; returns ``(group widths or None, status)``."""
+    G, K1 = p.w.size, p.bits.size - 1
+    nv = G * K1 + 1  # y[g, k-1] at g*K1 + k-1, then tau
+    var = np.arange(G * K1).reshape(G, K1)
+    cost = np.zeros(nv)
+    cost[: G * K1] = (p.wv * p.w[:, None] * np.diff(p.f)[None, :]).ravel()
+    cost[-1] = p.wt * (p.t_max - p.t_min)  # tau is already in units of T_max - T_min
+    # Chain rows y[g, k+1] - y[g, k] <= 0, so that the y's of a group encode one width.
+    chain = var[:, 1:].ravel()
+    r = np.arange(chain.size)
+    rows, cols, vals = [r, r], [chain, var[:, :-1].ravel()], [np.ones(r.size), -np.ones(r.size)]
+    ub = [np.zeros(r.size)]
+    if p.wt > 0:
+        # Channel time in units of T_max - T_min: sum_gk a_gk y_gk - tau <= (T_min - t_c(0)) / dT.
+        dt_range, t0 = p.t_max - p.t_min, p.times(np.zeros(G, np.int64))
+        coef = p.n[:, None] * np.diff(p.r)[None, :] / p.beta[p.chan][:, None] / dt_range
+        chans = np.arange(p.num_channels)
+        rows += [chain.size + np.repeat(p.chan, K1), chain.size + chans]
+        cols += [var.ravel(), np.full(chans.size, nv - 1)]
+        vals += [coef.ravel(), np.where(p.nonempty, -1.0, 0.0)]
+        ub.append(np.where(p.nonempty, (p.t_min - t0) / dt_range, 0.0))
+    ub = np.concatenate(ub)
+    shape = (ub.size, nv)
+    a = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape)
+    cons = [LinearConstraint(a.tocsr(), -np.inf, ub)] if ub.size else []
+    integrality = np.ones(nv)
+    integrality[-1] = 0
+    res = milp(
+        cost * _MILP_COST_SCALE,
+        integrality=integrality,
+        bounds=Bounds(np.zeros(nv), np.r_[np.ones(nv - 1), np.inf]),
+        constraints=cons,
+        options={"time_limit": float(time_limit_s), "mip_rel_gap": 0.0, "presolve": False},
+    )
+    failed = "time_limit" if res.status == 1 else f"milp_failed_{res.status}"
+    if res.x is None:
+        return None, failed + "_no_solution"
+    k = (res.x[: G * K1].reshape(G, K1) > 0.5).sum(axis=1).astype(np.int64)
+    return k, "optimal" if res.status == 0 else failed
+
+
+def _brute(p: _Problem, max_combos: int) -> np.ndarray:
+    """Exhaustive search in lexicographic order (first group most significant); first minimum."""
+    G, K = p.w.size, p.bits.size
+    if max_combos < K**G:
+        raise ValueError(f"brute force over {K}**{G} combinations exceeds {max_combos}")
+    radix = K ** np.arange(G - 1, -1, -1, dtype=np.int64)
+    best_obj, best_idx = math.inf, 0
+    for start in range(0, K**G, 1 << 16):
+        idx = np.arange(start, min(start + (1 << 16), K**G), dtype=np.int64)
+        k = (idx[:, None] // radix[None, :]) % K  # [chunk, G]
+        v = (p.w[None, :] * p.f[k]).sum(axis=1)
+        nbytes = np.zeros((idx.size, p.num_channels))
+        np.add.at(nbytes.T, p.chan, (p.n[None, :] * p.r[k]).T)
+        t = np.where(p.nonempty, p.alpha + nbytes / p.beta, 0.0).max(axis=1, initial=0.0)
+        obj = p.wv * (v - p.v_min) + p.wt * (t - p.t_min)
+        i = int(np.argmin(obj))
+        if obj[i] < best_obj:
+            best_obj, best_idx = float(obj[i]), int(idx[i])
+    return (best_idx // radix) % K

@@ -1,0 +1,242 @@
+"""Solving an exchange: :func:`solve_assignment` and the fixed schemes (uniform, random).
+
+:func:`solve_assignment` asks :func:`~adaqp.assign.kinds.kind_of` which solvers price its
+cost model (:mod:`adaqp.assign.link` or :mod:`adaqp.assign.host`), runs the method asked
+for, polishes and canonicalises the result. :func:`solve_exchange` is the planner's entry:
+one exchange under a run's :class:`~adaqp.assign.kinds.CostModelKind`.
+:func:`first_width` is the width an exchange travels at before anything is traced.
+
+Solvers (:func:`solve_assignment`):
+
+* ``"milp"``: exact, HiGHS through :func:`scipy.optimize.milp`. Width of group ``g`` is encoded
+  incrementally, ``y[g, k] = [width index >= k]`` for ``k = 1..K-1`` with ``y[g, k] >= y[g, k+1]``
+  (equivalent to one-hot ``x[g, b] = y[g, b] - y[g, b+1]`` with ``sum_b x[g, b] = 1``). A
+  continuous ``tau = (T - T_min) / (T_max - T_min)`` bounds every channel's time (link model),
+  or every host's ``N_h + C_h`` with continuous ``N_h >= out_h / beta_out_h``, ``N_h >=
+  in_h / beta_in_h`` and ``C_h >= c_r`` for its ranks, and, where the fabric is finite, every
+  ``F + C_h`` (host model). On a time limit the better of HiGHS's incumbent and the greedy is
+  used. HiGHS does not check its clock inside every root-node heuristic: from ~10k groups it
+  overruns the limit by up to ~0.5 s, and once (20k groups, 2 s limit) took 6 s. Such models
+  rarely finish anyway (the gap is ~1e-5), so use the greedy for them, or a group size that
+  keeps groups to a few thousand. The host model is harder to prove: planner-sized exchanges
+  (240-280 groups, 2-8 ranks) took 0.04-0.4 s, but about 2% of random instances of 20-300
+  groups needed more than 20 s (one of 82 groups took 9 s: a real integrality gap); the
+  rounded LP is then the usual answer.
+* ``"greedy"``: link model: for every candidate time cap, each channel independently fills its
+  budget with width upgrades in order of variance decrease per byte (a multiple-choice knapsack
+  greedy); the best cap wins. Host model: the MILP's LP relaxation (HiGHS) with every group
+  rounded down and to nearest, the best of those and the uniform assignments kept. If HiGHS
+  returns no LP solution, a pure greedy instead: each group starts at its cheapest width and
+  climbs the lower convex hull of its (priced seconds, variance) options; for a grid of caps on
+  ``T``, upgrades are taken in order of variance saved per priced second wherever every host
+  and the fabric stay within the cap; seconds are priced alike on every resource, then by where
+  the best so far sets ``T``. (That greedy alone, being blind to which resources bind, was up
+  to 1e-2 off the MILP where the rounded LP is within 1e-3; see ``tests/assign/test_host.py``.)
+* ``"brute"``: enumerates all combinations (refused above ``max_combos``); for tests.
+
+MILP and greedy results are then polished by single-group moves (strict improvements first, then
+moves that save bytes, or seconds of the hosts' resources under the host model, without raising
+the objective, e.g. for zero-weight messages), and each channel's full-size groups are sorted to
+non-increasing widths, which keeps every resource's use and cannot raise variance: ties between
+equal weights go to the earlier messages.
+
+Determinism: identical inputs give identical results on one software stack, except when the MILP
+(or the greedy's LP, given the same time limit) hits its time limit (where it stops depends on
+machine speed): compute on one rank and broadcast.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from adaqp.assign.costmodels import CostModel, HostModel, LinkModel
+from adaqp.assign.kinds import CostModelKind, kind_of
+from adaqp.assign.problem import (
+    Assignment,
+    Channel,
+    _check_bits,
+    _check_channels,
+    _HostProblem,
+    _Problem,
+    _sort_full_groups,
+    evaluate_assignment,
+)
+from adaqp.bits import DEFAULT_ALLOWED_BITS, FULL_PRECISION_BITS
+
+logger = logging.getLogger(__name__)
+
+
+def solve_assignment(
+    channels: Sequence[Channel],
+    dim: int,
+    link_model: CostModel,
+    *,
+    bits: Sequence[int] = DEFAULT_ALLOWED_BITS,
+    group_size: int = 100,
+    lam: float = 0.5,
+    method: str = "milp",
+    time_limit_s: float = 5.0,
+    max_combos: int = 1_000_000,
+    polish: bool = True,
+) -> Assignment:
+    """Choose one width per group of each channel (the objective: :mod:`adaqp.assign.problem`;
+    ``T``: :mod:`adaqp.assign.costmodels`).
+
+    Args:
+        channels: the exchange's channels (distinct ``(src, dst)`` pairs).
+        dim: embedding width ``D``.
+        link_model: cost model covering every channel's ranks: a :class:`LinkModel` or a
+            :class:`HostModel`.
+        bits: allowed widths, a subset of ``SUPPORTED_BITS``; with a :class:`HostModel` it
+            may also hold ``FULL_PRECISION_BITS``.
+        group_size: messages per group after sorting by weight.
+        lam: variance weight in ``[0, 1]``; 1 gives all max bits; 0 gives all min bits under
+            the link model and the fastest assignment under the host model.
+        method: ``"milp"``, ``"greedy"`` or ``"brute"``.
+        time_limit_s: MILP time limit; on expiry the best solution found is used (greedy if none).
+        max_combos: brute force refuses larger searches.
+        polish: polish MILP/greedy results with local moves (off only to test raw solvers).
+    """
+    start = time.perf_counter()
+    if method not in ("milp", "greedy", "brute"):
+        raise ValueError(f"unknown method {method!r}")
+    if not 0.0 <= lam <= 1.0 or group_size < 1 or dim < 1 or not time_limit_s > 0:
+        raise ValueError("need 0 <= lam <= 1, group_size >= 1, dim >= 1 and time_limit_s > 0")
+    channels = tuple(channels)
+    _check_channels(channels, link_model)
+    kind = kind_of(link_model)  # TypeError for anything but a cost model
+    if not kind.offers_full_precision and FULL_PRECISION_BITS in tuple(bits):
+        # The link greedy takes each group's upgrades in order of bytes, which 32 bits breaks.
+        raise ValueError("full precision (32 bits) is a choice of the HostModel only")
+    solvers = kind.solvers
+    p = solvers.problem(channels, dim, link_model, bits, group_size, lam)
+    exact, brute, local = solvers.exact, solvers.brute, solvers.polish
+
+    def greedy(p: _Problem | _HostProblem) -> np.ndarray:
+        return solvers.greedy(p, time_limit_s)
+
+    trivial = lam in solvers.trivial_lams
+    G, K = p.w.size, p.bits.size
+    if G == 0 or K == 1 or trivial:
+        k, status = np.full(G, K - 1 if lam == 1.0 else 0, np.int64), "trivial"
+    elif method == "brute":
+        k, status = _sort_full_groups(p, brute(p, max_combos)), "optimal"
+    else:
+        if method == "greedy":
+            k, status = greedy(p), "heuristic"
+        else:
+            k, status = exact(p, max(start + time_limit_s - time.perf_counter(), 1e-3))
+            if status != "optimal":
+                # The greedy is cheap: use it when the MILP has nothing, or something worse.
+                k_greedy = greedy(p)
+                if k is None or p.objective(k_greedy) < p.objective(k):
+                    logger.warning("MILP stopped (%s); using the greedy solution", status)
+                    k, status = k_greedy, status + "_greedy"
+        if polish:  # a short budget even after a timeout; a no-op on a true optimum
+            k = local(p, k, max(start + time_limit_s, time.perf_counter() + 0.05))
+        k = _sort_full_groups(p, k)
+    message_bits = p.message_bits(k)
+    obj, var, t = evaluate_assignment(channels, dim, message_bits, link_model, bits=bits, lam=lam)
+    elapsed = time.perf_counter() - start
+    logger.debug(
+        "assigner %s: %s obj=%.6g V=%.6g T=%.6gs in %.3fs", method, status, obj, var, t, elapsed
+    )
+    return Assignment(channels, dim, message_bits, obj, var, t, status, elapsed, method)
+
+
+def solve_exchange(
+    kind: CostModelKind,
+    channels: list[Channel],
+    dim: int,
+    links: LinkModel | None,
+    hosts: HostModel | None,
+    *,
+    bits: Sequence[int],
+    **options,
+) -> tuple[Assignment, list[np.ndarray]]:
+    """One exchange of a run that plans with ``kind``: :func:`solve_assignment` on what
+    ``kind`` prices it with (merged channels, the host model, full precision; see
+    :meth:`CostModelKind.solver_inputs`), the widths returned per channel of ``channels``,
+    in their order. ``links``/``hosts``: the run's profiled models (``options``: those of
+    :func:`solve_assignment`)."""
+    solve_channels, model, widths, members = kind.solver_inputs(channels, links, hosts, bits)
+    result = solve_assignment(solve_channels, dim, model, bits=widths, **options)
+    return result, kind.widths(result.bits, members, channels)
+
+
+def uniform_assignment(
+    channels: Sequence[Channel],
+    dim: int,
+    width: int,
+    *,
+    link_model: CostModel | None = None,
+    bits: Sequence[int] = DEFAULT_ALLOWED_BITS,
+    lam: float = 0.5,
+) -> Assignment:
+    """Every message at ``width`` bits (``FULL_PRECISION_BITS`` for unquantized float32); cost
+    evaluated against ``bits``' range when possible."""
+    _check_bits([width])
+    widths = [np.full(c.num_messages, width, np.int8) for c in channels]
+    return _fixed(channels, dim, widths, link_model, bits, lam, "uniform")
+
+
+def random_assignment(
+    channels: Sequence[Channel],
+    dim: int,
+    bits_choices: Sequence[int],
+    seed: int,
+    *,
+    link_model: CostModel | None = None,
+    lam: float = 0.5,
+) -> Assignment:
+    """Each message at a width drawn uniformly from ``bits_choices`` (seeded, channel order)."""
+    choices = _check_bits(bits_choices).astype(np.int8)
+    rng = np.random.default_rng(seed)
+    widths = [rng.choice(choices, size=c.num_messages) for c in channels]
+    return _fixed(channels, dim, widths, link_model, tuple(choices), lam, "random")
+
+
+def _fixed(
+    channels: Sequence[Channel],
+    dim: int,
+    widths: list[np.ndarray],
+    link_model: CostModel | None,
+    bits: Sequence[int],
+    lam: float,
+    method: str,
+) -> Assignment:
+    start = time.perf_counter()
+    channels = tuple(channels)
+    _check_channels(channels, link_model)
+    obj, var, t = evaluate_assignment(channels, dim, widths, link_model, bits=bits, lam=lam)
+    elapsed = time.perf_counter() - start
+    return Assignment(channels, dim, tuple(widths), obj, var, t, method, elapsed, method)
+
+
+def first_width(
+    model: HostModel, counts: np.ndarray, dim: int, initial_bits: int
+) -> tuple[int, dict[int, float]]:
+    """The width of an exchange before anything is traced, under the host model:
+    ``initial_bits``, or full precision where the model predicts it no slower (it is then
+    better in variance and in time alike, so a fast network is not slowed down by
+    quantizing). ``counts[src, dst]``: messages src sends dst. Returns the width and the
+    predicted time at each width considered. Every rank gets the same answer from the same
+    collective profile."""
+    p = len(counts)
+    channels = [
+        Channel(src, dst, np.zeros(int(counts[src, dst])))
+        for src in range(p)
+        for dst in range(p)
+        if src != dst
+    ]
+    times = {
+        width: uniform_assignment(channels, dim, width, link_model=model).time_s
+        for width in dict.fromkeys((initial_bits, FULL_PRECISION_BITS))
+    }
+    if times[FULL_PRECISION_BITS] <= times[initial_bits]:
+        return FULL_PRECISION_BITS, times
+    return initial_bits, times

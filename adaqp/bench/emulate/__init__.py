@@ -1,0 +1,46 @@
+"""An emulated multi-host cluster on one machine: real TCP over shaped links.
+
+``python -m adaqp.cluster --hosts H --procs-per-host K --bandwidth 1gbit --latency 0.1ms
+-- [adaqp.train flags]`` (root only) builds H network namespaces ("hosts"), each joined to
+a switch namespace (a Linux bridge) by a veth pair whose both ends are shaped with ``tc``
+(netem for latency and loss, tbf for the rate), then starts on every host::
+
+    torchrun --nnodes H --node-rank i --nproc-per-node K --rdzv-backend c10d \\
+             --rdzv-endpoint <host 0>:29400 -m adaqp.train [flags]
+
+with ``GLOO_SOCKET_IFNAME`` set to the host's link: exactly the command a real multi-node
+run uses, only the hosts and links are emulated. Hosts may differ: ``--bandwidth``,
+``--latency`` and ``--loss`` take one value for every host or a comma-separated list with
+exactly one value per host (``--bandwidth 300mbit,300mbit,300mbit,75mbit``). A host's rate
+and delay apply to each direction of its link (full duplex); its K workers share that link,
+and traffic between them stays on the host. Each job writes ``cluster.json`` (see
+``EmulatedCluster.describe``) into its log directory and hands its path to the workers in
+``ADAQP_CLUSTER_SPEC``, with the worker's host index in ``ADAQP_CLUSTER_HOST``.
+
+Every namespace and link is removed on success, failure, timeout, Ctrl-C and SIGTERM, also
+while the hosts are still being built: a namespace is recorded before it is made, veth
+pairs are born inside the namespaces (never in the machine's own), a host job is recorded
+in the same step that starts it, and teardown holds SIGINT and SIGTERM until it is done.
+Addresses live only inside the namespaces this package creates (``10.213.<n>.0/24``); every
+run is bounded in time.
+
+Modules: ``netns`` (the ``ip`` commands, bridge and veth pairs), ``links`` (``LinkSpec``,
+``host_links`` and tc shaping), ``signals`` (signals held during teardown), ``cluster``
+(``EmulatedCluster``: build, run, tear down) and ``cli`` (``main``, the command line).
+"""
+
+from adaqp.bench.emulate.cli import main
+from adaqp.bench.emulate.cluster import HOST_ENV, RDZV_PORT, SPEC_ENV, EmulatedCluster
+from adaqp.bench.emulate.links import LinkSpec, host_links
+from adaqp.bench.emulate.netns import ClusterError
+
+__all__ = [
+    "HOST_ENV",
+    "RDZV_PORT",
+    "SPEC_ENV",
+    "ClusterError",
+    "EmulatedCluster",
+    "LinkSpec",
+    "host_links",
+    "main",
+]

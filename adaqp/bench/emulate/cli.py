@@ -1,0 +1,85 @@
+"""``python -m adaqp.cluster`` (also ``python -m adaqp.bench.emulate``): the emulated
+cluster's command line, ``main``.
+
+Reads the hosts, the links and the time bound, builds an ``EmulatedCluster`` and runs
+``adaqp.train`` on it with every argument after ``--``; exits 0 on success, 1 when the
+cluster or its job failed, 2 on bad arguments or without root, and 130 when a signal
+stopped the run (the hosts are torn down in every case).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from adaqp.bench.emulate.cluster import EmulatedCluster
+from adaqp.bench.emulate.links import host_links
+from adaqp.bench.emulate.netns import ClusterError
+
+logger = logging.getLogger(__name__)
+
+
+def _raise_on_sigterm(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    if threading.current_thread() is threading.main_thread():
+        # Also when SIGINT was inherited as ignored (a background job of a script): a
+        # signal sent to this process must stop it and tear the hosts down.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    parser = argparse.ArgumentParser(
+        prog="python -m adaqp.cluster",
+        description="Run adaqp.train across emulated hosts joined by shaped links (root).",
+        epilog="Everything after -- goes to adaqp.train unchanged. --bandwidth, --latency "
+        "and --loss take one value for all hosts or a comma-separated list with exactly "
+        "one per host.",
+    )
+    parser.add_argument("--hosts", type=int, default=4)
+    parser.add_argument("--procs-per-host", type=int, default=1, help="workers per host")
+    parser.add_argument(
+        "--bandwidth", default="1gbit", help="tc rate per link, e.g. 100mbit or 1gbit,1gbit,100mbit"
+    )
+    parser.add_argument("--latency", default="", help="added one-way delay, e.g. 0.1ms")
+    parser.add_argument("--loss", default="", help="packet loss, e.g. 0.1%%")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds for the whole job")
+    parser.add_argument("--log-dir", type=Path, default=Path("results/runs/cluster-logs"))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    train_args = argv[argv.index("--") + 1 :] if "--" in argv else []
+    cluster: EmulatedCluster | None = None
+    try:
+        args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+        if args.hosts < 1 or args.procs_per_host < 1:
+            parser.error("--hosts and --procs-per-host must be at least 1")
+        try:
+            links = host_links(args.hosts, args.bandwidth, args.latency, args.loss)
+        except ValueError as exc:
+            parser.error(str(exc))
+        if os.geteuid() != 0:
+            logger.error(
+                "the emulated cluster needs root (network namespaces and tc); on a real "
+                "cluster run launch/train.sh on every host instead"
+            )
+            return 2
+        cluster = EmulatedCluster(args.hosts, links[0], links=links)
+        with cluster:
+            cluster.launch(args.procs_per_host, train_args, args.log_dir, args.timeout)
+    except ClusterError as exc:
+        logger.error("%s", exc)
+        return 1
+    except KeyboardInterrupt:
+        logger.error("interrupted: cluster torn down")
+        return 130
+    finally:
+        if cluster is not None:
+            # Nothing left to do after `with`; a safety net should a signal land between
+            # __enter__ returning and the body starting.
+            cluster.down()
+    return 0

@@ -1,0 +1,59 @@
+"""``load_dataset``: the one entry point that loads any dataset by name."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from adaqp.data.builtin import _BUILTIN, _load_builtin
+from adaqp.data.graph import GraphData
+from adaqp.data.npz import _load_npz
+from adaqp.data.ogb import _load_ogb, _ogb_master, _ogb_supported
+from adaqp.data.synthetic import SyntheticSpec, generate_synthetic
+
+logger = logging.getLogger(__name__)
+
+
+def load_dataset(
+    name: str,
+    *,
+    root: str | Path = "data",
+    split_seed: int = 0,
+    synthetic: SyntheticSpec | None = None,
+    path: str | Path | None = None,
+) -> GraphData:
+    """Loads a dataset by name into a validated :class:`GraphData`.
+
+    Args:
+        name: ``cora``, ``citeseer``, ``synthetic``, ``npz`` or a supported ``ogbn-*`` name.
+        root: Directory holding OGB datasets (``root/ogbn_arxiv/...``).
+        split_seed: Seed of the random split for ``cora``/``citeseer``/``synthetic``; OGB
+            datasets and npz files keep their own split.
+        synthetic: Generator parameters for ``synthetic`` (default ``SyntheticSpec()``).
+        path: File for ``npz``.
+
+    Raises:
+        ValueError: unknown name or inconsistent arguments/data.
+        FileNotFoundError: dataset files are absent and cannot be downloaded.
+    """
+    key = name.lower()
+    if synthetic is not None and key != "synthetic":
+        raise ValueError(f"synthetic spec given but dataset name is {name!r}")
+    if path is not None and key != "npz":
+        raise ValueError(f"path given but dataset name is {name!r}, not 'npz'")
+    # Every loader validates the graph where it builds it (GraphData.validate).
+    if key in _BUILTIN:
+        graph = _load_builtin(key, split_seed)
+    elif key == "synthetic":
+        graph = generate_synthetic(synthetic or SyntheticSpec(), split_seed)
+    elif key == "npz":
+        if path is None:
+            raise ValueError("dataset 'npz' requires path=")
+        graph = _load_npz(Path(path))
+    elif key.startswith("ogbn-"):
+        graph = _load_ogb(key, Path(root))
+    else:
+        names = [*_BUILTIN, "synthetic", "npz", *_ogb_supported(_ogb_master())]
+        raise ValueError(f"unknown dataset {name!r}; available: {', '.join(names)}")
+    logger.info("loaded %r", graph)
+    return graph

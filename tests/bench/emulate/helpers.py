@@ -1,0 +1,49 @@
+"""What the emulated cluster's tests share: the root check, unique tags, and looking
+for (and removing) what a cluster left behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+
+import pytest
+
+from adaqp.bench.emulate.netns import _ip
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+    reason="the emulated cluster needs root and iproute2 (ip, tc); not available here",
+)
+
+# A job that would run for hours: only a signal or the timeout ends it.
+ENDLESS = ["--epochs", "100000"]
+
+
+def _tag(n: int) -> str:
+    """A tag of this test process's own, so that concurrent test runs never share names."""
+    return str(10000 + (os.getpid() % 8999) * 10 + n)
+
+
+def _namespaces(tag: str) -> list[str]:
+    out = _ip("ip", "netns", "list", check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(f"aq{tag}-")]
+
+
+def _root_links(tag: str) -> list[str]:
+    """Links named after the cluster in the machine's own namespace (there must be none)."""
+    out = _ip("ip", "-o", "link", "show", check=False).stdout
+    return re.findall(rf"^\d+: (aq{tag}\w*)", out, flags=re.MULTILINE)
+
+
+def _remove(tag: str) -> None:
+    """Clean up after a failed test, so that one failure does not leak into the machine."""
+    for ns in _namespaces(tag):
+        for pid in _ip("ip", "netns", "pids", ns, check=False).stdout.split():
+            os.kill(int(pid), signal.SIGKILL)
+        _ip("ip", "netns", "del", ns, check=False)
+
+
+def _qdiscs(ns: str, dev: str) -> str:
+    return _ip("tc", "qdisc", "show", "dev", dev, ns=ns).stdout

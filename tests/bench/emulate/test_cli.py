@@ -1,0 +1,162 @@
+"""``python -m adaqp.cluster``: bad values fail early, signals tear down, a real job trains."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from adaqp.bench.emulate import main
+from tests.bench.emulate.helpers import ENDLESS, _namespaces, _remove, _root_links, needs_root
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _spawn_cli(args: list[str], tmp_path: Path, sigint_ignored: bool = False):
+    """Starts ``python -m adaqp.cluster`` with SIGINT at its default action (as a shell
+    gives a foreground job) or ignored (as a non-interactive shell gives a background
+    job), whatever this test process itself inherited."""
+    cmd = [
+        *(sys.executable, "-m", "adaqp.cluster", *args),
+        *("--log-dir", str(tmp_path / "logs"), "--", *ENDLESS),
+        *("--set", f"partition.dir={tmp_path / 'p'}", "--out", str(tmp_path / "run")),
+    ]
+    # A handled signal is reset to its default action by exec, an ignored one stays ignored.
+    wanted = signal.SIG_IGN if sigint_ignored else signal.default_int_handler
+    previous = signal.signal(signal.SIGINT, wanted)
+    try:
+        return subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stop_and_check(proc: subprocess.Popen, sig: int, bound_s: float) -> str:
+    """Sends ``sig``; the process must exit within ``bound_s`` leaving nothing behind."""
+    tag = str(proc.pid % 100000)
+    proc.send_signal(sig)
+    try:
+        out, _ = proc.communicate(timeout=bound_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        _remove(tag)
+        pytest.fail(f"still running {bound_s:.0f}s after signal {sig}:\n{out}")
+    assert _namespaces(tag) == [], out
+    assert _root_links(tag) == [], out
+    return out
+
+
+def test_cli_rejects_a_wrong_count_before_touching_anything(capsys):
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--hosts", "4", "--bandwidth", "300mbit,75mbit", "--", "--epochs", "1"])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert exit_info.value.code == 2
+    assert "bandwidth has 2 values for 4 hosts" in capsys.readouterr().err
+
+
+@needs_root
+@pytest.mark.parametrize(
+    ("sig", "sigint_ignored"),
+    [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGINT, True)],
+    ids=["ctrl-c", "sigterm", "ctrl-c-inherited-ignored"],
+)
+def test_interrupt_tears_down(sig, sigint_ignored, tmp_path):
+    # ctrl-c-inherited-ignored: started from a script in the background, the process
+    # inherits SIGINT ignored; a SIGINT sent to it must still stop the run (it used to be
+    # dropped, and the run went on until its timeout).
+    proc = _spawn_cli(["--hosts", "2", "--timeout", "120"], tmp_path, sigint_ignored)
+    tag = str(proc.pid % 100000)
+    deadline = time.monotonic() + 60
+    while len(_namespaces(tag)) < 3 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    try:
+        assert len(_namespaces(tag)) == 3, "the cluster never came up"
+        time.sleep(1.0)
+        out = _stop_and_check(proc, sig, bound_s=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        _remove(tag)
+    assert proc.returncode == 130, out
+    assert "torn down" in out
+
+
+@needs_root
+@pytest.mark.parametrize(
+    ("sig", "moment"),
+    [
+        pytest.param(signal.SIGINT, 0.2, id="ctrl-c-0.2s"),
+        pytest.param(signal.SIGINT, 0.5, id="ctrl-c-0.5s"),
+        pytest.param(signal.SIGINT, 1.0, id="ctrl-c-1s"),
+        pytest.param(signal.SIGINT, 2.0, id="ctrl-c-2s"),
+        pytest.param(signal.SIGINT, "second namespace", id="ctrl-c-building"),
+        pytest.param(signal.SIGTERM, 0.5, id="sigterm-0.5s"),
+        pytest.param(signal.SIGTERM, "second namespace", id="sigterm-building"),
+    ],
+)
+def test_interrupt_while_hosts_come_up(sig, moment, tmp_path):
+    # Before main() installs its handlers the default action ends the process (there is
+    # nothing to remove yet); from then on the run must stop with 130 and tear down.
+    proc = _spawn_cli(["--hosts", "3", "--timeout", "120"], tmp_path)
+    tag = str(proc.pid % 100000)
+    try:
+        if moment == "second namespace":  # mid-way through building the hosts
+            deadline = time.monotonic() + 60
+            while len(_namespaces(tag)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        else:
+            time.sleep(moment)
+        out = _stop_and_check(proc, sig, bound_s=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        _remove(tag)
+    assert proc.returncode in (130, -sig), out
+    if proc.returncode == 130:
+        assert "torn down" in out
+
+
+@needs_root
+@pytest.mark.slow
+def test_two_hosts_with_two_workers_each_train(tmp_path):
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "adaqp.cluster", "--hosts", "2", "--procs-per-host", "2"),
+            *("--bandwidth", "500mbit,200mbit", "--timeout", "240"),
+            *("--log-dir", str(tmp_path / "logs"), "--"),
+            *("--config", "configs/cora-gcn.toml", "--epochs", "3", "--mode", "vanilla"),
+            *("--set", f"partition.dir={tmp_path / 'p'}", "--out", str(tmp_path / "run")),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    logs = "".join(p.read_text() for p in sorted((tmp_path / "logs").glob("host*.log")))
+    assert proc.returncode == 0, proc.stderr + logs
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["world_size"] == 4
+    spec = json.loads((tmp_path / "logs" / "cluster.json").read_text())
+    assert (spec["world_size"], [h["procs"] for h in spec["hosts"]]) == (4, [2, 2])
+    assert [h["bandwidth"] for h in spec["hosts"]] == ["500mbit", "200mbit"]
