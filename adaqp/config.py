@@ -39,6 +39,7 @@ halo exchange (halo rows are zeros) to measure the compute-only epoch time."""
 QUANTIZED_MODES = ("adaqp-q", "adaqp")
 """Modes whose widths the adaptive planner chooses."""
 OVERLAP_MODES = ("adaqp-p", "adaqp")
+KERNELS = ("auto", "torch", "compiled")  # quantizer and dropout mask: adaqp/quant/kernels.py
 PARTITION_METHODS = ("metis", "random", "contiguous")
 METIS_OBJECTIVES = ("cut", "volume")
 
@@ -50,6 +51,10 @@ class ConfigError(ValueError):
 def _check(condition: bool, key: str, message: str) -> None:
     if not condition:
         raise ConfigError(f"{key}: {message}")
+
+
+def _check_choice(value: str, choices: tuple[str, ...], key: str) -> None:
+    _check(value in choices, key, f"must be one of {', '.join(choices)}, not {value!r}")
 
 
 @dataclass(frozen=True)
@@ -97,16 +102,8 @@ class PartitionConfig:
     """METIS objective: cut (edge cut) or volume (communication volume, k-way)."""
 
     def __post_init__(self) -> None:
-        _check(
-            self.method in PARTITION_METHODS,
-            "partition.method",
-            f"must be one of {', '.join(PARTITION_METHODS)}, not {self.method!r}",
-        )
-        _check(
-            self.objective in METIS_OBJECTIVES,
-            "partition.objective",
-            f"must be one of {', '.join(METIS_OBJECTIVES)}, not {self.objective!r}",
-        )
+        _check_choice(self.method, PARTITION_METHODS, "partition.method")
+        _check_choice(self.objective, METIS_OBJECTIVES, "partition.objective")
 
 
 @dataclass(frozen=True)
@@ -178,9 +175,7 @@ class CommConfig:
     (DDP-style buckets); false: one flat all-reduce after backward."""
 
     def __post_init__(self) -> None:
-        _check(
-            self.mode in MODES, "comm.mode", f"must be one of {', '.join(MODES)}, not {self.mode!r}"
-        )
+        _check_choice(self.mode, MODES, "comm.mode")
         _check(
             self.backend in ("auto", "gloo", "nccl"), "comm.backend", "must be auto, gloo or nccl"
         )
@@ -225,6 +220,8 @@ class QuantConfig:
     cost) again before every this many re-solves; 0 profiles once, at start-up."""
     seed: int = 0
     """Seed of the stochastic rounding and of the random scheme."""
+    kernels: str = "auto"
+    """(De)quantization and dropout-mask code: auto (compiled on CPU), torch or compiled."""
 
     def __post_init__(self) -> None:
         widths = SUPPORTED_BITS
@@ -251,6 +248,7 @@ class QuantConfig:
             "quant.cost_model",
             f"must be shared, sender, link or host, not {self.cost_model!r}",
         )
+        _check_choice(self.kernels, KERNELS, "quant.kernels")
 
 
 @dataclass(frozen=True)
@@ -286,7 +284,7 @@ class CheckpointConfig:
 @dataclass(frozen=True)
 class MetricsConfig:
     out: str = ""
-    """Output directory; empty means results/runs/<dataset>-<model>-<mode>-p<P>."""
+    """Output directory; empty means results/runs/<config stem>-<mode>-p<P>."""
     progress: bool = True
     """Show a progress bar on rank 0 when writing to a terminal."""
 

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Creates .venv and installs AdaQP into it (editable). With --test, also the test extras.
+# Creates .venv and installs AdaQP into it (editable). With --test, also the test extras;
+# with --bench, matplotlib for the benchmarks' plots.
 #
 #   bash launch/setup.sh          # runtime only
-#   bash launch/setup.sh --test   # plus pytest, ruff and torch-geometric (for the PyG adapter test)
+#   bash launch/setup.sh --test   # plus pytest, ruff, matplotlib and torch-geometric
+#   bash launch/setup.sh --bench  # plus matplotlib (the [bench] extra)
 #   bash launch/setup.sh --print-torch-spec   # the torch build it would install, and stop
+#   bash launch/setup.sh --help
 #
 # The torch build: on a machine with an NVIDIA driver, torch==2.13.0 (the CUDA build); on
 # one without, the CPU build torch==2.13.0+cpu (about a quarter of the size: the CUDA
@@ -35,18 +38,53 @@ else
   fallback="torch==$TORCH_VERSION"
 fi
 
-case "${1:-}" in
-  --print-torch-spec)
-    echo "$TORCH_SPEC${fallback:+ (else $fallback)}"
-    exit 0
-    ;;
-  --test) extras="[test,pyg]" ;;
-  "") extras="" ;;
-  *)
-    echo "setup.sh: unknown option ${1} (use --test or --print-torch-spec)" >&2
-    exit 2
-    ;;
-esac
+usage() {
+  cat <<EOF
+usage: bash launch/setup.sh [--test] [--bench]
+       bash launch/setup.sh --print-torch-spec | --help
+
+Creates a virtual environment (VENV, default .venv) and installs AdaQP into it, editable,
+with torch $TORCH_VERSION: the CUDA build where there is an NVIDIA driver, else the CPU build.
+
+options:
+  --test              also the test extras: pytest, ruff, matplotlib, torch-geometric
+                      (.[test,pyg]: what the test suite needs)
+  --bench             also matplotlib, for the benchmarks' plots (.[bench])
+  --print-torch-spec  print the torch requirement it would install, and stop
+  -h, --help          show this help and exit
+
+environment:
+  TORCH_SPEC  the torch requirement to install instead of the one chosen here
+              ($TORCH_SPEC${fallback:+, else $fallback}), e.g. for a given CUDA version
+              TORCH_SPEC="torch==$TORCH_VERSION --index-url https://download.pytorch.org/whl/cu126"
+  PYTHON      the interpreter that creates the environment (default python3)
+  VENV        the environment's directory (default .venv)
+EOF
+}
+
+extras=()
+for arg in "$@"; do
+  case "$arg" in
+    -h | --help)
+      usage
+      exit 0
+      ;;
+    --print-torch-spec)
+      echo "$TORCH_SPEC${fallback:+ (else $fallback)}"
+      exit 0
+      ;;
+    --test) extras+=(test pyg) ;;
+    --bench) extras+=(bench) ;;
+    *)
+      echo "setup.sh: unknown option ${arg} (use --test, --bench, --print-torch-spec or --help)" >&2
+      exit 2
+      ;;
+  esac
+done
+extras_spec=""
+if [[ ${#extras[@]} -gt 0 ]]; then
+  extras_spec="[$(IFS=,; echo "${extras[*]}")]"
+fi
 
 if [[ ! -x "$VENV/bin/python" ]]; then
   "$PYTHON" -m venv "$VENV"
@@ -66,5 +104,5 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     "${pip[@]}" "$fallback"
   fi
 fi
-"${pip[@]}" -e ".${extras}"
+"${pip[@]}" -e ".${extras_spec}"
 echo "setup done: $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'), $VENV $(du -sh "$VENV" | cut -f1)"

@@ -1,51 +1,27 @@
 #!/usr/bin/env bash
-# Starts AdaQP training under torchrun, on one machine or many.
+# Starts AdaQP training under torchrun, on one machine or many, without a torchrun command
+# line: a thin wrapper around `python -m adaqp.launcher` (also installed as `adaqp-train`).
 #
-#   bash launch/train.sh [CONFIG] [train flags...]
+#   bash launch/train.sh [CONFIG] [options] [train flags...]     # flags in any order
+#   bash launch/train.sh --help
 #   NPROC=4 bash launch/train.sh configs/cora-gcn.toml --mode vanilla --epochs 200
+#   bash launch/train.sh --config configs/cora-gcn.toml --epochs 200 --resume
 #
-# Without --out the run goes to adaqp.train's default directory and replaces the run
-# there (--overwrite), as repeated launches always have; with --out, --overwrite or
-# --resume, adaqp.train refuses to replace a finished run unless told to.
+# Runs from the repository root (relative paths are taken from there), with .venv's
+# python if there is one. Without --out, --overwrite or --resume the run goes to
+# adaqp.train's default directory with --replace-finished: running a command again
+# replaces its finished run there, never an interrupted or failed one (--resume continues
+# it, --overwrite discards it). Exit codes: 0 success, 1 a failed run, 2 a usage or config
+# error, 130 interrupted.
 #
 # Multi-node: run the same command on every host with NNODES, NODE_RANK, MASTER_ADDR
-# (host 0's address) and MASTER_PORT set; GLOO_SOCKET_IFNAME names the network interface.
+# (host 0's address) and MASTER_PORT set (or --nnodes, --node-rank, --master-addr,
+# --master-port); GLOO_SOCKET_IFNAME names the network interface.
 set -euo pipefail
 
+# The command as typed, for the "--resume" hint after Ctrl-C (the launcher quotes it).
+export ADAQP_LAUNCH_SCRIPT="$0"
 cd "$(dirname "$0")/.."
-NPROC="${NPROC:-4}"
-NNODES="${NNODES:-1}"
-NODE_RANK="${NODE_RANK:-0}"
-MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
-MASTER_PORT="${MASTER_PORT:-29500}"
-CONFIG="${1:-configs/cora-gcn.toml}"
-[[ $# -gt 0 ]] && shift
-
 PY=python3
 [[ -x .venv/bin/python ]] && PY=.venv/bin/python
-# Keep P workers on few cores from thrashing; the trainer splits cores among local workers.
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-# Workers stop within a second of SIGTERM; a stopped or hung one is killed after this
-# many seconds instead of torchrun's default 30 once the run has failed.
-export TORCH_ELASTIC_SHUTDOWN_TIMEOUT="${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-5}"
-# RESTARTS > 0: a lost worker restarts the group, which resumes from the last checkpoint.
-RESTARTS="${RESTARTS:-0}"
-
-if [[ "$NNODES" == "1" ]]; then
-  rdzv=(--standalone)
-else
-  rdzv=(--nnodes "$NNODES" --node-rank "$NODE_RANK" --rdzv-backend c10d
-        --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "${RDZV_ID:-adaqp}")
-fi
-# Only the default directory is replaced: an --out chosen on the command line or in the
-# config file ([metrics] out, the only key named out) keeps adaqp.train's protection.
-replace=(--overwrite)
-if grep -qsE '^[[:space:]]*out[[:space:]]*=' "$CONFIG"; then replace=(); fi
-for arg in "$@"; do
-  case "$arg" in
-    --out | --out=* | metrics.out=* | --set=metrics.out=* | --overwrite | --resume) replace=() ;;
-  esac
-done
-exec "$PY" -m torch.distributed.run "${rdzv[@]}" --nproc-per-node "$NPROC" \
-  --max-restarts "$RESTARTS" \
-  -m adaqp.train --config "$CONFIG" "${replace[@]}" "$@"
+exec "$PY" -m adaqp.launcher "$@"

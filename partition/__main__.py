@@ -6,36 +6,83 @@ import argparse
 import logging
 import sys
 
-from adaqp.config import METIS_OBJECTIVES, PARTITION_METHODS, ConfigError, load_config
+from adaqp.config import (
+    METIS_OBJECTIVES,
+    PARTITION_METHODS,
+    ConfigError,
+    DataConfig,
+    PartitionConfig,
+    load_config,
+)
 from adaqp.partitioning.build import ensure_partition
 from adaqp.partitioning.format import PartitionError
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; options left out (None) come from the config, so their help names
+    the built-in default."""
+    data, part = DataConfig(), PartitionConfig()
     parser = argparse.ArgumentParser(
-        prog="python -m partition", description="Cut a graph into parts for AdaQP workers."
+        prog="python -m partition",
+        description="Cut a graph into parts for AdaQP workers and write them to --out, "
+        "printing the edge cut, halo rows and central share per part. Options left out "
+        "come from --config's [data] and [partition] (or the built-in defaults). An "
+        "existing partition at --out is reused if it matches and refused if it does not "
+        "(another number of parts, graph or parameters); --force re-creates it. Exit "
+        "codes: 0 done, 2 bad arguments or a refused partition.",
     )
-    parser.add_argument("--dataset", help="dataset name (overrides the config's data.dataset)")
-    parser.add_argument("--num-parts", type=int, required=True, help="number of parts P")
-    parser.add_argument("--out", required=True, help="partition directory to write")
-    parser.add_argument("--method", choices=PARTITION_METHODS)
+    parser.add_argument(
+        "--dataset",
+        help="dataset name: cora, citeseer, synthetic, npz or an OGB node dataset "
+        f"(default: the config's data.dataset, else {data.dataset})",
+    )
+    parser.add_argument(
+        "--num-parts",
+        type=int,
+        required=True,
+        help="number of parts P, one per training worker (required)",
+    )
+    parser.add_argument("--out", required=True, help="partition directory to write (required)")
+    parser.add_argument(
+        "--method",
+        choices=PARTITION_METHODS,
+        help="how nodes are assigned to parts: metis (fewest cut edges, balanced), random or "
+        f"contiguous id ranges (default: the config's partition.method, else {part.method})",
+    )
     parser.add_argument(
         "--objective",
         choices=METIS_OBJECTIVES,
-        help="METIS objective: edge cut, or communication volume (halo rows, k-way)",
+        help="METIS objective: edge cut, or communication volume (halo rows, k-way) "
+        f"(default: the config's partition.objective, else {part.objective})",
     )
-    parser.add_argument("--seed", type=int, help="METIS / random seed")
-    parser.add_argument("--config", help="TOML file whose [data] and [partition] are used")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        help=f"METIS / random seed (default: the config's partition.seed, else {part.seed})",
+    )
+    parser.add_argument(
+        "--config",
+        help="TOML file whose [data] and [partition] are used (default: none, the built-in "
+        "defaults)",
+    )
     parser.add_argument(
         "--set",
         action="append",
         default=[],
         metavar="SECTION.KEY=VALUE",
-        help="config override, repeatable (e.g. data.root=/datasets)",
+        help="config override, repeatable, e.g. data.root=/datasets (default: none)",
     )
     parser.add_argument(
-        "--force", action="store_true", help="re-create the partition even if one exists at --out"
+        "--force",
+        action="store_true",
+        help="re-create the partition at --out even if one exists there, e.g. with another "
+        "number of parts (default: reuse a matching one, refuse another)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
@@ -51,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config, overrides)
         meta = ensure_partition(
-            config.data, config.partition, args.num_parts, args.out, force=args.force
+            config.data, config.partition, args.num_parts, args.out, force=args.force, tool=True
         )
     except (ConfigError, PartitionError, ValueError, OSError) as exc:
         # OSError: a dataset that is not on disk and cannot be downloaded.

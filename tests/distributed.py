@@ -23,7 +23,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-_PRELOAD = ["torch", "numpy", "adaqp.train", "adaqp.run.trainer", "tests.distributed"]
+_PRELOAD = [
+    "torch",
+    "numpy",
+    "adaqp.train",
+    "adaqp.run.job",
+    "tests.distributed",
+    "tests.preload_kernels",
+]
 
 
 def _context():

@@ -49,9 +49,41 @@ def test_shipped_configs_exist():
         "citeseer-gcn",
         "synthetic-gcn",
         "synthetic-sage",
+        "cluster-synthetic-gcn",
         "ogbn-arxiv-gcn",
         "ogbn-products-sage",
     } <= names
+
+
+def test_cluster_workload_config_is_the_overrides_it_replaces():
+    """configs/cluster-synthetic-gcn.toml resolves exactly as the README cluster workload
+    did when it was five overrides of the 1M-node config."""
+    earlier = load_config(
+        CONFIGS[0].parent / "synthetic-gcn.toml",
+        [
+            "data.synthetic.num_nodes=20000",
+            "data.synthetic.avg_degree=10",
+            "data.synthetic.feature_dim=64",
+            "data.synthetic.num_classes=8",
+            "data.synthetic.feature_noise=2.0",
+        ],
+    )
+    assert load_config(CONFIGS[0].parent / "cluster-synthetic-gcn.toml") == earlier
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_large_synthetic_configs_say_what_they_need_first(path):
+    """A config of 1M nodes or more warns in its opening comments: time per epoch, memory."""
+    config = load_config(path)
+    if config.data.dataset != "synthetic" or config.data.synthetic.num_nodes < 1_000_000:
+        return
+    opening = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        opening.append(line.lstrip("# "))
+    text = " ".join(" ".join(opening).split())
+    assert "per epoch" in text and "GB of memory per rank" in text and "hours" in text
 
 
 @pytest.mark.parametrize(

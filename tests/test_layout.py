@@ -14,6 +14,7 @@ LONG_BY_DESIGN = {"adaqp/bench/quant.py"}
 # after it in this order. ``bench`` drives the others from outside the training path.
 LAYERS = [
     "adaqp.cluster",
+    "adaqp.launcher",
     "adaqp.bench",
     "adaqp.train",
     "adaqp.run",

@@ -94,3 +94,25 @@ def test_torch_already_there_is_kept_and_unknown_options_are_refused(tmp_path):
     (tmp_path / "venv" / "bin" / "calls.log").unlink()
     proc, calls = _setup(tmp_path, "--tset")
     assert proc.returncode == 2 and "unknown option --tset" in proc.stderr and not calls
+    proc, calls = _setup(tmp_path, "--bench", "--tset")  # every option is checked
+    assert proc.returncode == 2 and "--bench, --print-torch-spec or --help" in proc.stderr
+    assert not calls
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_lists_the_options_and_installs_nothing(tmp_path, flag):
+    proc, calls = _setup(tmp_path, flag)
+    assert proc.returncode == 0 and not calls, proc.stderr
+    assert proc.stdout.startswith("usage: bash launch/setup.sh")
+    for text in ("--test", "--bench", "--print-torch-spec", "--help", "TORCH_SPEC", "VENV"):
+        assert text in proc.stdout, text
+
+
+@pytest.mark.parametrize(
+    ("flags", "extras"),
+    [(["--bench"], ".[bench]"), (["--test", "--bench"], ".[test,pyg,bench]")],
+)
+def test_bench_installs_the_plotting_extra(tmp_path, flags, extras):
+    proc, calls = _setup(tmp_path, *flags, nvidia=True)
+    assert proc.returncode == 0, proc.stderr
+    assert _installed(calls) == ["torch==2.13.0", extras]

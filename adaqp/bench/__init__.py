@@ -1,21 +1,37 @@
-"""Benchmarks that write their figures to ``results/bench/`` (``python -m adaqp.bench``)."""
+"""Benchmarks (``python -m adaqp.bench``) and the emulated cluster (``adaqp.bench.emulate``).
+
+Benchmarks write under ``results/local/bench/`` (ignored by git) unless ``--out-dir`` (or
+``--out``) says otherwise; ``--out-dir results/bench`` updates the committed readings.
+Figures need matplotlib (``pip install -e .[bench]`` or ``bash launch/setup.sh --bench``);
+without it the JSON and tables are still written, with one warning (``pyplot``). This
+module and the command line import no torch, so ``--help`` answers at once; a benchmark
+imports what it needs when it runs.
+"""
 
 from __future__ import annotations
 
+import argparse
+import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
-SMALL_SYNTHETIC: tuple[str, ...] = (
-    "data.synthetic.num_nodes=20000",
-    "data.synthetic.avg_degree=10",
-    "data.synthetic.feature_dim=64",
-    "data.synthetic.num_classes=8",
-    "data.synthetic.feature_noise=2.0",
-)
-"""Overrides for a synthetic graph sized for a 2-core machine (20k nodes, 190k edges);
-the 1M-node ``configs/synthetic-*.toml`` are for real hosts."""
+logger = logging.getLogger(__name__)
 
+DEFAULT_OUT_DIR = Path("results/local/bench")
+"""Where benchmarks write by default: outside the committed ``results/bench/``."""
+
+COMMITTED_OUT_DIR = Path("results/bench")
+"""The committed readings the docs quote (``--out-dir results/bench`` to update them)."""
+
+CLUSTER_CONFIG = "configs/cluster-synthetic-gcn.toml"
+"""The README cluster workload: a synthetic graph sized for a 2-core machine (20k nodes,
+190k edges, 3 layers, hidden 256); the 1M-node ``configs/synthetic-*.toml`` are for real
+hosts."""
+
+MATPLOTLIB_HINT = "pip install -e .[bench] (or bash launch/setup.sh --bench)"
 
 MODE_VARIANTS: dict[str, tuple[str, ...]] = {
     "vanilla": ("--mode", "vanilla"),
@@ -32,6 +48,51 @@ COST_MODEL_VARIANTS: dict[str, tuple[str, ...]] = {
     "adaqp-host": ("--mode", "adaqp", "--set", "quant.cost_model=host"),
 }
 """``adaqp`` under a named cost model, for comparing them (not run unless asked for)."""
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows each option's default after its help (not for a default of None, False or an
+    empty list, nor where the help already says "(default ...") and keeps the line breaks
+    of descriptions."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if default is None or default is False or default == [] or "(default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+def pyplot(figures: str) -> Any:
+    """``matplotlib.pyplot`` on the Agg backend; or None, after one warning naming the
+    ``figures`` skipped, where matplotlib is not installed (the caller still writes its
+    JSON and tables)."""
+    try:
+        import matplotlib
+    except ImportError:
+        logger.warning(
+            "matplotlib is not installed: %s not drawn (the JSON and tables are written); "
+            "for figures, %s",
+            figures,
+            MATPLOTLIB_HINT,
+        )
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """The options of benchmarks that train through torchrun: overrides and a time limit."""
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="extra config override for every run, repeatable",
+    )
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
 
 
 def torchrun_command(

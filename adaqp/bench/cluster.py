@@ -3,10 +3,12 @@
 ``python -m adaqp.bench cluster --name NAME [--hosts 4 --bandwidth 1gbit ...]`` builds one
 emulated cluster (``adaqp.cluster``), runs vanilla, adaqp-q, adaqp-p, adaqp and the
 one-bit bounded-staleness mode (S = 1 and 2) and the compute-only ``nocomm`` reference
-over several seeds with the unchanged trainer, and writes
-to ``results/bench/<NAME>/``: ``cluster.json`` (every figure), ``cluster.md`` (the table)
-and three plots: ``breakdown.png`` (stacked epoch time per mode), ``time_to_accuracy.png``
-(validation accuracy against wall-clock time) and ``bytes_by_layer.png``.
+over several seeds with the unchanged trainer, and writes to ``<--out-dir>/<NAME>/`` (by
+default ``results/local/bench/<NAME>/``; ``--out-dir results/bench`` updates the committed
+readings): ``cluster.json`` (every figure), ``cluster.md`` (the table) and, with
+matplotlib, three plots: ``breakdown.png`` (stacked epoch time per mode),
+``time_to_accuracy.png`` (validation accuracy against wall-clock time) and
+``bytes_by_layer.png``. The runs themselves go to ``results/runs/bench-<NAME>/``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from adaqp.bench import COST_MODEL_VARIANTS, MODE_VARIANTS, SMALL_SYNTHETIC
+from adaqp.bench import (
+    CLUSTER_CONFIG,
+    COST_MODEL_VARIANTS,
+    DEFAULT_OUT_DIR,
+    MODE_VARIANTS,
+    add_run_options,
+)
+from adaqp.bench.cluster_plot import plot
 from adaqp.bench.emulate import EmulatedCluster, host_links
 
 logger = logging.getLogger(__name__)
@@ -36,7 +45,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 
 WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
     # Sized so that a 2-core machine computes an epoch in a fraction of a second.
-    "synthetic": ("configs/synthetic-gcn.toml", (*SMALL_SYNTHETIC, "train.eval_every=1")),
+    "synthetic": (CLUSTER_CONFIG, ("train.eval_every=1",)),
     "cora": ("configs/cora-gcn.toml", ("model.layers=3", "model.hidden=256")),
     # The same size with community structure (METIS at P = 4: 3% edge cut, 79% central).
     "synthetic-local": ("configs/synthetic-local-gcn.toml", ("train.eval_every=1",)),
@@ -248,89 +257,45 @@ def _table(name: str, meta: dict[str, Any], agg: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(out_dir: Path, runs: dict[str, list[dict[str, Any]]], agg: dict[str, Any]) -> None:
-    """Writes breakdown.png, time_to_accuracy.png and bytes_by_layer.png."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    modes = list(agg)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    bottom = [0.0] * len(modes)
-    for key, label in (
-        ("compute_s", "compute"),
-        ("wait_s", "exchange wait"),
-        ("quant_s", "(de)quantization"),
-        ("allreduce_s", "gradient all-reduce"),
-    ):
-        values = [1e3 * agg[m]["breakdown"][key] for m in modes]
-        ax.bar(modes, values, bottom=bottom, label=label)
-        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ax.set_ylabel("epoch time (ms)")
-    ax.set_title("Epoch time breakdown")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "breakdown.png", dpi=120)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for mode in modes:
-        if mode == "nocomm":
-            continue  # its accuracy is not the graph's
-        epochs = runs[mode][0]["epochs"]
-        points = [(e["train_time_s"], e["val_acc"]) for e in epochs if e["val_acc"] is not None]
-        ax.plot([p[0] for p in points], [p[1] for p in points], label=mode)
-    ax.set_xlabel("training time (s, evaluation excluded)")
-    ax.set_ylabel("validation accuracy")
-    ax.set_title("Time to accuracy (first seed)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "time_to_accuracy.png", dpi=120)
-    plt.close(fig)
-
-    tags = sorted({t for m in modes for t in runs[m][0]["summary"]["halo_bytes_by_tag"]})
-    fig, ax = plt.subplots(figsize=(8, 4))
-    width = 0.8 / max(len(modes), 1)
-    for i, mode in enumerate(modes):
-        by_tag = runs[mode][0]["summary"]["halo_bytes_by_tag"]
-        ax.bar(
-            [j + i * width for j in range(len(tags))],
-            [by_tag.get(t, 0) / 1e6 for t in tags],
-            width=width,
-            label=mode,
-        )
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(tags))], tags, rotation=20)
-    ax.set_ylabel("MB per epoch (all ranks)")
-    ax.set_title("Halo bytes per epoch by layer and direction")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "bytes_by_layer.png", dpi=120)
-    plt.close(fig)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--name", default="cluster-synthetic-1gbit")
-    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="synthetic")
-    parser.add_argument("--hosts", type=int, default=4)
-    parser.add_argument("--procs-per-host", type=int, default=1)
+    parser.add_argument(
+        "--name",
+        default="cluster-synthetic-1gbit",
+        help="name of this suite: results go to <--out-dir>/NAME/, runs to "
+        "results/runs/bench-NAME/, the partition to partitions/bench-NAME/",
+    )
+    parser.add_argument(
+        "--workload",
+        choices=sorted(WORKLOADS),
+        default="synthetic",
+        help="what trains: synthetic (configs/cluster-synthetic-gcn.toml, 20k nodes), "
+        "synthetic-local (the same size with communities) or cora (3 layers, hidden 256)",
+    )
+    parser.add_argument("--hosts", type=int, default=4, help="emulated hosts (network namespaces)")
+    parser.add_argument(
+        "--procs-per-host", type=int, default=1, help="workers per host (they share its link)"
+    )
     parser.add_argument(
         "--bandwidth",
         default="1gbit",
-        help="tc rate of every host's link, or one per host: 300mbit,300mbit,300mbit,75mbit",
+        help="tc rate of every host's link, or one per host: 300mbit,300mbit,300mbit,75mbit "
+        '("" leaves the links unshaped)',
     )
     parser.add_argument(
-        "--latency", default="", help="one-way delay per host link, e.g. 0.1ms (or one per host)"
+        "--latency",
+        default="",
+        help="one-way delay per host link, e.g. 0.1ms, or one per host (default: none)",
     )
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--epochs", type=int, default=100)
+    parser.add_argument(
+        "--seeds", default="0,1,2", help="comma-separated training seeds, each running every mode"
+    )
+    parser.add_argument("--epochs", type=int, default=100, help="training epochs per run")
     parser.add_argument(
         "--modes",
         default=",".join(DEFAULT_MODES),
-        help=f"comma-separated subset of {', '.join(VARIANTS)}",
+        help=f"comma-separated subset of {', '.join(VARIANTS)}; must include vanilla",
     )
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    add_run_options(parser)
     parser.add_argument(
         "--tta-tolerance",
         type=float,
@@ -340,9 +305,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--render-only",
         action="store_true",
-        help="rebuild table, JSON and plots from the runs already on disk",
+        help="rebuild table, JSON and plots from the runs already in results/runs/bench-NAME/",
     )
-    parser.add_argument("--out-dir", type=Path, default=Path("results/bench"))
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=DEFAULT_OUT_DIR,
+        help="results go to OUT_DIR/NAME/; results/bench updates the committed readings",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -390,6 +360,7 @@ def main(args: argparse.Namespace) -> int:
     (out_dir / "cluster.md").write_text(table)
     plot(out_dir, runs, agg)
     print(table)
+    print(f"-> {out_dir}")
     return 0
 
 

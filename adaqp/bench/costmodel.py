@@ -5,9 +5,12 @@ is run again) and, for every adaptive run (mode and seed) and every exchange, se
 cost model's calibrated time for the plan in force at the end (the time the planner
 stated for a plan it was not fitted on) against the measured time of that exchange from
 the last rank's arrival (median over that plan's epochs). Writes
-``results/bench/cost_model.json`` (every point, and the range of measured / calibrated
-per cluster and mode) and ``cost_model.png`` (measured against calibrated, log-log, with
-the tolerance band).
+``<--out-dir>/cost_model.json`` (every point, and the range of measured / calibrated per
+cluster and mode) and, with matplotlib, ``cost_model.png`` (measured against calibrated,
+log-log, with the tolerance band); ``--out-dir`` is ``results/local/bench/`` by default,
+``results/bench`` updates the committed reading. Each cluster is read from
+``<--clusters-dir>/<NAME>/cluster.json``; by default from ``--out-dir``, else from the
+committed ``results/bench/``. For example:
 
     python -m adaqp.bench costmodel --clusters cluster-synthetic-hetero-75mbit,...
 """
@@ -18,6 +21,8 @@ import argparse
 import json
 from pathlib import Path
 from typing import Any
+
+from adaqp.bench import COMMITTED_OUT_DIR, DEFAULT_OUT_DIR, pyplot
 
 MODEL_FIELD = "calibrated_exchange_s_by_tag"
 MEASURED_FIELD = "exchange_after_arrival_s_by_tag"
@@ -74,11 +79,11 @@ def summarise(clusters: dict[str, dict[str, Any]], tolerance: float) -> dict[str
     return report
 
 
-def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(report: dict[str, Any], path: Path) -> bool:
+    """Writes the figure to ``path``; False (and one warning) without matplotlib."""
+    plt = pyplot(str(path))
+    if plt is None:
+        return False
 
     fig, ax = plt.subplots(figsize=(9.5, 5.5))
     # Colour by cluster, marker by mode.
@@ -107,32 +112,67 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--clusters",
         required=True,
-        help="comma-separated names of bench cluster results (directories under --out-dir)",
+        help="comma-separated names of bench cluster results (directories holding "
+        "cluster.json under --clusters-dir)",
     )
-    parser.add_argument("--tolerance", type=float, default=0.25)
-    parser.add_argument("--out-dir", type=Path, default=Path("results/bench"))
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.25,
+        help="band around measured = calibrated that counts as a match (0.25: within 25%%)",
+    )
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=DEFAULT_OUT_DIR,
+        help="where cost_model.json and cost_model.png go; results/bench updates the "
+        "committed reading",
+    )
+    parser.add_argument(
+        "--clusters-dir",
+        type=Path,
+        help="where the named cluster results are read (default: --out-dir, else the "
+        f"committed {COMMITTED_OUT_DIR}/)",
+    )
+
+
+def _cluster_path(name: str, args: argparse.Namespace) -> Path:
+    """Where the cluster ``name`` is read: ``--clusters-dir`` if given, else ``--out-dir``
+    and then the committed readings."""
+    explicit = getattr(args, "clusters_dir", None)
+    places = [explicit] if explicit else [args.out_dir, COMMITTED_OUT_DIR]
+    paths = [Path(place) / name / "cluster.json" for place in dict.fromkeys(places)]
+    found = next((path for path in paths if path.is_file()), None)
+    if found is None:
+        raise SystemExit(
+            f"{' or '.join(map(str, paths))}: not found (run `python -m adaqp.bench cluster "
+            f"--name {name}` first)"
+        )
+    return found
 
 
 def main(args: argparse.Namespace) -> int:
     names = [n for n in args.clusters.split(",") if n]
     if not names:
         raise SystemExit("--clusters: name at least one bench cluster result")
-    clusters = {}
+    clusters, sources = {}, {}
     for name in names:
-        path = args.out_dir / name / "cluster.json"
-        if not path.is_file():
-            raise SystemExit(f"{path}: not found (run `python -m adaqp.bench cluster` first)")
+        path = _cluster_path(name, args)
         clusters[name] = json.loads(path.read_text())
+        sources[name] = str(path)
     try:
         report = summarise(clusters, args.tolerance)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
+    report["sources"] = sources
+    args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "cost_model.json").write_text(json.dumps(report, indent=2) + "\n")
     plot(report, args.out_dir / "cost_model.png")
     for name, cluster in report["clusters"].items():
@@ -143,6 +183,6 @@ def main(args: argparse.Namespace) -> int:
             )
     print(
         f"within ±{args.tolerance:.0%} on every shaped cluster: "
-        f"{report['within_tolerance_on_shaped_clusters']}"
+        f"{report['within_tolerance_on_shaped_clusters']} -> {args.out_dir / 'cost_model.json'}"
     )
     return 0

@@ -1,10 +1,12 @@
 """Modes side by side: vanilla, adaqp-q, adaqp-p, adaqp, onebit (S = 1, 2) and uniform
-2/4/8-bit quantization,
-several seeds each, every run a real ``torchrun`` job of the unchanged trainer.
+2/4/8-bit quantization, several seeds each, every run a real ``torchrun`` job of the
+unchanged trainer.
 
-Writes ``results/bench/modes-<dataset>.json`` (every run's summary plus aggregates) and
-``results/bench/modes-<dataset>.md`` (the table). Byte and accuracy figures compare modes
-within one invocation; epoch times on a shared machine are indicative only.
+Writes ``<--out-dir>/modes-<dataset>.json`` (every run's summary plus aggregates) and
+``<--out-dir>/modes-<dataset>.md`` (the table), by default under ``results/local/bench/``
+(``--out-dir results/bench`` updates the committed readings); the runs themselves go to
+``results/runs/bench-modes-<dataset>/``. Byte and accuracy figures compare modes within
+one invocation; epoch times on a shared machine are indicative only.
 """
 
 from __future__ import annotations
@@ -17,7 +19,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from adaqp.bench import COST_MODEL_VARIANTS, MODE_VARIANTS, SMALL_SYNTHETIC, torchrun_train
+from adaqp.bench import (
+    CLUSTER_CONFIG,
+    COST_MODEL_VARIANTS,
+    DEFAULT_OUT_DIR,
+    MODE_VARIANTS,
+    add_run_options,
+    torchrun_train,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +43,8 @@ DATASETS: dict[str, tuple[str, tuple[str, ...]]] = {
     # Cora and CiteSeer as in AdaQP's evaluation: 3 layers, hidden 256.
     "cora": ("configs/cora-gcn.toml", ("model.layers=3", "model.hidden=256")),
     "citeseer": ("configs/citeseer-gcn.toml", ("model.layers=3", "model.hidden=256")),
-    # A synthetic graph sized for a 2-core machine (the 1M-node config is for real hosts).
-    "synthetic": ("configs/synthetic-gcn.toml", (*SMALL_SYNTHETIC, "train.eval_every=5")),
+    # The README cluster workload, sized for a 2-core machine (20k nodes).
+    "synthetic": (CLUSTER_CONFIG, ("train.eval_every=5",)),
 }
 
 SUMMARY_KEYS = (
@@ -121,24 +130,30 @@ def _table(dataset: str, results: dict[str, dict[str, Any]], meta: dict[str, Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", choices=sorted(DATASETS), default="cora")
-    parser.add_argument("--world-size", type=int, default=4)
+    parser.add_argument(
+        "--dataset",
+        choices=sorted(DATASETS),
+        default="cora",
+        help="cora or citeseer (3 layers, hidden 256), or synthetic "
+        "(configs/cluster-synthetic-gcn.toml, 20k nodes)",
+    )
+    parser.add_argument(
+        "--world-size", type=int, default=4, help="workers per run (torchrun on this machine)"
+    )
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
-    parser.add_argument("--epochs", type=int, default=200)
+    parser.add_argument("--epochs", type=int, default=200, help="training epochs per run")
     parser.add_argument(
         "--variants",
         default=",".join(DEFAULT_VARIANTS),
-        help=f"comma-separated subset of {', '.join(VARIANTS)}",
+        help=f"comma-separated subset of {', '.join(VARIANTS)}; must include vanilla",
     )
+    add_run_options(parser)
     parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="extra config override for every run",
+        "--out-dir",
+        type=Path,
+        default=DEFAULT_OUT_DIR,
+        help="where modes-<dataset>.json and .md go; results/bench updates the committed readings",
     )
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
-    parser.add_argument("--out-dir", type=Path, default=Path("results/bench"))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -181,4 +196,5 @@ def main(args: argparse.Namespace) -> int:
     table = _table(args.dataset, results, meta)
     (args.out_dir / f"modes-{args.dataset}.md").write_text(table)
     print(table)
+    print(f"-> {args.out_dir / f'modes-{args.dataset}.md'}")
     return 0

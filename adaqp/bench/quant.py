@@ -1,12 +1,20 @@
-"""Quantizer throughput: the stochastic quantize + pack and unpack + dequantize of
-``adaqp.quant`` against the reference implementation it replaced, per value, one thread, at each
-bit width. Writes ``results/bench/quant.json``; the figure that matters is the ratio within one
-run (``speedup``: reference / new time per value at 2 bits, quantize and dequantize together).
+"""Quantizer throughput: quantize + pack and unpack + dequantize per value, one thread, at each
+bit width, for three implementations side by side in one run: the compiled CPU kernels
+(``adaqp.quant.compiled``, the default on CPU), the torch path (``adaqp.quant.rows``/``mixed``,
+the reference and the path for CUDA) and the implementation the torch path replaced. Also the
+dropout mask (``adaqp.model.dropout``) against nn.Dropout, and a copy of the message's bytes
+(the machine's memory bandwidth, the limit the kernels approach). Writes
+``results/bench/quant.json``; the figures that matter are ratios within one run:
+``kernel_speedup_by_bits`` (torch path / compiled kernels), ``dropout_speedup`` (nn.Dropout /
+the compiled mask) and ``speedup`` (the replaced implementation / the torch path, at 2 bits).
+Every side is warmed up (the compiled kernels loaded or compiled, a first round dropped) and
+the sides take turns in every repeat.
 
-The reference is a frozen copy of ``adaqp/quant.py`` as of commit ef412a7 (one float draw per
-value from ``torch.rand``, a compare against the fractional part, strided-slice packing, shift
-unpacking, whole-message passes), kept here so both run side by side in one process. Its wire
-format is the same, which the run checks by decoding each path's buffers with the other path.
+The replaced implementation is a frozen copy of ``adaqp/quant.py`` as of commit ef412a7 (one
+float draw per value from ``torch.rand``, a compare against the fractional part,
+strided-slice packing, shift unpacking, whole-message passes), kept here so that all run side
+by side in one process. The wire format is the same, which the run checks by decoding each
+side's buffers with the others' decoders.
 """
 
 from __future__ import annotations
@@ -22,8 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from adaqp.model.dropout import Dropout
 from adaqp.quant import (
     SUPPORTED_BITS,
     dequantize_mixed,
@@ -32,12 +41,15 @@ from adaqp.quant import (
     quantize_mixed,
     row_step,
 )
+from adaqp.quant import kernels as quant_kernels
 
 logger = logging.getLogger(__name__)
 
 _METADATA_BYTES_PER_ROW = 8  # float32 minimum + float32 maximum
 
 TARGET_SPEEDUP = 2.0
+TARGET_KERNEL_SPEEDUP = 4.0  # torch path / compiled kernels, at every width
+TARGET_DROPOUT_SPEEDUP = 3.0  # nn.Dropout / the compiled mask
 _METRIC_BITS = 2  # width of the headline figure
 
 # --------------------------------------------------------------------------- reference
@@ -278,17 +290,21 @@ SIDES: dict[str, tuple[Quantizer, Dequantizer]] = {
         lambda x, b, g, out: reference_quantize_mixed(x, b, g, out=out),
         lambda buf, b, dim, out: reference_dequantize_mixed(buf, b, dim, out=out),
     ),
-    "new": (
-        lambda x, b, g, out: quantize_mixed(x, b, g, out=out),
-        lambda buf, b, dim, out: dequantize_mixed(buf, b, dim, out=out),
+    "new": (  # the torch path (the subject of the ``speedup`` figure, hence its name)
+        lambda x, b, g, out: quantize_mixed(x, b, g, out=out, kernels="torch"),
+        lambda buf, b, dim, out: dequantize_mixed(buf, b, dim, out=out, kernels="torch"),
+    ),
+    "compiled": (
+        lambda x, b, g, out: quantize_mixed(x, b, g, out=out, kernels="compiled"),
+        lambda buf, b, dim, out: dequantize_mixed(buf, b, dim, out=out, kernels="compiled"),
     ),
 }
 
 
 def _agreement(x: Tensor, bits_R: Tensor, recon: dict[str, Tensor]) -> dict[str, float | bool]:
-    """Both paths' reconstructions of the same rows: mean error (in steps) and MSE ratio.
+    """Every side's reconstruction of the same rows: mean error (in steps) and MSE ratio.
 
-    Each side's mean error should be zero within a few standard errors (unbiased), and the two
+    Each side's mean error should be zero within a few standard errors (unbiased), and the
     MSEs (the quantization variance) should match closely over millions of values.
     """
     step = row_step(x.amin(1), x.amax(1), (2 ** bits_R.to(torch.int32) - 1).float())
@@ -299,34 +315,42 @@ def _agreement(x: Tensor, bits_R: Tensor, recon: dict[str, Tensor]) -> dict[str,
         report[f"{side}_mean_error_steps"] = mean
         report[f"{side}_mean_error_z"] = mean / (sd / err.numel() ** 0.5)
         report[f"{side}_mse_steps2"] = float((err**2).mean())
-    report["mse_ratio_new_over_reference"] = (
-        report["new_mse_steps2"] / report["reference_mse_steps2"]
-    )
-    report["agrees"] = bool(
-        abs(report["new_mean_error_z"]) < 5
-        and abs(report["mse_ratio_new_over_reference"] - 1) < 0.02
-    )
+    agrees = True
+    for side in ("new", "compiled"):
+        ratio = report[f"{side}_mse_steps2"] / report["reference_mse_steps2"]
+        report[f"mse_ratio_{side}_over_reference"] = ratio
+        agrees = agrees and abs(report[f"{side}_mean_error_z"]) < 5 and abs(ratio - 1) < 0.02
+    report["agrees"] = agrees
     return report
 
 
-def _cross_decode(x: Tensor, bits_R: Tensor, seed: int) -> float:
-    """Largest difference between the two decoders on each encoder's buffer (wire format)."""
-    dim, worst = x.shape[1], 0.0
+def _cross_decode(x: Tensor, bits_R: Tensor, seed: int) -> dict[str, float]:
+    """Largest difference between the decoders on each encoder's buffer (wire format): the
+    torch path and the compiled kernels decode alike to the bit; the replaced decoder can
+    miss M by an ulp at one bit."""
+    dim, worst = x.shape[1], {"all": 0.0, "new_vs_compiled": 0.0}
     for quantize, _ in SIDES.values():
         buf = torch.empty(mixed_buffer_bytes(bits_R, dim), dtype=torch.uint8)
         quantize(x, bits_R, torch.Generator().manual_seed(seed), buf)
-        decoded = [
-            dequantize(buf, bits_R, dim, torch.empty_like(x)) for _, dequantize in SIDES.values()
-        ]
-        worst = max(worst, float((decoded[0] - decoded[1]).abs().max()))
+        decoded = {
+            side: dequantize(buf, bits_R, dim, torch.empty_like(x))
+            for side, (_, dequantize) in SIDES.items()
+        }
+        for side in ("new", "compiled"):
+            gap = float((decoded[side] - decoded["reference"]).abs().max())
+            worst["all"] = max(worst["all"], gap)
+        gap = float((decoded["new"] - decoded["compiled"]).abs().max())
+        worst["new_vs_compiled"] = max(worst["new_vs_compiled"], gap)
     return worst
 
 
-def run(rows: int, dim: int, repeats: int, seed: int, out: Path) -> dict:
-    torch.set_num_threads(1)
-    load_at_start = os.getloadavg()[0]
-    values = rows * dim
-    x = torch.randn(rows, dim, generator=torch.Generator().manual_seed(seed))
+def _per_value(samples: list[float], values: int) -> float:
+    return statistics.median(samples) / values * 1e9
+
+
+def _time_widths(x: Tensor, repeats: int, seed: int) -> dict[str, dict]:
+    rows, dim = x.shape
+    values = x.numel()
     widths = {}
     for bits in SUPPORTED_BITS:
         bits_R = torch.full((rows,), bits, dtype=torch.int8)
@@ -350,34 +374,102 @@ def run(rows: int, dim: int, repeats: int, seed: int, out: Path) -> dict:
                     wall[side].append(w2 - w0)
         per_side = {
             side: {
-                **{
-                    f"{k}_ns_per_value": statistics.median(v) / values * 1e9
-                    for k, v in cpu[side].items()
-                },
-                "total_wall_ns_per_value": statistics.median(wall[side]) / values * 1e9,
+                **{f"{k}_ns_per_value": _per_value(v, values) for k, v in cpu[side].items()},
+                "total_wall_ns_per_value": _per_value(wall[side], values),
             }
             for side in SIDES
         }
-        ref, new = per_side["reference"], per_side["new"]
+        ref, new, fast = per_side["reference"], per_side["new"], per_side["compiled"]
+        cross = _cross_decode(x, bits_R, seed)
         widths[str(bits)] = {
             **per_side,
             "speedup": ref["total_ns_per_value"] / new["total_ns_per_value"],
             "speedup_quantize": ref["quantize_ns_per_value"] / new["quantize_ns_per_value"],
             "speedup_dequantize": ref["dequantize_ns_per_value"] / new["dequantize_ns_per_value"],
             "speedup_wall": ref["total_wall_ns_per_value"] / new["total_wall_ns_per_value"],
+            "kernel_speedup": new["total_ns_per_value"] / fast["total_ns_per_value"],
+            "kernel_speedup_quantize": new["quantize_ns_per_value"] / fast["quantize_ns_per_value"],
+            "kernel_speedup_dequantize": (
+                new["dequantize_ns_per_value"] / fast["dequantize_ns_per_value"]
+            ),
+            "kernel_speedup_wall": new["total_wall_ns_per_value"] / fast["total_wall_ns_per_value"],
             "agreement": _agreement(x, bits_R, recv),
-            "cross_decode_max_abs_diff": _cross_decode(x, bits_R, seed),
+            "cross_decode_max_abs_diff": cross["all"],
+            "cross_decode_torch_vs_compiled_max_abs_diff": cross["new_vs_compiled"],
         }
         logger.info(
-            "%d bits: reference %.2f + %.2f ns/value, new %.2f + %.2f ns/value -> %.2fx",
+            "%d bits: reference %.2f, torch %.2f, compiled %.2f (%.2f + %.2f) ns/value -> "
+            "%.2fx the torch path",
             bits,
-            ref["quantize_ns_per_value"],
-            ref["dequantize_ns_per_value"],
-            new["quantize_ns_per_value"],
-            new["dequantize_ns_per_value"],
-            widths[str(bits)]["speedup"],
+            ref["total_ns_per_value"],
+            new["total_ns_per_value"],
+            fast["total_ns_per_value"],
+            fast["quantize_ns_per_value"],
+            fast["dequantize_ns_per_value"],
+            widths[str(bits)]["kernel_speedup"],
         )
+    return widths
+
+
+def _time_copy(x: Tensor, repeats: int) -> dict[str, float]:
+    """A copy of the message's float32 bytes (read 4, write 4 bytes a value): the memory
+    bandwidth the kernels approach, which read the rows and write the rows back."""
+    out = torch.empty_like(x)
+    times = []
+    for rep in range(repeats + 1):
+        t0 = time.thread_time()
+        out.copy_(x)
+        if rep:
+            times.append(time.thread_time() - t0)
+    ns = _per_value(times, x.numel())
+    return {"copy_ns_per_value": ns, "copy_GB_per_s": 8 / ns}
+
+
+def _time_dropout(x: Tensor, repeats: int, p: float) -> dict[str, float]:
+    """nn.Dropout against the compiled mask, forward and forward + backward, interleaved."""
+    sides = {"nn": nn.Dropout(p), "compiled": Dropout(p, "compiled")}
+    grad = torch.ones_like(x)
+    forward = {side: [] for side in sides}
+    both = {side: [] for side in sides}
+    for rep in range(repeats + 1):
+        for side, module in sides.items():
+            leaf = x.detach().requires_grad_()
+            t0 = time.thread_time()
+            y = module(leaf)
+            t1 = time.thread_time()
+            y.backward(grad)
+            t2 = time.thread_time()
+            if rep:
+                forward[side].append(t1 - t0)
+                both[side].append(t2 - t0)
+    values = x.numel()
+    report = {"p": p}
+    for side in sides:
+        report[f"{side}_forward_ns_per_value"] = _per_value(forward[side], values)
+        report[f"{side}_forward_backward_ns_per_value"] = _per_value(both[side], values)
+    report["speedup_forward_backward"] = (
+        report["nn_forward_backward_ns_per_value"]
+        / report["compiled_forward_backward_ns_per_value"]
+    )
+    report["speedup"] = report["nn_forward_ns_per_value"] / report["compiled_forward_ns_per_value"]
+    return report
+
+
+def run(rows: int, dim: int, repeats: int, seed: int, out: Path) -> dict:
+    torch.set_num_threads(1)
+    if not quant_kernels.warm_up():  # loaded from numba's cache, or compiled once
+        raise RuntimeError("the compiled kernels cannot run here (is numba installed?)")
+    load_at_start = os.getloadavg()[0]
+    x = torch.randn(rows, dim, generator=torch.Generator().manual_seed(seed))
+    widths = _time_widths(x, repeats, seed)
+    copy = _time_copy(x, repeats)
+    dropout = _time_dropout(x, repeats, 0.5)
     speedup = widths[str(_METRIC_BITS)]["speedup"]
+    by_bits = {bits: w["kernel_speedup"] for bits, w in widths.items()}
+    kernel_ns = {
+        bits: {k: w["compiled"][f"{k}_ns_per_value"] for k in ("quantize", "dequantize", "total")}
+        for bits, w in widths.items()
+    }
     report = {
         "benchmark": "quant",
         "rows": rows,
@@ -386,6 +478,7 @@ def run(rows: int, dim: int, repeats: int, seed: int, out: Path) -> dict:
         "repeats": repeats,
         "clock": "thread CPU time (time.thread_time), median over repeats; wall time alongside",
         "torch": torch.__version__,
+        "numba": numba_version(),
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
         "load_average_1min": [load_at_start, os.getloadavg()[0]],  # a shared machine is noisy
@@ -393,11 +486,31 @@ def run(rows: int, dim: int, repeats: int, seed: int, out: Path) -> dict:
         "speedup_bits": _METRIC_BITS,
         "target_speedup": TARGET_SPEEDUP,
         "meets_target": speedup >= TARGET_SPEEDUP,
+        "kernel_speedup_by_bits": by_bits,
+        "target_kernel_speedup": TARGET_KERNEL_SPEEDUP,
+        "meets_kernel_target": min(by_bits.values()) >= TARGET_KERNEL_SPEEDUP,
+        "kernel_ns_per_value_by_bits": kernel_ns,
+        "memory_bandwidth": {
+            **copy,
+            "kernel_total_over_copy_by_bits": {
+                bits: ns["total"] / copy["copy_ns_per_value"] for bits, ns in kernel_ns.items()
+            },
+        },
+        "dropout_speedup": dropout["speedup"],
+        "target_dropout_speedup": TARGET_DROPOUT_SPEEDUP,
+        "meets_dropout_target": dropout["speedup"] >= TARGET_DROPOUT_SPEEDUP,
+        "dropout": dropout,
         "widths": widths,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def numba_version() -> str:
+    import numba
+
+    return numba.__version__
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -411,10 +524,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     report = run(args.rows, args.dim, args.repeats, args.seed, args.out)
     logger.info(
-        "speedup at %d bits (quantize + dequantize): %.2fx (target %.1f) -> %s",
+        "speedup at %d bits (quantize + dequantize) over the replaced quantizer: %.2fx "
+        "(target %.1f); compiled kernels over the torch path: %s (target %.1f); dropout "
+        "mask over nn.Dropout: %.2fx (target %.1f) -> %s",
         _METRIC_BITS,
         report["speedup"],
         TARGET_SPEEDUP,
+        ", ".join(f"{b} bits {v:.2f}x" for b, v in report["kernel_speedup_by_bits"].items()),
+        TARGET_KERNEL_SPEEDUP,
+        report["dropout_speedup"],
+        TARGET_DROPOUT_SPEEDUP,
         args.out,
     )
     return 0

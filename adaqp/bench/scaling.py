@@ -1,9 +1,10 @@
 """How the costs grow: training across P = 1, 2, 4, 8 workers, and partitioning as the
 graph grows from 100k to 10M edges, with fitted power-law exponents.
 
-Writes ``results/bench/scaling.json``, ``scaling.md`` and ``scaling.png``. Every point is
-a fresh process (torchrun for training, a subprocess for partitioning), so peak memory
-is that run's own.
+Writes ``scaling.json``, ``scaling.md`` and, with matplotlib, ``scaling.png`` to
+``--out-dir`` (by default ``results/local/bench/``; ``--out-dir results/bench`` updates the
+committed readings). Every point is a fresh process (torchrun for training, a subprocess
+for partitioning), so peak memory is that run's own.
 """
 
 from __future__ import annotations
@@ -17,9 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
-from adaqp.bench import torchrun_train
+from adaqp.bench import DEFAULT_OUT_DIR, pyplot, torchrun_train
 
 PARTITION_SCRIPT = """
 import json, resource, sys, tempfile, time
@@ -40,6 +39,8 @@ print(json.dumps({"num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
 
 def fit_exponent(x: list[float], y: list[float]) -> float:
     """Slope of log y against log x (y ~ x^k)."""
+    import numpy as np
+
     return float(np.polyfit(np.log(x), np.log(y), 1)[0])
 
 
@@ -92,17 +93,35 @@ def _partition_point(num_nodes: int, num_parts: int, timeout: float) -> dict:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--world-sizes", default="1,2,4,8")
-    parser.add_argument("--train-nodes", type=int, default=50_000)
-    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument(
+        "--world-sizes",
+        default="1,2,4,8",
+        help="comma-separated worker counts P to train with (torchrun on this machine)",
+    )
+    parser.add_argument(
+        "--train-nodes",
+        type=int,
+        default=50_000,
+        help="nodes of the synthetic graph trained at each P (average degree 20)",
+    )
+    parser.add_argument("--epochs", type=int, default=20, help="training epochs per P")
     parser.add_argument(
         "--partition-nodes",
         default="5000,15000,50000,150000,500000",
-        help="graph sizes (avg degree 20: 100k to 10M edges)",
+        help="comma-separated graph sizes to partition (avg degree 20: 100k to 10M edges)",
     )
-    parser.add_argument("--num-parts", type=int, default=4)
-    parser.add_argument("--timeout", type=float, default=1800)
-    parser.add_argument("--out-dir", type=Path, default=Path("results/bench"))
+    parser.add_argument(
+        "--num-parts", type=int, default=4, help="parts each partitioned graph is cut into"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=1800, help="seconds per training run or partitioning"
+    )
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=DEFAULT_OUT_DIR,
+        help="where scaling.json, .md and .png go; results/bench updates the committed readings",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -184,14 +203,15 @@ def main(args: argparse.Namespace) -> int:
     (args.out_dir / "scaling.md").write_text("\n".join(lines) + "\n")
     _plot(args.out_dir / "scaling.png", training, partitioning, fits)
     print("\n".join(lines))
+    print(f"-> {args.out_dir / 'scaling.md'}")
     return 0
 
 
-def _plot(path: Path, training: list[dict], partitioning: list[dict], fits: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def _plot(path: Path, training: list[dict], partitioning: list[dict], fits: dict) -> bool:
+    """Writes the figure to ``path``; False (and one warning) without matplotlib."""
+    plt = pyplot(str(path))
+    if plt is None:
+        return False
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     ps = [t["world_size"] for t in training]
@@ -211,3 +231,4 @@ def _plot(path: Path, training: list[dict], partitioning: list[dict], fits: dict
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return True

@@ -85,6 +85,7 @@ class StalePolicy(ExchangePolicy):
         self._buffers: dict[ExchangeKey, deque[tuple[int, PendingExchange]]] = {}
         # Superseded exchanges not yet known to have landed: waited for before close.
         self._retired: list[PendingExchange] = []
+        transport.warm_up()  # every training exchange is quantized: load the kernels now
 
     def staleness_bound_at(self, epoch: int) -> int:
         """The staleness allowed at ``epoch`` (0 on synchronous epochs)."""

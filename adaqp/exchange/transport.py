@@ -15,7 +15,9 @@ or receive: a collective that one rank skipped would leave its peers waiting.
 With a ``BitPlan`` every row travels at its planned width: each peer gets one uint8
 buffer laid out by ``quant.quantize_mixed`` (float32 row min/max, then packed codes),
 followed by the plain float32 rows of any row planned at full precision (32); sender
-and receiver know the widths, so no header travels. Without a plan, rows travel as
+and receiver know the widths, so no header travels (``adaqp/quant/segment.py``). The
+quantizer's path (compiled CPU kernels or torch operators, same bytes) is chosen per
+transport. Without a plan, rows travel as
 float32. Every wait is bounded by ``timeout_s`` and fails naming the rank and the step.
 
 Shapes: S rows sent in forward, H halo rows, D features, R rows in one direction.
@@ -34,7 +36,8 @@ import torch
 import torch.distributed as dist
 
 from adaqp.bits import FULL_PRECISION_BITS
-from adaqp.quant import dequantize_mixed, mixed_buffer_bytes, quantize_mixed
+from adaqp.quant import kernels as quant_kernels
+from adaqp.quant.segment import decode_segment, encode_segment, segment_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -137,45 +140,7 @@ class BitPlan:
 
 
 def _segment_bytes(bits: torch.Tensor, counts: list[int], dim: int) -> list[int]:
-    return [_rows_bytes(seg, dim) for seg in torch.split(bits, counts)]
-
-
-def _rows_bytes(bits_R: torch.Tensor, dim: int) -> int:
-    """Bytes of one peer's segment: quantized rows, then any float32 rows (computed once
-    per plan and width)."""
-    full = bits_R == FULL_PRECISION_BITS
-    num_full = int(full.sum())
-    return mixed_buffer_bytes(bits_R[~full], dim) + 4 * dim * num_full
-
-
-def _encode(rows_RD, bits_R, generator, out, has_full: bool) -> None:
-    """One peer's segment: ``quant.quantize_mixed`` layout for the quantized rows, then
-    the float32 bytes of the rows planned at full precision (both in row order)."""
-    full = bits_R == FULL_PRECISION_BITS if has_full else None
-    if full is None or not full.any():
-        quantize_mixed(rows_RD, bits_R, generator, out=out)
-    elif full.all():  # a segment of float32 rows is their bytes: one copy
-        out.copy_(rows_RD.to(torch.float32).contiguous().view(torch.uint8).reshape(-1))
-    else:
-        quantized = mixed_buffer_bytes(bits_R[~full], rows_RD.shape[1])
-        quantize_mixed(rows_RD[~full], bits_R[~full], generator, out=out[:quantized])
-        out[quantized:].copy_(rows_RD[full].contiguous().view(torch.uint8).reshape(-1))
-
-
-def _decode(buf, bits_R, dim: int, out_RD, has_full: bool) -> None:
-    """Inverse of ``_encode`` into ``out_RD``."""
-    full = bits_R == FULL_PRECISION_BITS if has_full else None
-    if full is None or not full.any():
-        dequantize_mixed(buf, bits_R, dim, out=out_RD)
-        return
-    quantized = mixed_buffer_bytes(bits_R[~full], dim)
-    exact = torch.empty((int(full.sum()), dim), dtype=torch.float32, device=buf.device)
-    exact.view(torch.uint8).reshape(-1).copy_(buf[quantized:])  # the slice may be unaligned
-    if quantized == 0:
-        out_RD.copy_(exact)
-        return
-    out_RD[~full] = dequantize_mixed(buf[:quantized], bits_R[~full], dim)
-    out_RD[full] = exact.to(out_RD.dtype)
+    return [segment_bytes(seg, dim) for seg in torch.split(bits, counts)]
 
 
 class PendingExchange:
@@ -311,6 +276,8 @@ class HaloTransport:
         group: process group (default: the world).
         seed: seed of the stochastic rounding (offset by rank).
         device: where quantization buffers live.
+        kernels: the quantizer's path, ``auto``, ``torch`` or ``compiled`` (None: the process
+            default; see adaqp/quant/kernels.py), resolved here for ``device``.
     """
 
     def __init__(
@@ -322,6 +289,7 @@ class HaloTransport:
         group: dist.ProcessGroup | None = None,
         seed: int = 0,
         device: torch.device | str = "cpu",
+        kernels: str | None = None,
     ):
         self.rank = rank
         self.send_counts = list(send_counts)
@@ -335,6 +303,14 @@ class HaloTransport:
         """Where training is (e.g. "epoch 3"), quoted in errors; set through ``at``."""
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed * 1_000_003 + rank)
+        self.kernels = "compiled" if quant_kernels.use_compiled(kernels, device) else "torch"
+        """The quantizer's path for this transport's device: compiled or torch."""
+
+    def warm_up(self) -> None:
+        """Loads (or compiles once per machine) the compiled quantizer now, before any timed
+        exchange; a no-op on the torch path. Called by the policies that quantize."""
+        if self.kernels == "compiled":
+            quant_kernels.warm_up()
 
     def at(self, step: str) -> None:
         """Names the step that errors quote from now on."""
@@ -391,7 +367,9 @@ class HaloTransport:
             strict=True,
         ):
             if seg_rows.shape[0]:
-                _encode(seg_rows, seg_bits, self.generator, seg_out, plan.has_full)
+                encode_segment(
+                    seg_rows, seg_bits, self.generator, seg_out, plan.has_full, self.kernels
+                )
         # The exchange clock starts once the payload is ready: quantization is counted
         # apart and is not communication that compute could hide.
         quantized = time.perf_counter()
@@ -407,7 +385,7 @@ class HaloTransport:
                 strict=True,
             ):
                 if seg_out.shape[0]:
-                    _decode(seg_buf, seg_bits, dim, seg_out, plan.has_full)
+                    decode_segment(seg_buf, seg_bits, dim, seg_out, plan.has_full, self.kernels)
             return out
 
         return PendingExchange(

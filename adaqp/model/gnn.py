@@ -1,4 +1,7 @@
-"""GNN models: a stack of graph convolutions with dropout, optional LayerNorm and ReLU."""
+"""GNN models: a stack of graph convolutions with dropout, optional LayerNorm and ReLU.
+
+Dropout is :class:`adaqp.model.dropout.Dropout` (nn.Dropout's distribution, a compiled mask on
+CPU), its kernel loaded when the model is built so that no timed epoch compiles it."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import torch
 from torch import nn
 
 from adaqp.config import ModelConfig
+from adaqp.model.dropout import Dropout
 from adaqp.model.layers import GCNConv, SAGEConv
 
 CONVS = {"gcn": GCNConv, "sage": SAGEConv}
@@ -26,6 +30,8 @@ class GNN(nn.Module):
         in_dim, out_dim: feature and class counts.
         transform_first: let GCN layers that narrow the rows transform before aggregating.
         cached_input: layer 0 receives its halo rows with the input (nothing to narrow).
+        kernels: the dropout mask's path (``auto``, ``torch``, ``compiled``; None: the process
+            default, see adaqp/quant/kernels.py).
     """
 
     def __init__(
@@ -35,6 +41,7 @@ class GNN(nn.Module):
         out_dim: int,
         transform_first: bool = False,
         cached_input: bool = False,
+        kernels: str | None = None,
     ):
         super().__init__()
         conv = CONVS[config.name]
@@ -50,7 +57,9 @@ class GNN(nn.Module):
         self.norms = nn.ModuleList(
             nn.LayerNorm(d) if config.layernorm else nn.Identity() for d in dims[1:-1]
         )
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout, kernels)
+        if not torch.cuda.is_available():  # a CUDA model never runs the CPU mask
+            self.dropout.warm_up()
         self.norm = conv.norm
 
     def forward(self, x_ID: torch.Tensor, propagate: Propagate) -> torch.Tensor:

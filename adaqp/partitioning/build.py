@@ -241,12 +241,15 @@ def ensure_partition(
     out_dir: str | Path,
     *,
     force: bool = False,
+    tool: bool = False,
 ) -> dict[str, Any]:
     """Returns the metadata of a partition matching the config, making it if absent.
 
     An existing partition made from another dataset spec or other parameters, or in an
     older format version, is an error (``PartitionError``) unless ``force``, which
     re-creates it. A directory holding anything but a partition is never written to.
+    ``tool``: the caller is ``python -m partition``, whose refusals name ``--force``
+    (a training run's name ``partition.dir``; see ``check_matches``).
     """
     out_dir = Path(out_dir)
     if (out_dir / fmt.METADATA_FILE).is_file() and not force:
@@ -260,6 +263,7 @@ def ensure_partition(
             seed=part.seed,
             balance_train=part.balance_train,
             objective=part.objective,
+            tool=tool,
         )
         logger.info("reusing partition %s", out_dir)
         return meta

@@ -190,11 +190,15 @@ def check_matches(
     seed: int,
     balance_train: bool,
     objective: str | None = None,
+    tool: bool = False,
 ) -> None:
     """Refuses a partition made from another graph or with other parameters.
 
     ``objective`` None leaves the METIS objective unchecked (for callers that do not
-    know it); metadata without one counts as ``cut``.
+    know it); metadata without one counts as ``cut``. The message says what differs and
+    what to do: for a training run (the default), use another number of workers, delete
+    the directory (rank 0 then makes it again) or set ``partition.dir`` elsewhere; for the
+    partition tool (``tool``), pass ``--force`` or choose another ``--out``.
     """
     wanted = {
         "num_parts": num_parts,
@@ -206,20 +210,32 @@ def check_matches(
     if objective is not None:
         wanted["objective"] = objective
         made["objective"] = meta["params"].get("objective", "cut")
+    if tool:
+        remedy = "pass --force to re-create it (replacing the one there), or choose another --out"
+    else:
+        remedy = (
+            f"delete {part_dir} (rank 0 then partitions the graph again) or pass another "
+            "directory with --set partition.dir=DIR"
+        )
     if made["num_parts"] != num_parts:
+        if tool:
+            raise PartitionError(
+                f"partition {part_dir} has {made['num_parts']} parts, not the {num_parts} "
+                f"asked for; {remedy}"
+            )
         raise PartitionError(
             f"partition {part_dir} has {made['num_parts']} parts but the world size is "
-            f"{num_parts}; launch {made['num_parts']} workers or use another partition dir"
+            f"{num_parts}; launch {made['num_parts']} workers, or {remedy}"
         )
+    asker = "this command" if tool else "this run"
     if made != wanted:
         raise PartitionError(
-            f"partition {part_dir} was made with {made}, this run asks for {wanted}; "
-            "remove the directory or set partition.dir elsewhere"
+            f"partition {part_dir} was made with {made}, {asker} asks for {wanted}; {remedy}"
         )
     if meta["dataset"]["spec"] != spec:
         raise PartitionError(
-            f"partition {part_dir} was made from dataset {meta['dataset']['spec']}, this run "
-            f"asks for {spec}; remove the directory or set partition.dir elsewhere"
+            f"partition {part_dir} was made from dataset {meta['dataset']['spec']}, {asker} "
+            f"asks for {spec}; {remedy}"
         )
 
 

@@ -16,9 +16,17 @@ Where each piece lives (each module documents the part of the wire format it imp
 * :mod:`adaqp.quant.mixed`: rows at per-row widths in one flat buffer for one peer
   (:func:`quantize_mixed`, :func:`dequantize_mixed`, :func:`mixed_buffer_bytes`) and that
   buffer's byte layout.
+* :mod:`adaqp.quant.segment`: one peer's segment of a planned exchange (the mixed buffer,
+  then the rows planned at full precision as float32).
+* :mod:`adaqp.quant.kernels`: which path runs (``kernels``: ``auto``, ``torch``,
+  ``compiled``), and the compiled path's seeds, threads and warm-up;
+  :mod:`adaqp.quant.compiled`: the compiled (numba) CPU kernels, their counter-based draws and
+  unbiasedness bound, and the dropout mask's kernel.
 
 All functions are pure tensor functions: they run unchanged on any device, allocate on the
-input's device, and do not communicate.
+input's device, and do not communicate. ``rows`` and ``mixed`` are the torch path (the
+reference, and the path for CUDA tensors); on CPU tensors they hand over to the compiled
+kernels, which write the same bytes (docs/kernels.md).
 """
 
 from __future__ import annotations

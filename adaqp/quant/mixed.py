@@ -13,7 +13,9 @@ The buffer may start at any byte offset (a slice of an all_to_all buffer), so fl
 moved through byte copies, never through a float view of the buffer itself.
 
 Each row is quantized as :mod:`adaqp.quant.rows` quantizes a row (same rounding, same
-unbiasedness, same metadata) and packed as :mod:`adaqp.quant.pack` packs one.
+unbiasedness, same metadata) and packed as :mod:`adaqp.quant.pack` packs one. This module is the
+torch path; on CPU tensors the entry points hand over to the compiled kernels, which write the
+same layout (:mod:`adaqp.quant.kernels`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ import torch
 from torch import Tensor
 
 from adaqp.bits import SUPPORTED_BITS
+from adaqp.quant.kernels import dequantize_mixed as compiled_dequantize_mixed
+from adaqp.quant.kernels import quantize_mixed as compiled_quantize_mixed
+from adaqp.quant.kernels import use_compiled
 from adaqp.quant.pack import _METADATA_BYTES_PER_ROW, _pack_words_, packed_row_bytes
 from adaqp.quant.rows import (
     _as_float32_rows,
@@ -84,6 +89,7 @@ def quantize_mixed(
     bits_R: Tensor,
     generator: torch.Generator | None = None,
     out: Tensor | None = None,
+    kernels: str | None = None,
 ) -> Tensor:
     """Quantize rows at per-row widths into one flat uint8 buffer (one message to one peer).
 
@@ -99,6 +105,8 @@ def quantize_mixed(
         generator: random generator on ``x_RD``'s device.
         out: optional 1-D uint8 tensor of ``mixed_buffer_bytes(bits_R, D)`` bytes to fill (e.g.
             a slice of an all_to_all send buffer).
+        kernels: ``auto``, ``torch`` or ``compiled`` (:mod:`adaqp.quant.kernels`); None: the
+            process default.
 
     Returns:
         uint8 ``[mixed_buffer_bytes(bits_R, D)]``: ``out`` when given.
@@ -107,6 +115,8 @@ def quantize_mixed(
         ValueError: bad shapes or widths, NaN/Inf input, or a range overflowing float32.
     """
     x_RD = _as_float32_rows(x_RD)
+    if use_compiled(kernels, x_RD.device):
+        return compiled_quantize_mixed(x_RD, bits_R, generator, out)
     rows, dim = x_RD.shape
     bits_R = bits_R.to(x_RD.device)
     counts = _width_counts(bits_R)
@@ -152,6 +162,7 @@ def dequantize_mixed(
     bits_R: Tensor,
     dim: int,
     out: Tensor | None = None,
+    kernels: str | None = None,
 ) -> Tensor:
     """Reconstruct rows from a :func:`quantize_mixed` buffer, in their original order.
 
@@ -160,10 +171,14 @@ def dequantize_mixed(
         bits_R: integer ``[R]`` per-row widths the sender used.
         dim: features per row ``D``.
         out: optional float32 ``[R, D]`` tensor to write into (e.g. a halo buffer slice).
+        kernels: as for :func:`quantize_mixed`; both paths decode the same bytes to the same
+            floats.
 
     Returns:
         float32 ``[R, D]``: ``out`` when given.
     """
+    if use_compiled(kernels, buf.device):
+        return compiled_dequantize_mixed(buf, bits_R, dim, out)
     bits_R = bits_R.to(buf.device)
     counts = _width_counts(bits_R)
     rows = bits_R.shape[0]

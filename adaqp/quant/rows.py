@@ -23,8 +23,12 @@ reconstructions into ``[m, M]`` exactly (``m + L·Δ`` can round an ulp above ``
 Constant rows (``M == m``) send codes of 0 and reconstruct ``m`` exactly.
 
 The codes are packed by :mod:`adaqp.quant.pack`. All functions are pure tensor functions: they
-run unchanged on any device, allocate on the input's device, and do not communicate. On a CPU
-they work through a message in cache-sized blocks of rows (:data:`_CPU_BLOCK_VALUES`).
+run unchanged on any device, allocate on the input's device, and do not communicate. This
+module is the torch path (the reference); on CPU tensors the entry points hand over to the
+compiled kernels unless told otherwise (``kernels=``, :mod:`adaqp.quant.kernels`), whose draws
+are counter-based and whose bias bound is half this one (:mod:`adaqp.quant.compiled`). On a
+CPU the torch path works through a message in cache-sized blocks of rows
+(:data:`_CPU_BLOCK_VALUES`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from adaqp.quant.kernels import dequantize_rows as compiled_dequantize
+from adaqp.quant.kernels import quantize_rows as compiled_quantize
+from adaqp.quant.kernels import use_compiled
 from adaqp.quant.pack import (
     _check_bits,
     _pack_words_,
@@ -118,7 +125,7 @@ def _as_float32_rows(x_RD: Tensor) -> Tensor:
         raise ValueError(f"expected a 2-D [rows, dim] tensor, got shape {tuple(x_RD.shape)}")
     if not x_RD.is_floating_point():
         raise ValueError(f"expected a floating-point tensor, got {x_RD.dtype}")
-    return x_RD.to(torch.float32)
+    return x_RD if x_RD.dtype == torch.float32 else x_RD.to(torch.float32)
 
 
 def _row_range(x_RD: Tensor) -> tuple[Tensor, Tensor]:
@@ -220,13 +227,20 @@ def _code_blocks(
         yield start, codes
 
 
-def quantize(x_RD: Tensor, bits: int, generator: torch.Generator | None = None) -> QuantizedRows:
+def quantize(
+    x_RD: Tensor,
+    bits: int,
+    generator: torch.Generator | None = None,
+    kernels: str | None = None,
+) -> QuantizedRows:
     """Stochastically quantize each row of ``x_RD`` to ``bits`` bits.
 
     Args:
         x_RD: ``[R, D]`` floating tensor (computed in float32).
         bits: bit width, in :data:`SUPPORTED_BITS`.
         generator: random generator on ``x_RD``'s device; same seed gives the same result.
+        kernels: ``auto``, ``torch`` or ``compiled`` (:mod:`adaqp.quant.kernels`); None: the
+            process default.
 
     Returns:
         The packed codes and float32 ``(m, M)`` metadata.
@@ -238,9 +252,12 @@ def quantize(x_RD: Tensor, bits: int, generator: torch.Generator | None = None) 
     _check_bits(bits)
     x_RD = _as_float32_rows(x_RD)
     rows, dim = x_RD.shape
+    packed = torch.empty(rows, packed_row_bytes(dim, bits), dtype=torch.uint8, device=x_RD.device)
+    if use_compiled(kernels, x_RD.device):
+        minimum, maximum = compiled_quantize(x_RD, bits, generator, packed)
+        return QuantizedRows(packed, minimum, maximum, bits, dim)
     minimum, maximum = _row_range(x_RD)
     levels = torch.full_like(minimum, float((1 << bits) - 1))
-    packed = torch.empty(rows, packed_row_bytes(dim, bits), dtype=torch.uint8, device=x_RD.device)
     for start, codes in _code_blocks(x_RD, minimum, maximum, levels, generator):
         _pack_words_(codes, bits, packed[start : start + codes.shape[0]])
     return QuantizedRows(packed, minimum, maximum, bits, dim)
@@ -288,16 +305,19 @@ def _output_buffer(out: Tensor | None, rows: int, dim: int, device: torch.device
     return out
 
 
-def dequantize(q: QuantizedRows, out: Tensor | None = None) -> Tensor:
+def dequantize(q: QuantizedRows, out: Tensor | None = None, kernels: str | None = None) -> Tensor:
     """Reconstruct ``x̂ = min(m + q·Δ, M)`` (one bit: ``m`` or ``M``) from :func:`quantize` output.
 
     Args:
         q: quantized rows.
         out: optional float32 ``[R, D]`` tensor to write into (e.g. a row slice of a halo
             buffer; it may be a strided view).
+        kernels: as for :func:`quantize`; both paths decode the same bytes to the same floats.
 
     Returns:
         float32 ``[R, D]``: ``out`` when given.
     """
     out = _output_buffer(out, q.num_rows, q.dim, q.packed.device)
+    if use_compiled(kernels, q.packed.device):
+        return compiled_dequantize(q.packed, q.bits, q.minimum, q.maximum, out)
     return _decode_(out, q.packed, q.bits, q.minimum, q.maximum)

@@ -59,6 +59,7 @@ class Problem(enum.IntEnum):
     FINISHED = 2
     RUNNING = 3
     NO_CHECKPOINT = 4
+    UNFINISHED = 5
 
     def describe(self, out_dir: Path) -> str:
         """A one-line account for ranks that only learn the number."""
@@ -68,6 +69,8 @@ class Problem(enum.IntEnum):
             "(pass --overwrite or --resume, or choose another --out)",
             Problem.RUNNING: f"{out_dir} is in use by another run",
             Problem.NO_CHECKPOINT: f"--resume: there is no checkpoint to resume from in {out_dir}",
+            Problem.UNFINISHED: f"{out_dir} holds an unfinished run "
+            "(pass --resume or --overwrite, or choose another --out)",
         }[self]
 
 
@@ -136,25 +139,30 @@ class RunDir:
         overwrite: bool = False,
         resume: bool | str = False,
         checkpoint_dir: str | Path | None = None,
+        replace_finished: bool = False,
     ) -> RunDir:
         """Locks ``out_dir`` for this process and marks it "running".
 
-        Starting fresh (the default, or ``overwrite``) first removes the files of the
-        run that was there, its checkpoints included; ``resume`` keeps them. ``resume =
+        Starting fresh (into an empty directory, or with ``overwrite``) first removes
+        the files of the run that was there, its checkpoints included; ``resume`` keeps
+        them. ``replace_finished`` starts fresh over a finished run only. ``resume =
         "auto"`` (a worker restarted by torchrun) resumes if there is a checkpoint and
         starts fresh otherwise. ``checkpoint_dir`` defaults to ``out_dir/checkpoints``.
 
         Raises:
             RunDirError: UNWRITABLE, RUNNING (another process holds the lock, whatever
-                the flags), FINISHED (a summary is there and neither flag is given) or
-                NO_CHECKPOINT (``resume`` without a checkpoint). Nothing in the
+                the flags), FINISHED (a summary is there and no flag allows replacing
+                or resuming it), UNFINISHED (an interrupted or failed run that trained
+                some epochs or left a checkpoint, without ``resume`` or ``overwrite``)
+                or NO_CHECKPOINT (``resume`` without a checkpoint). Nothing in the
                 directory is changed when it is refused.
         """
         if overwrite and resume:
             raise ValueError("overwrite and resume exclude each other")
         path = Path(out_dir)
         checkpoints = Path(checkpoint_dir) if checkpoint_dir else path / DEFAULT_DIR
-        if resume == "auto":
+        restarted = resume == "auto"
+        if restarted:
             resume = find_checkpoint(checkpoints) is not None
         if resume and not path.is_dir():
             require_checkpoint(path, checkpoints)  # nothing to resume; leave no dir behind
@@ -167,12 +175,14 @@ class RunDir:
             _lock(fd, path)
             finished = (path / SUMMARY_FILE).exists()
             resume_from = require_checkpoint(path, checkpoints) if resume else None
-            if finished and not (overwrite or resume):
+            if finished and not (overwrite or resume or replace_finished):
                 raise RunDirError(
                     Problem.FINISHED,
                     f"{path} holds a finished run ({SUMMARY_FILE}); pass --overwrite to "
                     "start fresh there, --resume to continue it, or choose another --out",
                 )
+            if not (finished or overwrite or resume or restarted):
+                _refuse_unfinished(path, checkpoints)
             run = cls(path, fd, resume_from)
             if resume_from is None:
                 try:
@@ -230,7 +240,7 @@ class RunDir:
     def _clear(self, finished: bool) -> None:
         previous = read_status(self.path)
         if finished:
-            logger.info("--overwrite: removing the finished run's files in %s", self.path)
+            logger.info("starting fresh: removing the finished run's files in %s", self.path)
         elif previous is not None and previous.get("status") == "running":
             logger.warning(
                 "the run that last wrote %s (pid %s) ended without recording it; starting fresh",
@@ -240,6 +250,27 @@ class RunDir:
         for name in PROJECT_FILES:
             for stale in (self.path / name, self.path / f"{name}.tmp"):
                 stale.unlink(missing_ok=True)
+
+
+def _refuse_unfinished(path: Path, checkpoints: Path) -> None:
+    """Raises UNFINISHED if ``path`` holds a run that stopped after training something
+    (epochs in ``metrics.jsonl`` or a checkpoint): starting fresh would lose it."""
+    checkpoint = find_checkpoint(checkpoints)
+    metrics = path / "metrics.jsonl"
+    trained = metrics.exists() and metrics.stat().st_size > 0
+    if checkpoint is None and not trained:
+        return  # nothing that took time to make: the run can start again
+    status = (read_status(path) or {}).get("status", "unknown")
+    kept = (
+        f"its newest checkpoint is {checkpoint}: pass --resume to continue from it, "
+        if checkpoint is not None
+        else "it has no checkpoint: "
+    )
+    raise RunDirError(
+        Problem.UNFINISHED,
+        f"{path} holds an unfinished run (status: {status}); {kept}--overwrite to start "
+        "fresh there (deleting it), or choose another --out",
+    )
 
 
 def read_status(out_dir: str | Path) -> dict[str, Any] | None:

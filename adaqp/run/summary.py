@@ -193,7 +193,7 @@ def summarize(config: Config, world_size: int, outcome: Outcome, facts: RunFacts
         metric=outcome.metric,
         quant_time_s=median("quant_time_s"),
         dequant_time_s=median("dequant_time_s"),
-        hidden_comm_fraction=(exchange - wait) / exchange if exchange > 0 else 0.0,
+        hidden_comm_fraction=_hidden(exchange, wait),
         halo_bytes_by_tag=last.bytes_by_tag,
         bits_histogram=last.bits_histogram,
         solver_time_s=sum(r.solver_time_s for r in records),
@@ -215,6 +215,13 @@ def summarize(config: Config, world_size: int, outcome: Outcome, facts: RunFacts
         epochs_redone=facts.epochs_redone,
         **outcome.plan_report,
     )
+
+
+def _hidden(exchange_s: float, wait_s: float) -> float:
+    """The share of the exchange hidden behind compute, 1 - wait / exchange, in [0, 1]:
+    the blocked wait is measured apart from the exchange and can exceed it by a little
+    (a synchronous exchange hides nothing)."""
+    return min(1.0, max(0.0, 1.0 - wait_s / exchange_s)) if exchange_s > 0 else 0.0
 
 
 def last_solve(records: list[EpochRecord]) -> int:

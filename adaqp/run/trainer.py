@@ -41,6 +41,7 @@ from adaqp.graph.aggregate import SparseAdjacency
 from adaqp.graph.local import LocalGraph
 from adaqp.model.gnn import GNN
 from adaqp.model.layers import Propagation
+from adaqp.quant.kernels import set_kernels
 from adaqp.run.checkpoint import Checkpointer
 from adaqp.run.gradsync import GradientBuckets, GradientSyncError, gnn_layer_groups
 from adaqp.run.metrics import EpochRecord, RunWriter
@@ -64,6 +65,7 @@ def make_policy(
     """The exchange policy of ``config.comm.mode``."""
     mode = config.comm.mode
     if mode in QUANTIZED_MODES:
+        transport.warm_up()  # the compiled quantizer loads now, not in the first epoch
         planner = BitWidthPlanner(config.quant, transport, graph, adjacency, world)
         return AdaptivePolicy(transport, planner)
     if mode == "onebit":
@@ -98,6 +100,8 @@ class Trainer:
         distributed = world.world_size > 1
         self.cache_input = config.comm.cache_input_halo and distributed
 
+        # The quantizer's and dropout's path (compiled CPU kernels or torch operators).
+        set_kernels(config.quant.kernels)
         torch.manual_seed(config.train.seed)
         self.model = GNN(
             config.model,

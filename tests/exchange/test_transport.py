@@ -8,6 +8,7 @@ import torch
 
 from adaqp.config import CommConfig
 from adaqp.exchange.transport import BitPlan, ExchangeKey, HaloTransport
+from adaqp.quant import kernels as quant_kernels
 from adaqp.quant import mixed_buffer_bytes
 from adaqp.runtime import init_distributed, shutdown
 from tests.distributed import run_workers
@@ -29,11 +30,13 @@ def _rows(rank: int) -> torch.Tensor:
     return torch.randn(50, DIM, generator=gen) * (rank + 1)
 
 
-def _exchange_worker(rank: int, world_size: int, init_method: str, bits: int):
+def _exchange_worker(rank: int, world_size: int, init_method: str, bits, kernels=None):
     init_distributed(CommConfig(timeout_s=60), init_method, rank, world_size)
     try:
         send_idx, send_counts, recv_counts = _layout(rank, world_size)
-        transport = HaloTransport(rank, send_counts, recv_counts, timeout_s=60, seed=1)
+        transport = HaloTransport(
+            rank, send_counts, recv_counts, timeout_s=60, seed=1, kernels=kernels
+        )
         h = _rows(rank)
         if bits == "mixed":  # every third row of a segment at full precision, others 4, 2
             plan = BitPlan(_mixed_bits(send_counts), _mixed_bits(recv_counts))
@@ -100,14 +103,27 @@ def _expected_halo(rank: int, world_size: int) -> np.ndarray:
     return np.concatenate(parts)
 
 
+def test_the_quantizer_path_is_resolved_for_the_device():
+    expected = "compiled" if quant_kernels.compiled_available() else "torch"  # on CPU
+    assert HaloTransport(0, [0], [0], kernels="auto").kernels == expected
+    assert HaloTransport(0, [0], [0], kernels="torch").kernels == "torch"
+    with pytest.raises(ValueError, match="kernels must be one of"):
+        HaloTransport(0, [0], [0], kernels="fast")
+
+
 @pytest.mark.distributed
-@pytest.mark.parametrize("bits", [0, 32, 8, 4, 2, "mixed", "by-peer"])
-def test_exchange_exact_or_within_one_step(bits, tmp_path):
+@pytest.mark.parametrize(
+    "bits, kernels",
+    [(0, None), (32, None), (8, None), (4, None), (2, None), ("mixed", None)]
+    + [("by-peer", None), ("mixed", "torch")],
+)
+def test_exchange_exact_or_within_one_step(bits, kernels, tmp_path):
     """No plan (0), a plan at full precision everywhere (32), quantized, mixed within
     each peer's segment, and mixed by peer (one peer's whole segment at full precision,
-    as between two ranks of one host)."""
+    as between two ranks of one host); on the default path (compiled on CPU) and, mixed,
+    on the torch path."""
     world_size = 3
-    results = run_workers(_exchange_worker, world_size, tmp_path, bits)
+    results = run_workers(_exchange_worker, world_size, tmp_path, bits, kernels)
     for rank, result in enumerate(results):
         expected = _expected_halo(rank, world_size)
         got = result["halo"]

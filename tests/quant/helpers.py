@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from adaqp.quant import SUPPORTED_BITS, QuantizedRows, packed_row_bytes
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _skip_compiled_off_cpu(kernel_path: str, device: str) -> None:
+    """The compiled kernels run on CPU tensors only (``kernel_path``: the fixture)."""
+    if kernel_path == "compiled" and device != "cpu":
+        pytest.skip("the compiled kernels run on CPU tensors")
 
 
 def _gen(seed: int, device: str = "cpu") -> torch.Generator:

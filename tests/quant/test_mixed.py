@@ -25,6 +25,7 @@ from tests.quant.helpers import (
     _mean_error_ok,
     _on_grid_rows,
     _parse_mixed,
+    _skip_compiled_off_cpu,
     _test_rows,
 )
 
@@ -32,7 +33,8 @@ from tests.quant.helpers import (
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_mixed_round_trip_layout_and_order(device: str):
+def test_mixed_round_trip_layout_and_order(device: str, kernel_path: str):
+    _skip_compiled_off_cpu(kernel_path, device)
     rows, dim = 41, 37
     x = (torch.randn(rows, dim, generator=_gen(11)) * torch.logspace(-2, 2, rows)[:, None]).to(
         device
@@ -66,7 +68,7 @@ def test_mixed_round_trip_layout_and_order(device: str):
     assert bool(((xhat - x).abs() <= step[:, None] * (1 + 1e-5)).all())
 
 
-def test_mixed_exact_on_grid_matches_per_width():
+def test_mixed_exact_on_grid_matches_per_width(kernel_path: str):
     # Integer rows spanning [0, L_row] sit on their grid (step 1), so quantization is exact and
     # mixed and per-width paths must agree with the input bit for bit.
     bits_r = torch.tensor([8, 1, 4, 2, 2, 8, 1, 4], dtype=torch.int8)
@@ -91,7 +93,7 @@ def test_mixed_exact_on_grid_matches_per_width():
 
 
 @pytest.mark.parametrize("bits", SUPPORTED_BITS)
-def test_mixed_uniform_width_matches_single_width(bits: int):
+def test_mixed_uniform_width_matches_single_width(bits: int, kernel_path: str):
     # With one width the buffer is exactly [minimum | maximum | packed] of quantize() drawn from
     # the same generator state.
     x = torch.randn(9, 13, generator=_gen(31))
@@ -106,7 +108,7 @@ def test_mixed_uniform_width_matches_single_width(bits: int):
     assert torch.equal(buf, expected) and bool((send[:5] == 0).all())
 
 
-def test_mixed_unbiased():
+def test_mixed_unbiased(kernel_path: str):
     # Per-row levels in the mixed path: every width unbiased in the same buffer.
     x = _test_rows()[:4]
     bits_r = torch.tensor([1, 2, 4, 8], dtype=torch.int8)
@@ -130,7 +132,8 @@ def test_mixed_size_matches_message_bytes():
 # --------------------------------------------------------------------------- reference and blocks
 
 
-def test_wire_format_matches_reference():
+def test_wire_format_matches_reference(kernel_path: str):
+    # The frozen reference is torch operators: the compiled path's bytes are checked against it.
     from adaqp.bench.quant import reference_dequantize_mixed, reference_quantize_mixed
 
     bits_r = torch.tensor(SUPPORTED_BITS, dtype=torch.int8)[
@@ -162,15 +165,16 @@ def test_wire_format_matches_reference():
 @pytest.mark.parametrize("block_values", [40, 100, 1000])
 def test_blocks_split_rows_without_changing_layout(block_values: int, monkeypatch):
     # Small CPU blocks, so that blocks end inside runs of one width and rows of several widths
-    # share a block; the buffer must not depend on the block size (on the grid, exactly).
+    # share a block; the buffer must not depend on the block size (on the grid, exactly). The
+    # torch path's blocks: the compiled one works row by row.
     monkeypatch.setattr(R, "_CPU_BLOCK_VALUES", block_values)
     bits_r = torch.tensor([8, 1, 1, 4, 2, 2, 2, 8, 1, 4, 4, 2, 8, 8, 1], dtype=torch.int8)
     dim = 21
     x = _on_grid_rows(bits_r, dim, 7)
-    buf = quantize_mixed(x, bits_r, _gen(0))
-    assert torch.equal(dequantize_mixed(buf, bits_r, dim), x)
+    buf = quantize_mixed(x, bits_r, _gen(0), kernels="torch")
+    assert torch.equal(dequantize_mixed(buf, bits_r, dim, kernels="torch"), x)
     monkeypatch.undo()
-    assert torch.equal(buf, quantize_mixed(x, bits_r, _gen(0)))
+    assert torch.equal(buf, quantize_mixed(x, bits_r, _gen(0), kernels="torch"))
     for bits in SUPPORTED_BITS:
         rows = x[bits_r == bits]
         assert torch.equal(dequantize(quantize(rows, bits, _gen(1))), rows)

@@ -25,6 +25,7 @@ from tests.quant.helpers import (
     _levels,
     _mean_error_ok,
     _parse_mixed,
+    _skip_compiled_off_cpu,
     _test_rows,
 )
 
@@ -33,7 +34,8 @@ from tests.quant.helpers import (
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bits", SUPPORTED_BITS)
-def test_unbiased(device: str, bits: int):
+def test_unbiased(device: str, bits: int, kernel_path: str):
+    _skip_compiled_off_cpu(kernel_path, device)
     x = _test_rows(device)
     rows, dim = x.shape
     n = 2000
@@ -53,7 +55,7 @@ def test_unbiased(device: str, bits: int):
 
 
 @pytest.mark.parametrize("bits", SUPPORTED_BITS)
-def test_variance_matches_analytic_and_bound(bits: int):
+def test_variance_matches_analytic_and_bound(bits: int, kernel_path: str):
     levels = _levels(bits)
     g = _gen(99)
     random_rows = torch.randn(3, 32, generator=g)
@@ -102,11 +104,12 @@ def _every_draw(dim: int):
 
 
 def _exact_expectation(x_row: torch.Tensor, bits: int, monkeypatch) -> torch.Tensor:
-    """float64 ``E[x̂]`` over all 2**15 noise draws, for one float32 row ``[D]``."""
+    """float64 ``E[x̂]`` over all 2**15 noise draws, for one float32 row ``[D]`` (the torch
+    path; the compiled one's is in test_kernels.py)."""
     dim = x_row.numel()
     assert dim % 2 == 0
     monkeypatch.setattr(R, "_fill_noise_", _every_draw(dim))
-    xhat = dequantize(quantize(x_row.repeat(2**15, 1), bits, _gen(0)))
+    xhat = dequantize(quantize(x_row.repeat(2**15, 1), bits, _gen(0), "torch"), kernels="torch")
     monkeypatch.undo()
     return xhat.double().mean(0)
 
@@ -150,7 +153,7 @@ def test_noise_resolution_bias_bound_on_general_rows(bits: int, monkeypatch):
 
 
 @pytest.mark.parametrize("bits", SUPPORTED_BITS)
-def test_reconstruction_within_row_range_and_one_step(bits: int):
+def test_reconstruction_within_row_range_and_one_step(bits: int, kernel_path: str):
     g = _gen(5)
     scale = torch.logspace(-6, 4, 64)[:, None]
     offset = torch.randn(64, 1, generator=g) * 1e3
@@ -219,13 +222,14 @@ def test_clamp_prevents_neighbour_corruption(
 
     monkeypatch.setattr(R, "_fill_noise_", max_noise)
     if path == "single":
-        q = quantize(x, bits, _gen(0))
+        q = quantize(x, bits, _gen(0), "torch")
     else:
         # The adversarial rows share the buffer with rows at other widths.
         one, other = [b for b in SUPPORTED_BITS if b != bits][:2]
         bits_r = torch.tensor([bits, one, bits, other, bits, bits], dtype=torch.int8)
         x = torch.cat([x[:1], torch.randn(1, dim), x[1:2], torch.randn(1, dim), x[2:]])
-        group = _parse_mixed(quantize_mixed(x, bits_r, _gen(0)), bits_r, dim)[bits]
+        buf = quantize_mixed(x, bits_r, _gen(0), kernels="torch")
+        group = _parse_mixed(buf, bits_r, dim)[bits]
         x = x[bits_r == bits]
         q = QuantizedRows(group.packed.clone(), group.minimum, group.maximum, bits, dim)
     monkeypatch.undo()
@@ -242,7 +246,7 @@ def test_clamp_prevents_neighbour_corruption(
         assert torch.allclose(xhat[:, 0::2], torch.full_like(xhat[:, 0::2], big), rtol=1e-6)
 
 
-def test_clamp_under_real_noise():
+def test_clamp_under_real_noise(kernel_path: str):
     # Same adversarial rows with the real generator: ~1M elements at t = L + 2**-16 would round
     # to 256 about 15 times without the clamp (wrapping to code 0).
     m, big = _overshooting_range(8)
@@ -264,7 +268,7 @@ def _one_bit_rows() -> torch.Tensor:
     return torch.cat([x, x[:, :8] * 0.5], dim=1)
 
 
-def test_one_bit_values_are_row_extremes():
+def test_one_bit_values_are_row_extremes(kernel_path: str):
     x = _one_bit_rows()
     m, big = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
     assert bool(((m + (big - m)) != big).any())  # precondition: m + 1·Δ misses M somewhere
@@ -276,7 +280,7 @@ def test_one_bit_values_are_row_extremes():
     assert bool(((xhat == m) | (xhat == big)).all())
 
 
-def test_one_bit_unbiased():
+def test_one_bit_unbiased(kernel_path: str):
     # Each value becomes M with probability p = (x - m) / (M - m), else m: mean x and variance
     # (M - m)² p (1 - p). The mean of n draws must sit within 5 standard errors of x.
     x = _one_bit_rows()
@@ -306,7 +310,7 @@ def test_one_bit_unbiased():
 
 
 @pytest.mark.parametrize("bits", SUPPORTED_BITS)
-def test_constant_rows_exact(bits: int):
+def test_constant_rows_exact(bits: int, kernel_path: str):
     x = torch.tensor([[3.5] * 9, [-2.0] * 9, [0.0] * 9, [1e-30] * 9])
     q = quantize(x, bits, _gen(0))
     assert bool((q.packed == 0).all()) and bool((q.step == 0).all())
@@ -318,7 +322,7 @@ def test_constant_rows_exact(bits: int):
 
 
 @pytest.mark.parametrize("bits", SUPPORTED_BITS)
-def test_empty_inputs(bits: int):
+def test_empty_inputs(bits: int, kernel_path: str):
     q = quantize(torch.empty(0, 7), bits)
     assert q.packed.shape == (0, packed_row_bytes(7, bits)) and q.nbytes == 0
     assert dequantize(q).shape == (0, 7)
@@ -336,7 +340,7 @@ def test_empty_inputs(bits: int):
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
-def test_non_finite_rejected(bad: float):
+def test_non_finite_rejected(bad: float, kernel_path: str):
     x = torch.randn(4, 5)
     x[2, 3] = bad
     with pytest.raises(ValueError, match="NaN or Inf"):
@@ -345,7 +349,7 @@ def test_non_finite_rejected(bad: float):
         quantize_mixed(x, torch.full((4,), 2, dtype=torch.int8))
 
 
-def test_out_of_float32_range_rejected():
+def test_out_of_float32_range_rejected(kernel_path: str):
     with pytest.raises(ValueError, match="NaN or Inf"):
         quantize(torch.tensor([[0.0, 1e300]], dtype=torch.float64), 8)  # inf in float32
     with pytest.raises(ValueError, match="overflows float32"):
@@ -353,7 +357,7 @@ def test_out_of_float32_range_rejected():
 
 
 @pytest.mark.parametrize("bits", [0, 3, 5, 16, 32])
-def test_bad_bits_rejected(bits: int):
+def test_bad_bits_rejected(bits: int, kernel_path: str):
     with pytest.raises(ValueError, match="unsupported bit width"):
         quantize(torch.randn(2, 3), bits)
     with pytest.raises(ValueError, match="unsupported bit width"):
@@ -367,7 +371,7 @@ def test_bad_bits_rejected(bits: int):
         mixed_buffer_bytes(bits_r, 3)
 
 
-def test_bad_shapes_rejected():
+def test_bad_shapes_rejected(kernel_path: str):
     with pytest.raises(ValueError):
         quantize(torch.randn(5), 2)
     with pytest.raises(ValueError):
@@ -381,7 +385,7 @@ def test_bad_shapes_rejected():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
-def test_other_input_dtypes(dtype: torch.dtype):
+def test_other_input_dtypes(dtype: torch.dtype, kernel_path: str):
     x = torch.randn(8, 20, generator=_gen(2)).to(dtype)
     q = quantize(x, 8, _gen(0))
     assert q.minimum.dtype == torch.float32 and q.maximum.dtype == torch.float32
@@ -391,7 +395,7 @@ def test_other_input_dtypes(dtype: torch.dtype):
     assert bool(((xhat - x32).abs() <= q.step[:, None] * (1 + 1e-5)).all())
 
 
-def test_seeded_determinism():
+def test_seeded_determinism(kernel_path: str):
     x = torch.randn(50, 33, generator=_gen(8))
     for bits in SUPPORTED_BITS:
         a, b = quantize(x, bits, _gen(42)), quantize(x, bits, _gen(42))
@@ -402,7 +406,7 @@ def test_seeded_determinism():
     assert torch.equal(quantize_mixed(x, bits_r, _gen(1)), quantize_mixed(x, bits_r, _gen(1)))
 
 
-def test_dequantize_into_out_slice():
+def test_dequantize_into_out_slice(kernel_path: str):
     x = torch.randn(6, 10, generator=_gen(4))
     q = quantize(x, 4, _gen(0))
     halo = torch.full((10, 10), -7.0)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from adaqp.run.checkpoint import MANIFEST
 from adaqp.run.metrics import RunWriter
 from adaqp.run.rundir import (
     LOCK_FILE,
@@ -120,19 +121,66 @@ def test_lock_of_a_killed_process_does_not_block(tmp_path):
         run.close()
 
 
-def test_failed_or_interrupted_output_may_be_started_over(tmp_path):
+def _fake_checkpoint(root: Path, epoch: int) -> None:
+    """A checkpoint as ``find_checkpoint`` sees it: a step directory with a manifest."""
+    step = root / f"epoch-{epoch:06d}"
+    step.mkdir(parents=True)
+    (step / MANIFEST).write_text("{}\n")
+
+
+def _stopped_run(out: Path, exc: BaseException, epochs: int) -> None:
+    run = RunDir.claim(out, overwrite=True)
+    (out / "metrics.jsonl").write_text("".join(f'{{"epoch": {e}}}\n' for e in range(epochs)))
+    run.end(exc)
+    run.close()
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("boom"), KeyboardInterrupt()], ids=str)
+def test_unfinished_run_is_refused_unless_resumed_or_overwritten(tmp_path, exc):
     out = tmp_path / "run"
-    for exc, status in ((RuntimeError("boom"), "failed"), (KeyboardInterrupt(), "interrupted")):
-        run = RunDir.claim(out)
-        (out / "metrics.jsonl").write_text('{"epoch": 1}\n')
-        run.end(exc)
-        run.close()
-        recorded = read_status(out)
-        assert recorded["status"] == status and recorded["error"], recorded
-        assert not (out / "summary.json").exists()
-    run = RunDir.claim(out)  # no flag needed: nothing complete is lost
+    _stopped_run(out, exc, epochs=3)
+    recorded = read_status(out)
+    assert recorded["status"] == ("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
+    assert recorded["error"] and not (out / "summary.json").exists()
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    for flags in ({}, {"replace_finished": True}):
+        error = _refused(out, **flags)
+        assert error.problem is Problem.UNFINISHED
+        assert "unfinished run" in str(error) and "--overwrite" in str(error)
+        assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    run = RunDir.claim(out, overwrite=True)
     try:
         assert not (out / "metrics.jsonl").exists()
+    finally:
+        run.close()
+
+
+def test_unfinished_run_with_a_checkpoint_names_resume(tmp_path):
+    out = tmp_path / "run"
+    _stopped_run(out, KeyboardInterrupt(), epochs=0)  # nothing logged, but a checkpoint
+    _fake_checkpoint(out / "checkpoints", 4)
+    error = _refused(out)
+    assert error.problem is Problem.UNFINISHED and "--resume" in str(error)
+    assert "epoch-000004" in str(error)
+
+
+def test_stopped_run_that_trained_nothing_starts_again_without_a_flag(tmp_path):
+    out = tmp_path / "run"
+    _stopped_run(out, RuntimeError("bad partition"), epochs=0)
+    run = RunDir.claim(out)  # nothing that took time to make is lost
+    try:
+        assert read_status(out)["status"] == "running"
+    finally:
+        run.close()
+
+
+def test_replace_finished_starts_fresh_over_a_finished_run_only(tmp_path):
+    out = tmp_path / "run"
+    _finished_run(out)
+    run = RunDir.claim(out, replace_finished=True)
+    try:
+        assert not (out / "summary.json").exists()
+        assert (out / "logs" / "host0.log").read_text() == "kept\n"
     finally:
         run.close()
 

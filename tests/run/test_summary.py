@@ -115,7 +115,7 @@ def test_settled_epochs_are_those_after_the_last_solve_that_ran():
 
 
 def _mode_worker(rank: int, world_size: int, init_method: str, overrides: tuple[str, ...]):
-    from adaqp.train import run
+    from adaqp.run.job import run
 
     run(load_config(CORA_CONFIG, list(overrides)), init_method, rank, world_size)
     return {"done": np.array(1)}

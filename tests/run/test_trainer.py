@@ -224,7 +224,7 @@ CORA_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cora-gcn.toml"
 
 
 def _run_worker(rank: int, world_size: int, init_method: str, overrides: tuple[str, ...]):
-    from adaqp.train import run
+    from adaqp.run.job import run
 
     summary = run(load_config(CORA_CONFIG, list(overrides)), init_method, rank, world_size)
     return {

@@ -14,9 +14,11 @@ import logging
 import os
 import signal
 import sys
+import textwrap
 import threading
 from pathlib import Path
 
+from adaqp.bench import HelpFormatter
 from adaqp.bench.emulate.cluster import EmulatedCluster
 from adaqp.bench.emulate.links import host_links
 from adaqp.bench.emulate.netns import ClusterError
@@ -28,28 +30,63 @@ def _raise_on_sigterm(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The command line before ``--`` (what follows goes to ``adaqp.train``)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m adaqp.cluster",
+        usage="%(prog)s [options] -- [adaqp.train arguments]",
+        description=textwrap.fill(
+            "Run adaqp.train across emulated hosts joined by shaped links (root). Each host "
+            "is a network namespace running one torchrun node; the hosts are torn down on "
+            "success, failure, timeout and signals. Exit codes: 0 done, 1 the cluster or "
+            "its job failed, 2 bad arguments or not root, 130 stopped by a signal."
+        ),
+        epilog=textwrap.fill(
+            "Everything after -- goes to adaqp.train unchanged, e.g. -- --config "
+            "configs/cora-gcn.toml --mode adaqp. --bandwidth, --latency and --loss take "
+            "one value for all hosts or a comma-separated list with exactly one per host."
+        ),
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument(
+        "--hosts", type=int, default=4, help="emulated hosts, each a network namespace"
+    )
+    parser.add_argument(
+        "--procs-per-host",
+        type=int,
+        default=1,
+        help="workers per host (torchrun --nproc-per-node); they share the host's link",
+    )
+    parser.add_argument(
+        "--bandwidth",
+        default="1gbit",
+        help='tc rate per host link, e.g. 100mbit or 1gbit,1gbit,100mbit ("" leaves the '
+        "links unshaped)",
+    )
+    parser.add_argument(
+        "--latency", default="", help="added one-way delay, e.g. 0.1ms (default: none)"
+    )
+    parser.add_argument("--loss", default="", help="packet loss, e.g. 0.1%% (default: none)")
+    parser.add_argument(
+        "--timeout", type=float, default=3600, help="seconds for the whole job, then it is stopped"
+    )
+    parser.add_argument(
+        "--log-dir",
+        type=Path,
+        default=Path("results/runs/cluster-logs"),
+        help="where each host's torchrun output (host<i>.log) and the cluster's description "
+        "(cluster.json) are written",
+    )
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         # Also when SIGINT was inherited as ignored (a background job of a script): a
         # signal sent to this process must stop it and tear the hosts down.
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, _raise_on_sigterm)
-    parser = argparse.ArgumentParser(
-        prog="python -m adaqp.cluster",
-        description="Run adaqp.train across emulated hosts joined by shaped links (root).",
-        epilog="Everything after -- goes to adaqp.train unchanged. --bandwidth, --latency "
-        "and --loss take one value for all hosts or a comma-separated list with exactly "
-        "one per host.",
-    )
-    parser.add_argument("--hosts", type=int, default=4)
-    parser.add_argument("--procs-per-host", type=int, default=1, help="workers per host")
-    parser.add_argument(
-        "--bandwidth", default="1gbit", help="tc rate per link, e.g. 100mbit or 1gbit,1gbit,100mbit"
-    )
-    parser.add_argument("--latency", default="", help="added one-way delay, e.g. 0.1ms")
-    parser.add_argument("--loss", default="", help="packet loss, e.g. 0.1%%")
-    parser.add_argument("--timeout", type=float, default=3600, help="seconds for the whole job")
-    parser.add_argument("--log-dir", type=Path, default=Path("results/runs/cluster-logs"))
+    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     train_args = argv[argv.index("--") + 1 :] if "--" in argv else []
     cluster: EmulatedCluster | None = None

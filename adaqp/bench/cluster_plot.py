@@ -1,0 +1,75 @@
+"""The figures of ``bench cluster``: epoch time breakdown, time to accuracy, bytes by layer.
+
+Drawn from the runs and aggregates ``adaqp.bench.cluster`` reads; without matplotlib
+nothing is drawn and one warning says so (the JSON and table are written regardless).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from adaqp.bench import pyplot
+
+FIGURES = ("breakdown.png", "time_to_accuracy.png", "bytes_by_layer.png")
+
+
+def plot(out_dir: Path, runs: dict[str, list[dict[str, Any]]], agg: dict[str, Any]) -> bool:
+    """Writes breakdown.png, time_to_accuracy.png and bytes_by_layer.png; False (and one
+    warning) where matplotlib is not installed."""
+    plt = pyplot(f"{', '.join(FIGURES)} in {out_dir}")
+    if plt is None:
+        return False
+    modes = list(agg)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bottom = [0.0] * len(modes)
+    for key, label in (
+        ("compute_s", "compute"),
+        ("wait_s", "exchange wait"),
+        ("quant_s", "(de)quantization"),
+        ("allreduce_s", "gradient all-reduce"),
+    ):
+        values = [1e3 * agg[m]["breakdown"][key] for m in modes]
+        ax.bar(modes, values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set_ylabel("epoch time (ms)")
+    ax.set_title("Epoch time breakdown")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "breakdown.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for mode in modes:
+        if mode == "nocomm":
+            continue  # its accuracy is not the graph's
+        epochs = runs[mode][0]["epochs"]
+        points = [(e["train_time_s"], e["val_acc"]) for e in epochs if e["val_acc"] is not None]
+        ax.plot([p[0] for p in points], [p[1] for p in points], label=mode)
+    ax.set_xlabel("training time (s, evaluation excluded)")
+    ax.set_ylabel("validation accuracy")
+    ax.set_title("Time to accuracy (first seed)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "time_to_accuracy.png", dpi=120)
+    plt.close(fig)
+
+    tags = sorted({t for m in modes for t in runs[m][0]["summary"]["halo_bytes_by_tag"]})
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / max(len(modes), 1)
+    for i, mode in enumerate(modes):
+        by_tag = runs[mode][0]["summary"]["halo_bytes_by_tag"]
+        ax.bar(
+            [j + i * width for j in range(len(tags))],
+            [by_tag.get(t, 0) / 1e6 for t in tags],
+            width=width,
+            label=mode,
+        )
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(tags))], tags, rotation=20)
+    ax.set_ylabel("MB per epoch (all ranks)")
+    ax.set_title("Halo bytes per epoch by layer and direction")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "bytes_by_layer.png", dpi=120)
+    plt.close(fig)
+    return True

@@ -1,0 +1,58 @@
+"""``adaqp-train`` / ``bash launch/train.sh``: training without a torchrun command line.
+
+Parses its own options (flags in any order, the config as first positional argument or
+``--config``), passes the rest to ``adaqp.train`` on every worker, runs
+``python -m torch.distributed.run`` as a child and ends with the workers' exit code (each
+rank writes it to ``$ADAQP_STATUS_DIR/rank-<RANK>.code``): 0 success, 1 a failed run, 2 a
+usage or config error, 130 interrupted. torchrun's own report of a failure (its
+``ChildFailedError`` traceback and table, its log lines, its ``SignalException`` at
+Ctrl-C) is left out of the output unless ``--debug``; workers' output passes unchanged,
+with an ``error:`` line printed by several ranks shown once. Imports only the standard
+library: ``--help`` answers at once.
+
+``args``: the command line and ``--help``; ``output``: the filter over torchrun's stderr and
+the exit code; ``run``: the torchrun child, its environment and Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from adaqp.launcher.args import DEFAULT_CONFIG, HELP, MODES, Launch, UsageError, parse
+from adaqp.launcher.run import launch
+
+__all__ = ["Launch", "UsageError", "entry", "launch", "main", "parse"]
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m adaqp.launcher") -> int:
+    """Runs the command line ``argv``; returns the exit code. ``prog``: how it was called
+    (``launch/train.sh`` says so through ``ADAQP_LAUNCH_SCRIPT``), for help and the
+    ``--resume`` hint."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    script = os.environ.get("ADAQP_LAUNCH_SCRIPT")
+    words = ["bash", script] if script else shlex.split(prog)
+    try:
+        spec = parse(argv)
+        if spec.help:
+            print(
+                HELP.format(prog=shlex.join(words), config=DEFAULT_CONFIG, modes=", ".join(MODES)),
+                end="",
+            )
+            return 0
+        if not Path(spec.config).is_file():
+            what = "is not a file" if Path(spec.config).exists() else "not found"
+            if script and not Path(spec.config).is_absolute():
+                what += f" (relative to {Path.cwd()}, where launch/train.sh runs)"
+            raise UsageError(f"config file {spec.config} {what}")
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return launch(spec, shlex.join([*words, *argv]))
+
+
+def entry() -> None:
+    """The ``adaqp-train`` console script."""
+    sys.exit(main(sys.argv[1:], prog=Path(sys.argv[0]).name))

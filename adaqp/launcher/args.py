@@ -1,0 +1,231 @@
+"""The launcher's command line: its options, the train flags it passes on, its help."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_CONFIG = "configs/cora-gcn.toml"
+MODES = ("vanilla", "adaqp-q", "adaqp-p", "adaqp", "onebit", "nocomm")  # adaqp.config's
+# Launcher options: flag -> (field, environment variable, default).
+OPTIONS = {
+    "--nproc": ("nproc", "NPROC", "4"),
+    "--nnodes": ("nnodes", "NNODES", "1"),
+    "--node-rank": ("node_rank", "NODE_RANK", "0"),
+    "--master-addr": ("master_addr", "MASTER_ADDR", "127.0.0.1"),
+    "--master-port": ("master_port", "MASTER_PORT", "29500"),
+    "--rdzv-id": ("rdzv_id", "RDZV_ID", "adaqp"),
+    "--restarts": ("restarts", "RESTARTS", "0"),
+}
+ALIASES = {"--nproc-per-node": "--nproc"}
+TRAIN_VALUE_FLAGS = {"--mode", "--epochs", "--seed", "--out", "--set"}
+KEEP_FLAGS = {"--overwrite", "--resume", "--replace-finished"}
+
+HELP = """\
+usage: {prog} [CONFIG] [options] [train flags...]
+
+Trains a GNN on the whole graph with NPROC workers per host under torchrun, without a
+torchrun command line. Options and train flags may come in any order.
+
+  CONFIG, --config FILE  TOML config file (default: {config})
+
+launcher options (each defaults to an environment variable, then to a fixed value):
+  --nproc N          worker processes on this host (NPROC, default 4)
+  --nnodes N         hosts in the job (NNODES, default 1); above 1 the hosts meet through
+                     c10d rendezvous on host 0, every host running the same command
+  --node-rank R      this host's index, 0 to NNODES-1 (NODE_RANK, default 0)
+  --master-addr A    host 0's address (MASTER_ADDR, default 127.0.0.1; several hosts)
+  --master-port P    rendezvous port on host 0 (MASTER_PORT, default 29500; several hosts)
+  --rdzv-id ID       rendezvous id, the same on every host (RDZV_ID, default adaqp)
+  --restarts N       restart a lost worker group up to N times; it resumes from the last
+                     checkpoint (RESTARTS, default 0)
+  --debug            show all output (torchrun's own failure report and the tracebacks of
+                     expected errors); also passed to the workers
+  -h, --help         show this help and exit
+
+train flags, passed to every worker (python -m adaqp.train --help describes them all):
+  --mode MODE        {modes} (default: the config's)
+  --epochs N         training epochs (default: the config's)
+  --seed N           seed for weights and dropout (default: the config's)
+  --out DIR          output directory (default: one under results/runs/ named after the
+                     config, mode and worker count)
+  --set SECTION.KEY=VALUE
+                     config override, repeatable (e.g. --set model.hidden=256)
+  --overwrite        start fresh over the run in the output directory, finished or not
+  --resume           continue the run in the output directory from its newest checkpoint
+  --replace-finished start fresh over a finished run; an unfinished one is refused
+  Given no output directory (--out, --set metrics.out=..., or out in the config's
+  [metrics]) and none of these three, the launcher passes --replace-finished: running a
+  command again replaces its finished run, never an interrupted or failed one.
+
+environment: OMP_NUM_THREADS (default 1) threads per worker; TORCH_ELASTIC_SHUTDOWN_TIMEOUT
+(default 5) seconds a stopped worker gets before it is killed; GLOO_SOCKET_IFNAME the
+network interface joining several hosts.
+
+exit codes: 0 success, 1 a failed run, 2 a usage or config error, 130 interrupted
+
+examples:
+  bash launch/train.sh
+  bash launch/train.sh configs/cora-sage.toml --mode adaqp --epochs 100
+  NPROC=2 adaqp-train --config configs/citeseer-gcn.toml --set model.hidden=128
+  bash launch/train.sh configs/cora-gcn.toml --resume      # continue after Ctrl-C
+  NNODES=2 NODE_RANK=0 MASTER_ADDR=10.0.0.1 NPROC=1 GLOO_SOCKET_IFNAME=eth0 \\
+      bash launch/train.sh configs/synthetic-gcn.toml --mode adaqp
+"""
+
+
+class UsageError(Exception):
+    """A bad command line or environment: one line, exit code 2."""
+
+
+@dataclass
+class Launch:
+    """What the command line asks for."""
+
+    config: str
+    nproc: int = 4
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    rdzv_id: str = "adaqp"
+    restarts: int = 0
+    debug: bool = False
+    help: bool = False
+    train_args: list[str] = field(default_factory=list)
+
+    def torchrun(self, python: str = sys.executable) -> list[str]:
+        """The torchrun command line (as launch/train.sh always ran it)."""
+        if self.nnodes == 1:
+            rdzv = ["--standalone"]
+        else:
+            rdzv = [
+                *("--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank)),
+                *("--rdzv-backend", "c10d", "--rdzv-id", self.rdzv_id),
+                *("--rdzv-endpoint", f"{self.master_addr}:{self.master_port}"),
+            ]
+        return [
+            *(python, "-m", "torch.distributed.run", *rdzv),
+            *("--nproc-per-node", str(self.nproc), "--max-restarts", str(self.restarts)),
+            *("-m", "adaqp.train", "--config", self.config, *self.train_args),
+        ]
+
+
+def _int(text: str, name: str, low: int, high: int | None = None) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < low or (high is not None and value > high):
+        bound = f"an integer from {low} to {high}" if high is not None else f"an integer >= {low}"
+        raise UsageError(f"{name} must be {bound}, got {text!r}")
+    return value
+
+
+def _config_sets_out(path: str) -> bool:
+    """Whether the config file names an output directory ([metrics] out)."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError):
+        return False
+    try:
+        return bool(tomllib.loads(text).get("metrics", {}).get("out"))
+    except (tomllib.TOMLDecodeError, AttributeError):
+        # adaqp.train reports the broken file; decide as launch/train.sh's grep did.
+        return re.search(r"(?m)^\s*out\s*=", text) is not None
+
+
+def default_config() -> str:
+    """configs/cora-gcn.toml here, else beside the package (an editable checkout)."""
+    if Path(DEFAULT_CONFIG).is_file():
+        return DEFAULT_CONFIG
+    beside = Path(__file__).resolve().parents[2] / DEFAULT_CONFIG
+    return str(beside) if beside.is_file() else DEFAULT_CONFIG
+
+
+def parse(argv: list[str], environ: dict[str, str] | None = None) -> Launch:
+    """The launch ``argv`` and ``environ`` describe; raises ``UsageError``."""
+    environ = os.environ if environ is None else environ
+    values = {name: environ.get(env) or default for name, env, default in OPTIONS.values()}
+    sources = {name: env for name, env, _ in OPTIONS.values()}
+    config: str | None = None
+    positional: str | None = None
+    debug = help_ = False
+    train: list[str] = []
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        flag, eq, inline = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        flag = ALIASES.get(flag, flag)
+        if arg == "--":
+            train.extend(args)
+            break
+        if arg in ("-h", "--help"):
+            help_ = True
+        elif flag == "--config" or flag in OPTIONS:
+            if not eq and not args:
+                raise UsageError(f"{flag} needs a value")
+            value = inline if eq else args.pop(0)
+            if flag == "--config":
+                if not value:
+                    raise UsageError("--config needs a value")
+                if config is not None:
+                    raise UsageError(f"two configs given: {config} and {value}")
+                config = value
+            else:
+                values[OPTIONS[flag][0]] = value
+                sources[OPTIONS[flag][0]] = flag
+        elif arg == "--debug":
+            debug = True
+            train.append(arg)
+        elif flag in TRAIN_VALUE_FLAGS and not eq:
+            if not args:
+                raise UsageError(f"{flag} needs a value")
+            train += [arg, args.pop(0)]
+        elif arg.startswith("-"):
+            train.append(arg)
+            # An unknown flag keeps the word after it (its value, for adaqp.train to judge).
+            if not eq and args and not args[0].startswith("-"):
+                train.append(args.pop(0))
+        elif positional is None and config is None:
+            positional = arg
+        else:
+            raise UsageError(
+                f"unexpected argument {arg!r}: give one config, as the first argument or "
+                "with --config (see --help)"
+            )
+    if positional is not None:
+        if config is not None:
+            raise UsageError(f"two configs given: {positional} and {config}")
+        config = positional
+    config = default_config() if config is None else config
+    launch = Launch(config=config, debug=debug, help=help_)
+    if help_:
+        return launch
+    launch.nproc = _int(values["nproc"], sources["nproc"], 1)
+    launch.nnodes = _int(values["nnodes"], sources["nnodes"], 1)
+    launch.node_rank = _int(values["node_rank"], sources["node_rank"], 0, launch.nnodes - 1)
+    launch.master_port = _int(values["master_port"], sources["master_port"], 1, 65535)
+    launch.restarts = _int(values["restarts"], sources["restarts"], 0)
+    launch.master_addr, launch.rdzv_id = values["master_addr"], values["rdzv_id"]
+    if not (KEEP_FLAGS & set(train) or names_out(train) or _config_sets_out(launch.config)):
+        train.append("--replace-finished")
+    launch.train_args = train
+    return launch
+
+
+def names_out(train_args: list[str]) -> bool:
+    """Whether the train flags choose the output directory."""
+    for i, arg in enumerate(train_args):
+        value = arg.partition("=")[2] if arg.startswith("--set=") else None
+        if arg == "--set" and i + 1 < len(train_args):
+            value = train_args[i + 1]
+        if arg == "--out" or arg.startswith("--out="):
+            return True
+        if value is not None and re.match(r"\s*metrics\.out\s*=", value):
+            return True
+    return False

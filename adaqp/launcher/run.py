@@ -1,0 +1,130 @@
+"""Runs torchrun as a child: the environment it gets, Ctrl-C, the exit code."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from adaqp.launcher.args import Launch
+from adaqp.launcher.output import OutputFilter, Stream, describe, exit_code, read_codes, stderr_pipe
+
+STOP_GRACE_S = 30.0
+"""After Ctrl-C, how long torchrun and the workers get to stop before they are killed."""
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL to ``pid``'s process group and every descendant (the workers have their own
+    sessions)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rpartition(")")[2].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    for target in found:
+        with contextlib.suppress(OSError):
+            os.kill(target, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _silent_failure(filter_: OutputFilter, codes: dict[int, int], torchrun_code: int) -> str:
+    """What went wrong, where no rank said so in an ``error:`` line (it crashed, was killed,
+    or was stopped before it could print)."""
+    # The first rank that failed on its own: torchrun's root cause, else a written code.
+    ended = [pair for pair in filter_.failures if pair[1] not in (130, -signal.SIGTERM)]
+    ended += sorted((rank, code) for rank, code in codes.items() if code not in (0, 130))
+    if not ended:
+        return f"torchrun ended with {describe(torchrun_code)}; --debug shows all its output"
+    rank, code = ended[0]
+    if filter_.tracebacks:
+        return f"rank {rank} failed with {describe(code)} (its traceback is above)"
+    why = " (killed? out of memory?)" if code < 0 else ""
+    return f"rank {rank} ended with {describe(code)} without a message{why}; --debug shows more"
+
+
+def launch(spec: Launch, command: str) -> int:
+    """Runs torchrun for ``spec``; returns the exit code."""
+    status_dir = Path(tempfile.mkdtemp(prefix="adaqp-status-"))
+    env = dict(os.environ)
+    env.pop("ADAQP_LAUNCH_SCRIPT", None)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "5")
+    env.update(ADAQP_STATUS_DIR=str(status_dir), ADAQP_COMMAND=command)
+    stopping: list[float] = []  # when the first stop signal came
+    proc: subprocess.Popen | None = None
+    stream: Stream | None = None
+
+    def on_signal(signum: int, frame: object) -> None:
+        if stopping:
+            return
+        stopping.append(time.monotonic())
+        below = "\n" if stream is not None and stream.mid_line else ""
+        print(f"{below}stopping the workers (at most {STOP_GRACE_S:.0f} s)...", file=sys.stderr)
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGINT)
+
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, on_signal) for sig in handled}
+    filter_ = OutputFilter()
+    try:
+        hosts = "1 host" if spec.nnodes == 1 else f"host {spec.node_rank} of {spec.nnodes}"
+        print(
+            f"starting {spec.nproc} worker{'s' * (spec.nproc > 1)} on {hosts}: {spec.config} "
+            "(first output may take 10-30 s while torch loads)",
+            file=sys.stderr,
+            flush=True,
+        )
+        if spec.debug:
+            print(shlex.join(spec.torchrun()), file=sys.stderr, flush=True)
+        if stopping:
+            return 130
+        read_end, write_end = (None, None) if spec.debug else stderr_pipe()
+        proc = subprocess.Popen(
+            spec.torchrun(), env=env, stdin=subprocess.DEVNULL, stderr=write_end, process_group=0
+        )
+        if write_end is not None:
+            os.close(write_end)
+            stream = Stream(read_end, filter_)
+            stream.start()
+        if stopping:  # a signal between the start and here
+            os.killpg(proc.pid, signal.SIGINT)
+        while True:
+            try:
+                torchrun_code = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                if stopping and time.monotonic() - stopping[0] > STOP_GRACE_S:
+                    print("the workers did not stop in time: killing them", file=sys.stderr)
+                    _kill_tree(proc.pid)
+                    stopping[0] = float("inf")  # once
+        if stream is not None:
+            stream.join(timeout=10)
+            os.close(read_end)
+        codes = read_codes(status_dir)
+        written = dict(codes)
+        for rank, code in filter_.failures:  # ranks that ended without writing a code
+            codes.setdefault(rank, code if code > 0 else 1)
+        result = exit_code(codes, torchrun_code, bool(stopping))
+        if result in (1, 2) and not (stopping or spec.debug or filter_.errors):
+            print(f"error: {_silent_failure(filter_, written, torchrun_code)}", file=sys.stderr)
+        return result
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        shutil.rmtree(status_dir, ignore_errors=True)

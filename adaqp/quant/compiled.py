@@ -1,0 +1,285 @@
+"""Compiled CPU kernels (numba): quantize + pack, unpack + dequantize, and dropout's mask.
+
+One fused pass per row writes exactly what :func:`~adaqp.quant.mixed.quantize_mixed` writes
+(the wire format of :mod:`adaqp.quant.pack` and :mod:`adaqp.quant.mixed`, byte for byte given
+the same codes), with the rounding rule of :mod:`adaqp.quant.rows` and a counter-based
+random draw in place of the torch generator's stream. Python wrappers, the choice of path and
+the threads live in :mod:`adaqp.quant.kernels`; this module holds only the numba code.
+
+**The random draw.** A message (one call) takes one 64-bit seed ``s``, drawn from the torch
+generator by the caller (:func:`adaqp.quant.kernels.message_seed`). Value ``(r, j)`` of an
+``[R, D]`` message (row ``r``, column ``j``) draws the 16-bit lane ``j mod 4`` (bits
+``16·(j mod 4)`` and up) of the word ``w(c) = mix64(s + (c + 1)·γ mod 2**64)`` with counter
+``c = r·ceil(D / 4) + j // 4``: ``w(c)`` is output ``c + 1`` of SplitMix64 (Steele, Lea and
+Flood, 2014) seeded with ``s`` (``γ = 0x9E3779B97F4A7C15``, ``mix64`` its finaliser). Codes
+therefore depend on ``(s, r, j)`` and the value only: not on the thread count, the order rows
+are visited in or how rows split into widths, and a checkpoint of the torch generator replays
+them bit for bit.
+
+**Rounding.** ``t = min((x - m) / Δ, L)`` as in :mod:`adaqp.quant.rows` (``Δ = (M - m) / L``,
+divided by 1 where it is 0), ``ρ = rint(2**16·t)`` (exact in float32, rounded half to even), and
+``q = (ρ + u) >> 16`` with ``u`` the value's 16-bit draw; ``q <= L`` as ``t <= L``.
+
+**Unbiasedness.** For a seed uniform on ``[0, 2**64)``, ``s + (c + 1)·γ`` is uniform for every
+counter, ``mix64`` is a bijection of 64-bit words and a 16-bit lane of a uniform word is
+uniform: each ``u`` is *exactly* uniform on ``{0, ..., 2**16 - 1}``, so ``E[q] = ρ / 2**16``
+exactly and ``|E[q] - t| <= 2**-17``. Hence ``|E[x̂] - x| <= Δ / 2**17`` beyond float32
+rounding of ``t`` and of ``m + q·Δ`` (half the torch path's ``Δ / 2**16``), and
+``Var[x̂] = Δ²·f(1 - f) <= Δ²/4`` with ``f`` the fractional part of ``ρ / 2**16``. Distinct
+values use distinct counters (or distinct lanes of one word); their joint independence is as
+good as SplitMix64's, which passes BigCrush, and is not otherwise claimed.
+
+**Reconstruction** is the torch path's expression, evaluated in the same float32 order
+(``min(m + q·Δ, M)``, no fused multiply-add; one bit: ``m`` or ``M``), so both paths decode the
+same bytes to the same floats.
+
+Row minima and maxima are taken over the float32 bit patterns mapped to order-preserving
+integers (vectorised integer min/max): a NaN maps beyond ±Inf, so a row holding NaN or ±Inf
+gets a non-finite ``M - m``; such a row is skipped (codes 0) and the caller raises.
+
+**Dropout's mask** (:func:`masked_scale_serial`, used by :mod:`adaqp.model.dropout`) draws the
+same way, 32 bits a value: value ``i`` (flat index) takes lane ``i mod 2`` of output
+``i // 2 + 1`` and is kept when the draw is at least ``round(p·2**32)``, so ``P(keep)`` is
+within ``2**-33`` of ``1 - p`` (the draw exactly uniform, as above).
+
+Entry points (``*_serial``, ``*_parallel``) release the GIL; the ``*_parallel`` ones split
+rows (or blocks) into chunks over numba's threads, with the same result as the serial ones.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_S27, _S30, _S31 = np.uint64(27), np.uint64(30), np.uint64(31)
+_ONE64 = np.uint64(1)
+_I31 = np.int32(31)
+_I16 = np.int32(16)
+_IMAX = np.int32(0x7FFFFFFF)
+_IMIN = np.int32(-0x80000000)
+_SCALE16 = np.float32(65536.0)
+_F1 = np.float32(1.0)
+
+DRAWS_PER_WORD = 4
+"""16-bit draws per 64-bit hash word."""
+
+
+@njit(cache=True)
+def mix64(z):
+    """SplitMix64's finaliser: a bijection of 64-bit words."""
+    z = (z ^ (z >> _S30)) * _MIX1
+    z = (z ^ (z >> _S27)) * _MIX2
+    return z ^ (z >> _S31)
+
+
+def _spread_bits_table():
+    """``[256]`` uint64: byte ``k`` of entry ``b`` is bit ``k`` of ``b`` (one-bit codes)."""
+    table = np.zeros(256, np.uint64)
+    for b in range(256):
+        table[b] = sum(((b >> k) & 1) << (8 * k) for k in range(8))
+    return table
+
+
+_SPREAD1 = _spread_bits_table()
+_U3, _U12, _U48, _U192 = np.uint32(3), np.uint32(12), np.uint32(48), np.uint32(192)
+_U4, _U6, _U15, _U18 = np.uint32(4), np.uint32(6), np.uint32(15), np.uint32(18)
+_U240 = np.uint32(240)
+
+# The row loops below are written out in one function each: a call that passes arrays costs
+# more (reference counting) than the work on a short row, and views are made once per call.
+
+
+@njit(cache=True)
+def _quantize_rows(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, start, stop):
+    """Quantizes rows ``start`` to ``stop`` (see :func:`quantize_serial`); returns how many
+    were skipped as non-finite."""
+    dim = x_RD.shape[1]
+    xbits = x_RD.view(np.int32)
+    mins_i, maxs_i = mins.view(np.int32), maxs.view(np.int32)
+    groups = (dim + DRAWS_PER_WORD - 1) // DRAWS_PER_WORD
+    words = np.zeros(groups, np.uint64)
+    draws = words.view(np.uint16)  # draw j: lane j % 4 of word j // 4 (little-endian)
+    c = np.zeros((dim + 7) // 8 * 8 + 8, np.uint8)  # codes; zero tail: packing reads whole bytes
+    skipped = 0
+    for r in range(start, stop):
+        bits = bits_R[r]
+        out = payload[offsets_R[r] : offsets_R[r] + (dim * bits + 7) // 8]
+        row, row_bits = x_RD[r], xbits[r]
+        # Minimum and maximum over order-preserving integer keys (vectorised integer min/max).
+        lo, hi = _IMAX, _IMIN
+        for j in range(dim):
+            b = row_bits[j]
+            key = np.int32(b ^ np.int32(np.int32(b >> _I31) & _IMAX))
+            lo = np.int32(min(lo, key))
+            hi = np.int32(max(hi, key))
+        mins_i[r] = lo ^ ((lo >> _I31) & _IMAX)
+        maxs_i[r] = hi ^ ((hi >> _I31) & _IMAX)
+        mn, mx = mins[r], maxs[r]
+        span = mx - mn
+        if not np.isfinite(span):  # NaN or ±Inf in the row, or a range overflowing float32
+            for i in range(out.shape[0]):
+                out[i] = 0
+            skipped += 1
+            continue
+        levels = np.float32((1 << bits) - 1)
+        step = span / levels
+        safe = step if step > 0 else _F1
+        state = seed + (np.uint64(r) * np.uint64(groups) + _ONE64) * _GAMMA
+        for k in range(groups):
+            words[k] = mix64(state + np.uint64(k) * _GAMMA)
+        for j in range(dim):
+            t = min((row[j] - mn) / safe, levels)
+            rho = np.int32(np.rint(t * _SCALE16))
+            c[j] = np.uint8(np.int32(np.int32(rho + np.int32(draws[j])) >> _I16))
+        # Code j in byte j // (8 // bits) at bit (j % (8 // bits))·bits, as pack() does.
+        if bits == 8:
+            for i in range(out.shape[0]):
+                out[i] = c[i]
+        elif bits == 4:
+            for i in range(out.shape[0]):
+                out[i] = c[2 * i] | (c[2 * i + 1] << 4)
+        elif bits == 2:
+            for i in range(out.shape[0]):
+                j = 4 * i
+                out[i] = c[j] | (c[j + 1] << 2) | (c[j + 2] << 4) | (c[j + 3] << 6)
+        else:
+            for i in range(out.shape[0]):
+                j = 8 * i
+                low = c[j] | (c[j + 1] << 1) | (c[j + 2] << 2) | (c[j + 3] << 3)
+                out[i] = low | (c[j + 4] << 4) | (c[j + 5] << 5) | (c[j + 6] << 6) | (c[j + 7] << 7)
+    return skipped
+
+
+@njit(cache=True, nogil=True)
+def quantize_serial(x_RD, bits_R, seed, offsets_R, payload, mins, maxs):
+    """Quantizes every row of float32 ``x_RD`` at its width into ``payload`` at
+    ``offsets_R``, and its float32 minimum and maximum into ``mins``/``maxs``; one thread.
+    Returns how many rows held NaN or ±Inf or a range overflowing float32 (their codes: 0)."""
+    return _quantize_rows(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, 0, x_RD.shape[0])
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def quantize_parallel(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, chunks):
+    """:func:`quantize_serial` over ``chunks`` slices of rows on numba's threads."""
+    rows = x_RD.shape[0]
+    skipped = 0
+    for c in prange(chunks):
+        start, stop = c * rows // chunks, (c + 1) * rows // chunks
+        skipped += _quantize_rows(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, start, stop)
+    return skipped
+
+
+@njit(cache=True)
+def _dequantize_rows(payload, bits_R, offsets_R, mins, maxs, out_RD, start, stop):
+    """Reconstructs rows ``start`` to ``stop`` (see :func:`dequantize_serial`)."""
+    dim = out_RD.shape[1]
+    codes = np.zeros((dim + 7) // 8 * 8 + 8, np.uint8)
+    codes16, codes32, codes64 = codes.view(np.uint16), codes.view(np.uint32), codes.view(np.uint64)
+    for r in range(start, stop):
+        bits = bits_R[r]
+        row = payload[offsets_R[r] : offsets_R[r] + (dim * bits + 7) // 8]
+        mn, mx, out = mins[r], maxs[r], out_RD[r]
+        if bits == 1:  # each byte's 8 codes at once, then m or M
+            for i in range(row.shape[0]):
+                codes64[i] = _SPREAD1[row[i]]
+            for j in range(dim):
+                out[j] = mx if codes[j] else mn
+            continue
+        if bits == 2:
+            for i in range(row.shape[0]):
+                b = np.uint32(row[i])
+                low = (b & _U3) | ((b & _U12) << _U6)
+                codes32[i] = low | ((b & _U48) << _U12) | ((b & _U192) << _U18)
+        elif bits == 4:
+            for i in range(row.shape[0]):
+                b = np.uint32(row[i])
+                codes16[i] = np.uint16((b & _U15) | ((b & _U240) << _U4))
+        else:
+            for i in range(row.shape[0]):
+                codes[i] = row[i]
+        step = (mx - mn) / np.float32((1 << bits) - 1)
+        for j in range(dim):
+            out[j] = min(mn + np.float32(codes[j]) * step, mx)
+
+
+@njit(cache=True, nogil=True)
+def dequantize_serial(payload, bits_R, offsets_R, mins, maxs, out_RD):
+    """Reconstructs every row of float32 ``out_RD`` from ``payload``: ``min(m + q·Δ, M)``,
+    at one bit ``m`` or ``M``; one thread."""
+    _dequantize_rows(payload, bits_R, offsets_R, mins, maxs, out_RD, 0, out_RD.shape[0])
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def dequantize_parallel(payload, bits_R, offsets_R, mins, maxs, out_RD, chunks):
+    """:func:`dequantize_serial` over ``chunks`` slices of rows on numba's threads."""
+    rows = out_RD.shape[0]
+    for c in prange(chunks):
+        start, stop = c * rows // chunks, (c + 1) * rows // chunks
+        _dequantize_rows(payload, bits_R, offsets_R, mins, maxs, out_RD, start, stop)
+
+
+MASK_BLOCK = 4096
+"""Values per block of the dropout mask: its draws are made for a block, then applied."""
+
+
+@njit(cache=True)
+def _masked_scale_blocks(x, out, seed, threshold, scale, first, last):
+    """Blocks ``first`` to ``last`` of :func:`masked_scale_serial`."""
+    words = np.zeros(MASK_BLOCK // 2, np.uint64)
+    draws = words.view(np.uint32)  # value i: lane i % 2 of word i // 2 (little-endian)
+    zero = np.float32(0.0)
+    for block in range(first, last):
+        start = block * MASK_BLOCK
+        src = x[start : start + MASK_BLOCK]
+        dst = out[start : start + MASK_BLOCK]
+        state = seed + (np.uint64(start // 2) + _ONE64) * _GAMMA
+        for k in range((src.shape[0] + 1) // 2):
+            words[k] = mix64(state + np.uint64(k) * _GAMMA)
+        for i in range(src.shape[0]):
+            dst[i] = src[i] * (scale if np.int64(draws[i]) >= threshold else zero)
+
+
+@njit(cache=True, nogil=True)
+def masked_scale_serial(x, out, seed, threshold, scale):
+    """Dropout's mask applied: ``out[i] = x[i]·scale`` where value ``i``'s 32-bit draw is at
+    least ``threshold``, ``x[i]·0`` elsewhere (1-D float32); one thread. Value ``i`` draws
+    the 32-bit lane ``i mod 2`` of ``mix64(seed + (i // 2 + 1)·γ)``."""
+    blocks = (x.shape[0] + MASK_BLOCK - 1) // MASK_BLOCK
+    _masked_scale_blocks(x, out, seed, threshold, scale, 0, blocks)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def masked_scale_parallel(x, out, seed, threshold, scale, chunks):
+    """:func:`masked_scale_serial` over ``chunks`` slices of blocks on numba's threads."""
+    blocks = (x.shape[0] + MASK_BLOCK - 1) // MASK_BLOCK
+    for c in prange(chunks):
+        _masked_scale_blocks(
+            x, out, seed, threshold, scale, c * blocks // chunks, (c + 1) * blocks // chunks
+        )
+
+
+@njit(cache=True)
+def layout(bits_R, dim, offsets_R):
+    """Fills the payload offset of every row in the mixed layout (after the ``8·R`` bytes of
+    metadata: widths ascending, original order within a width); returns the buffer's size,
+    or -1 if a width is not 1, 2, 4 or 8."""
+    rows = bits_R.shape[0]
+    counts = np.zeros(9, np.int64)
+    for r in range(rows):
+        b = bits_R[r]
+        if b != 1 and b != 2 and b != 4 and b != 8:
+            return -1
+        counts[b] += 1
+    start = np.zeros(9, np.int64)
+    offset = 8 * rows
+    for b in (1, 2, 4, 8):
+        start[b] = offset
+        offset += counts[b] * ((dim * b + 7) // 8)
+    for r in range(rows):
+        b = bits_R[r]
+        offsets_R[r] = start[b]
+        start[b] += (dim * b + 7) // 8
+    return offset

@@ -1,0 +1,307 @@
+"""Which quantizer path runs, and the Python side of the compiled one.
+
+Two implementations write the same wire format (:mod:`adaqp.quant.pack`, :mod:`adaqp.quant.mixed`):
+
+* ``torch``: torch operators (:mod:`adaqp.quant.rows`), on any device; the reference, and the
+  path for CUDA tensors;
+* ``compiled``: fused numba kernels (:mod:`adaqp.quant.compiled`), on CPU tensors, several times
+  faster. Its random draws are counter-based (one seed per message from the torch generator,
+  then a hash of (seed, row, column)): same rounding rule and wire format, a different stream.
+
+The switch (:data:`~adaqp.config.KERNELS`, config key ``quant.kernels``): ``auto`` takes the
+compiled path for CPU tensors when numba is importable and the torch path otherwise;
+``torch`` and ``compiled`` force one (``compiled`` on a non-CPU tensor is an error).
+:func:`set_kernels` sets the process default (until set: ``$ADAQP_KERNELS``, else ``auto``);
+every entry point of :mod:`adaqp.quant` also takes ``kernels=`` for one call.
+
+Compiled kernels are cached on disk by numba (``__pycache__`` beside the module), so a machine
+compiles them once; :func:`warm_up` loads (or compiles) them so that no timed step pays for
+it. A call uses ``torch.get_num_threads()`` threads (numba's, capped at its pool size): one
+thread runs the serial kernel, more the ``prange`` one, with the same result.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from functools import cache
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from adaqp.config import KERNELS
+
+logger = logging.getLogger(__name__)
+
+_ENV = "ADAQP_KERNELS"
+_default = os.environ.get(_ENV) or "auto"
+_PARALLEL_MIN_VALUES = 1 << 15
+"""Messages with fewer values run on one thread: starting the pool costs more."""
+
+
+def check_kernels(kernels: str) -> str:
+    """``kernels`` if it names a path (:data:`~adaqp.config.KERNELS`), else ValueError."""
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, not {kernels!r}")
+    return kernels
+
+
+def set_kernels(kernels: str) -> str:
+    """Sets the process-wide default path; returns the previous one."""
+    global _default
+    previous, _default = _default, check_kernels(kernels)
+    return previous
+
+
+def get_kernels() -> str:
+    """The process-wide default path."""
+    return _default
+
+
+@cache
+def _compiled_module():
+    """The compiled kernels' module, or the reason they cannot run here (a string)."""
+    if sys.byteorder != "little":
+        return "the compiled kernels read 16-bit draws in little-endian order"
+    try:
+        import adaqp.quant.compiled as compiled
+    except ImportError as exc:  # numba missing or broken: the torch path still works
+        return f"numba is not importable ({exc})"
+    return compiled
+
+
+def compiled_available() -> bool:
+    """Whether the compiled kernels can run in this process."""
+    return not isinstance(_compiled_module(), str)
+
+
+def use_compiled(kernels: str | None, device: torch.device | str) -> bool:
+    """Whether a call with ``kernels`` (None: the process default) on ``device`` takes the
+    compiled path.
+
+    Raises:
+        ValueError: an unknown path, or ``compiled`` for a non-CPU device.
+        RuntimeError: ``compiled`` where numba cannot run.
+    """
+    if kernels is None:
+        if _default not in KERNELS:
+            raise ValueError(f"${_ENV} must be one of {', '.join(KERNELS)}, not {_default!r}")
+        kernels = _default
+    else:
+        check_kernels(kernels)
+    if kernels == "torch":
+        return False
+    on_cpu = (device if isinstance(device, torch.device) else torch.device(device)).type == "cpu"
+    if kernels == "compiled":
+        if not on_cpu:
+            raise ValueError(f"the compiled kernels run on CPU tensors, not {device}")
+        if not compiled_available():
+            raise RuntimeError(f"quant kernels = compiled, but {_compiled_module()}")
+        return True
+    return on_cpu and compiled_available()
+
+
+def message_seed(generator: torch.Generator | None) -> np.uint64:
+    """One uniform 64-bit seed from ``generator`` (None: torch's default CPU generator)."""
+    draw = torch.empty((), dtype=torch.int64).random_(-(2**63), None, generator=generator)
+    return np.int64(draw.item()).view(np.uint64)
+
+
+def threads() -> int:
+    """Threads a compiled call uses: ``torch.get_num_threads()``, capped at numba's pool."""
+    import numba
+
+    return max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+
+
+def _parallel(values: int) -> int:
+    """Threads for a call over ``values`` values; sets numba's count when above one."""
+    count = threads()
+    if count == 1 or values < _PARALLEL_MIN_VALUES:
+        return 1
+    import numba
+
+    numba.set_num_threads(count)
+    return count
+
+
+def _numpy(tensor: Tensor) -> np.ndarray:
+    return tensor.detach().numpy()
+
+
+def _metadata_error(mins: np.ndarray, maxs: np.ndarray) -> ValueError:
+    if not (np.isfinite(mins).all() and np.isfinite(maxs).all()):
+        return ValueError("cannot quantize: input contains NaN or Inf (checked in float32)")
+    return ValueError("cannot quantize: a row's range max - min overflows float32")
+
+
+def _encode(x_RD: Tensor, bits_R: np.ndarray, offsets_R, payload, generator) -> tuple:
+    """Runs the quantize kernel; returns float32 ``(mins, maxs)`` numpy arrays."""
+    kernels = _compiled_module()
+    rows, dim = x_RD.shape
+    mins = np.zeros(rows, np.float32)
+    maxs = np.zeros(rows, np.float32)
+    if rows == 0 or dim == 0:
+        return mins, maxs
+    x = _numpy(x_RD.contiguous())
+    seed = message_seed(generator)
+    count = _parallel(x_RD.numel())
+    if count == 1:
+        skipped = kernels.quantize_serial(x, bits_R, seed, offsets_R, payload, mins, maxs)
+    else:
+        args = (x, bits_R, seed, offsets_R, payload, mins, maxs, 4 * count)
+        skipped = kernels.quantize_parallel(*args)
+    if skipped:
+        raise _metadata_error(mins, maxs)
+    return mins, maxs
+
+
+def _decode(payload, bits_R: np.ndarray, offsets_R, mins, maxs, out_RD: Tensor) -> Tensor:
+    """Runs the dequantize kernel into float32 ``out_RD`` (any strides)."""
+    kernels = _compiled_module()
+    if out_RD.numel() == 0:
+        return out_RD
+    target = out_RD if out_RD.is_contiguous() else torch.empty(out_RD.shape, dtype=torch.float32)
+    out = _numpy(target)
+    count = _parallel(out_RD.numel())
+    if count == 1:
+        kernels.dequantize_serial(payload, bits_R, offsets_R, mins, maxs, out)
+    else:
+        kernels.dequantize_parallel(payload, bits_R, offsets_R, mins, maxs, out, 4 * count)
+    if target is not out_RD:
+        out_RD.copy_(target)
+    return out_RD
+
+
+def _widths(bits_R: Tensor) -> np.ndarray:
+    if bits_R.dim() != 1 or bits_R.is_floating_point() or bits_R.is_complex():
+        raise ValueError(f"bits_R must be a 1-D integer tensor, got {bits_R.dtype} {bits_R.shape}")
+    if bits_R.dtype != torch.int8 or bits_R.device.type != "cpu" or not bits_R.is_contiguous():
+        bits_R = bits_R.to(device="cpu", dtype=torch.int8).contiguous()
+    return _numpy(bits_R)
+
+
+def _mixed_layout(bits: np.ndarray, dim: int) -> tuple[np.ndarray, int]:
+    offsets = np.empty(bits.shape[0], np.int64)
+    size = _compiled_module().layout(bits, dim, offsets)
+    if size < 0:
+        raise ValueError("bits_R holds unsupported widths; expected values in (1, 2, 4, 8)")
+    return offsets, size
+
+
+def quantize_mixed(x_RD: Tensor, bits_R: Tensor, generator, out: Tensor | None) -> Tensor:
+    """:func:`adaqp.quant.quantize_mixed` on the compiled path (float32 CPU ``x_RD``)."""
+    rows, dim = x_RD.shape
+    bits = _widths(bits_R)
+    if bits.shape[0] != rows:
+        raise ValueError(f"bits_R has {bits.shape[0]} entries for {rows} rows")
+    offsets, size = _mixed_layout(bits, dim)
+    if out is None:
+        out = torch.empty(size, dtype=torch.uint8)
+    elif out.dim() != 1 or out.dtype != torch.uint8 or out.shape[0] != size:
+        raise ValueError(f"out must be uint8 [{size}], got {tuple(out.shape)} {out.dtype}")
+    payload = _numpy(out)
+    mins, maxs = _encode(x_RD, bits, offsets, payload, generator)
+    payload[: 4 * rows] = mins.view(np.uint8)
+    payload[4 * rows : 8 * rows] = maxs.view(np.uint8)
+    return out
+
+
+def dequantize_mixed(buf: Tensor, bits_R: Tensor, dim: int, out: Tensor | None) -> Tensor:
+    """:func:`adaqp.quant.dequantize_mixed` on the compiled path (CPU ``buf``)."""
+    bits = _widths(bits_R)
+    rows = bits.shape[0]
+    offsets, size = _mixed_layout(bits, dim)
+    if buf.dim() != 1 or buf.dtype != torch.uint8 or buf.shape[0] != size:
+        raise ValueError(
+            f"buf must be uint8 [{size}] for these widths, got {tuple(buf.shape)} {buf.dtype}"
+        )
+    if out is None:
+        out = torch.empty(rows, dim, dtype=torch.float32)
+    elif tuple(out.shape) != (rows, dim) or out.dtype != torch.float32:
+        raise ValueError(
+            f"out must be float32 of shape ({rows}, {dim}), got {tuple(out.shape)} {out.dtype}"
+        )
+    payload = _numpy(buf)
+    # Copies: the metadata may sit at any byte offset, and numba wants aligned arrays.
+    mins = payload[: 4 * rows].copy().view(np.float32)
+    maxs = payload[4 * rows : 8 * rows].copy().view(np.float32)
+    return _decode(payload, bits, offsets, mins, maxs, out)
+
+
+def quantize_rows(x_RD: Tensor, bits: int, generator, packed: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`adaqp.quant.quantize` on the compiled path: fills uint8 ``packed``
+    ``[R, packed_row_bytes]`` and returns float32 ``(minimum, maximum)``."""
+    rows = x_RD.shape[0]
+    widths = np.full(rows, bits, np.int8)
+    offsets = np.arange(rows, dtype=np.int64) * packed.shape[1]
+    mins, maxs = _encode(x_RD, widths, offsets, _numpy(packed).reshape(-1), generator)
+    return torch.from_numpy(mins), torch.from_numpy(maxs)
+
+
+def dequantize_rows(
+    packed: Tensor, bits: int, minimum: Tensor, maximum: Tensor, out: Tensor
+) -> Tensor:
+    """:func:`adaqp.quant.dequantize` on the compiled path, into float32 ``out``."""
+    rows = packed.shape[0]
+    widths = np.full(rows, bits, np.int8)
+    offsets = np.arange(rows, dtype=np.int64) * packed.shape[1]
+    payload = _numpy(packed.contiguous()).reshape(-1)
+    mins = _numpy(minimum.to(torch.float32).contiguous())
+    maxs = _numpy(maximum.to(torch.float32).contiguous())
+    return _decode(payload, widths, offsets, mins, maxs, out)
+
+
+def keep_threshold(p: float) -> int:
+    """The 32-bit draw a value needs to be kept by dropout with probability ``p`` of a zero:
+    ``round(p·2**32)``, so ``P(keep) = 1 - threshold / 2**32`` is within ``2**-33`` of
+    ``1 - p``."""
+    return round(p * 2**32)
+
+
+def masked_scale(x: Tensor, seed: np.uint64, threshold: int, scale: float) -> Tensor:
+    """A new tensor: ``x·scale`` where a value's counter-based draw (seed, flat index) is at
+    least ``threshold``, ``x·0`` elsewhere (float32 contiguous CPU ``x``); see
+    :func:`adaqp.quant.compiled.masked_scale_serial`."""
+    kernels = _compiled_module()
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    src, dst = _numpy(x).reshape(-1), _numpy(out).reshape(-1)
+    count = _parallel(x.numel())
+    if count == 1:
+        kernels.masked_scale_serial(src, dst, seed, threshold, np.float32(scale))
+    else:
+        kernels.masked_scale_parallel(src, dst, seed, threshold, np.float32(scale), 4 * count)
+    return out
+
+
+def warm_up() -> bool:
+    """Loads (or compiles and caches) the quantizer's compiled kernels, so that no timed call
+    pays for it; the ``prange`` ones too when this process has more than one thread. Returns
+    whether the compiled path is available."""
+    if not compiled_available():
+        logger.info("compiled quant kernels unavailable: %s", _compiled_module())
+        return False
+    kernels = _compiled_module()
+    x = torch.zeros(2, 8)
+    bits = torch.tensor([1, 8], dtype=torch.int8)
+    buf = quantize_mixed(x, bits, torch.Generator().manual_seed(0), None)
+    dequantize_mixed(buf, bits, 8, None)
+    masked_scale(x, np.uint64(0), keep_threshold(0.5), 2.0)
+    if threads() > 1:  # compile only: starting numba's pool is left to the first real call
+        for serial, parallel in (
+            (kernels.quantize_serial, kernels.quantize_parallel),
+            (kernels.dequantize_serial, kernels.dequantize_parallel),
+            (kernels.masked_scale_serial, kernels.masked_scale_parallel),
+        ):
+            for signature in serial.signatures:
+                parallel.compile((*signature, numba_intp()))
+    return True
+
+
+def numba_intp():
+    """numba's type of a Python int argument (the chunk count of the ``prange`` kernels)."""
+    from numba import types
+
+    return types.int64

@@ -1,0 +1,343 @@
+"""One training job on one rank: claim the output, prepare the partition, train, summarize.
+
+``run`` is what ``python -m adaqp.train`` does once its flags are parsed. Before anything
+else rank 0 claims the output directory (``adaqp.run.rundir``: a lock, and a refusal if
+it holds a finished, unfinished or running run) while the others check they could
+write it; all ranks agree on the outcome through one all-reduce. Rank 0 then
+partitions the graph if the partition directory is missing while the others wait; each
+rank then loads only its own part. Rank 0 writes ``status.json``, ``config.json``,
+``metrics.jsonl`` and, once training is done, ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from adaqp.config import Config
+from adaqp.exchange.transport import ExchangeError
+from adaqp.graph.local import LocalGraph
+from adaqp.partitioning.format import PartitionError, check_matches, load_part, read_metadata
+from adaqp.run.checkpoint import Checkpointer, CheckpointError, checkpoint_root
+from adaqp.run.metrics import EpochRecord, RunWriter
+from adaqp.run.rundir import Problem, RunDir, RunDirError, check_writable
+from adaqp.run.summary import RunFacts, Summary
+from adaqp.run.trainer import Trainer, TrainingError
+from adaqp.runtime import World, init_distributed, shutdown
+
+logger = logging.getLogger("adaqp.train")
+
+SHARED_ERRORS = (RunDirError, PartitionError, FileNotFoundError, ValueError)
+"""Expected failures every rank meets alike (a verdict agreed through a collective, or
+rank 0's partitioning): rank 0 reports them for all."""
+RANK_ERRORS = (CheckpointError, TrainingError, ExchangeError)
+"""Expected failures that may be one rank's own (a dead peer, a damaged shard): each
+rank reports its own."""
+
+
+def partition_dir(config: Config, world_size: int) -> Path:
+    if config.partition.dir:
+        return Path(config.partition.dir)
+    spec = json.dumps(config.data.spec(), sort_keys=True).encode()
+    tag = hashlib.blake2b(spec, digest_size=4).hexdigest()
+    name = f"{config.data.dataset}-{tag}-{config.partition.method}-p{world_size}"
+    return Path("partitions") / name
+
+
+def output_dir(config: Config, world_size: int, name: str | None = None) -> Path:
+    """``metrics.out``, or ``results/runs/<name>-<mode>-p<P>``: ``name`` is the config
+    file's stem (``<dataset>-<model>`` without one), so two configs never share a folder."""
+    if config.metrics.out:
+        return Path(config.metrics.out)
+    stem = name or f"{config.data.dataset}-{config.model.name}"
+    return Path("results") / "runs" / f"{stem}-{config.comm.mode}-p{world_size}"
+
+
+def claim_output(
+    out: Path,
+    world: World,
+    overwrite: bool,
+    resume: bool | str,
+    checkpoint_dir: Path,
+    replace_finished: bool = False,
+) -> RunDir | None:
+    """Rank 0 claims ``out`` (``RunDir.claim``); the others check it (``check_writable``).
+
+    Every rank learns every verdict from one all-reduce, before partitioning or any other
+    collective work: all ranks then stop together with an error naming the problem,
+    instead of waiting on rank 0 until the process-group timeout. Returns the claimed
+    directory on rank 0, None elsewhere.
+    """
+    run_dir: RunDir | None = None
+    error: RunDirError | None = None
+    try:
+        if world.is_main:
+            run_dir = RunDir.claim(
+                out,
+                overwrite=overwrite,
+                resume=resume,
+                checkpoint_dir=checkpoint_dir,
+                replace_finished=replace_finished,
+            )
+        else:
+            check_writable(out)
+    except RunDirError as exc:  # re-raised below, once the others know
+        error = exc
+    problems = torch.zeros(world.world_size, device=world.device)
+    if error is not None:
+        problems[world.rank] = float(error.problem)
+    try:
+        dist.all_reduce(problems)
+        if error is not None:
+            raise error
+        failed = [(rank, int(code)) for rank, code in enumerate(problems.tolist()) if code]
+        if failed:
+            raise RunDirError(
+                Problem(failed[0][1]),
+                "; ".join(
+                    f"{Problem(code).describe(out)} (found by rank {rank}; see its log)"
+                    for rank, code in failed
+                ),
+            )
+    except BaseException as exc:
+        if run_dir is not None:  # claimed, but the run will not start
+            run_dir.end(exc)
+            run_dir.close()
+        raise
+    return run_dir
+
+
+def prepare_partition(config: Config, world: World, part_dir: Path) -> dict:
+    """Rank 0 makes the partition if needed; every rank then checks it matches the run."""
+    error: Exception | None = None
+    if world.is_main:
+        from adaqp.partitioning.build import ensure_partition
+
+        try:
+            ensure_partition(config.data, config.partition, world.world_size, part_dir)
+        except Exception as exc:  # re-raised below, once the others know
+            error = exc
+    # The others wait here (bounded by the process-group timeout) while rank 0 works.
+    failed = torch.tensor([float(error is not None)], device=world.device)
+    dist.all_reduce(failed)
+    if error is not None:
+        raise error
+    if failed.item():
+        raise PartitionError(f"rank 0 could not prepare the partition at {part_dir}; see its log")
+    meta = read_metadata(part_dir)
+    check_matches(
+        meta,
+        part_dir,
+        spec=config.data.spec(),
+        num_parts=world.world_size,
+        method=config.partition.method,
+        seed=config.partition.seed,
+        balance_train=config.partition.balance_train,
+        objective=config.partition.objective,
+    )
+    return meta
+
+
+def run(
+    config: Config,
+    init_method: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    *,
+    overwrite: bool = False,
+    resume: bool = False,
+    replace_finished: bool = False,
+    name: str | None = None,
+) -> Summary:
+    """Runs one training job on this process's rank; returns its summary.
+
+    ``overwrite``, ``resume`` and ``replace_finished`` say what to do with a run already
+    in the output directory (see ``adaqp.run.rundir``); without them it is refused.
+    ``name``: the config file's stem, naming the default output directory.
+    """
+    world = init_distributed(config.comm, init_method, rank, world_size)
+    run_dir: RunDir | None = None
+    # A worker group that torchrun restarted (--max-restarts) continues from the newest
+    # checkpoint, if one was completed before the failure.
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    if restarts and not overwrite and not resume:
+        resume = "auto"
+    try:
+        out = output_dir(config, world.world_size, name)
+        ckpt_dir = checkpoint_root(config, out)
+        run_dir = claim_output(out, world, overwrite, resume, ckpt_dir, replace_finished)
+        part_dir = partition_dir(config, world.world_size)
+        meta = prepare_partition(config, world, part_dir)
+        if world.is_main:
+            _describe(config, meta, world.world_size, out)
+        graph = LocalGraph.from_part(load_part(part_dir, world.rank, meta), world.device)
+        trainer = Trainer(config, graph, meta, world)
+        checkpoints = Checkpointer.for_run(config, world, out, meta)
+        history, resumed_from, redone = None, 0, 0
+        if _agree(world, run_dir is not None and run_dir.resume_from is not None):
+            resumed_from, tensors, history = checkpoints.load_latest()
+            if resumed_from > config.train.epochs:
+                raise ValueError(
+                    f"the checkpoint in {checkpoints.root} is at epoch {resumed_from}, past "
+                    f"--epochs {config.train.epochs}: give at least that many epochs"
+                )
+            trainer.load_state_dict(tensors)
+            if world.is_main:
+                redone = _epochs_logged(out) - resumed_from
+                logger.info(
+                    "resuming from the checkpoint at epoch %d (%d epochs to redo)",
+                    resumed_from,
+                    redone,
+                )
+        writer = RunWriter(out, enabled=world.is_main, history=history)
+        writer.write_config(
+            {**config.to_dict(), "world_size": world.world_size, "partition_dir": str(part_dir)}
+        )
+        bar = _progress_bar(config, world, first_epoch=resumed_from + 1)
+        try:
+            facts = RunFacts(
+                partition_dir=str(part_dir),
+                restarts=restarts,
+                resumed_from_epoch=resumed_from,
+                epochs_redone=max(redone, 0),
+            )
+            summary = trainer.fit(
+                writer, on_epoch=bar, checkpoints=checkpoints, resume=history, facts=facts
+            )
+        finally:
+            writer.close()
+            if bar is not None:
+                bar.close()
+        writer.write_summary(summary)
+        if run_dir is not None:
+            run_dir.end()
+    except BaseException as exc:
+        if run_dir is not None:
+            run_dir.end(exc)  # "failed" or "interrupted": the partial output says so
+            run_dir.close()
+        shutdown(barrier=False)  # a failing rank must not wait for healthy peers
+        raise
+    del trainer, graph
+    gc.collect()  # release collective buffers and handles before the group goes away
+    shutdown()
+    if run_dir is not None:
+        run_dir.close()
+    return summary
+
+
+class _Progress:
+    """tqdm on a terminal; otherwise a log line every tenth of the run."""
+
+    def __init__(self, config: Config, world: World, first_epoch: int = 1):
+        self.total = config.train.epochs
+        self.bar = None
+        if world.is_main and config.metrics.progress and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=self.total,
+                initial=first_epoch - 1,
+                desc="train",
+                unit="epoch",
+                dynamic_ncols=True,
+            )
+        self.every = max(1, self.total // 10)
+        self.estimate_at = min(first_epoch + 2, self.total)
+
+    def __call__(self, record: EpochRecord) -> None:
+        val = f"{record.val_acc:.4f}" if record.val_acc is not None else "-"
+        if record.epoch == self.estimate_at and record.epoch < self.total:
+            left = self.total - record.epoch
+            logger.info(
+                "epoch %d took %.2fs: about %s for the %d epochs left",
+                record.epoch,
+                record.epoch_time_s,
+                _duration(left * record.epoch_time_s),
+                left,
+            )
+        if self.bar is not None:
+            self.bar.set_postfix(
+                loss=f"{record.train_loss:.4f}",
+                val=val,
+                epoch_s=f"{record.epoch_time_s:.3f}",
+                refresh=False,
+            )
+            self.bar.update(1)
+        elif record.epoch % self.every == 0 or record.epoch == self.total:
+            logger.info(
+                "epoch %d/%d loss %.4f val %s epoch %.3fs comm %.3fs",
+                record.epoch,
+                self.total,
+                record.train_loss,
+                val,
+                record.epoch_time_s,
+                record.comm_time_s,
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _describe(config: Config, meta: dict, world_size: int, out: Path) -> None:
+    """The first lines a user sees once the workers are up: what trains, and where to."""
+    data = meta["dataset"]
+    logger.info(
+        "%s: %d nodes, %d edges, %d features, %d classes; %s, %d layers x %d hidden, "
+        "mode %s, %d workers (edge cut %d); %d epochs, writing to %s",
+        config.data.dataset,
+        data["num_nodes"],
+        data["num_edges"],
+        data["feature_dim"],
+        data["num_classes"],
+        config.model.name,
+        config.model.layers,
+        config.model.hidden,
+        config.comm.mode,
+        world_size,
+        int(meta.get("edge_cut", 0)),
+        config.train.epochs,
+        out,
+    )
+
+
+def _progress_bar(config: Config, world: World, first_epoch: int = 1) -> _Progress | None:
+    return _Progress(config, world, first_epoch) if world.is_main else None
+
+
+def _agree(world: World, flag: bool) -> bool:
+    """Rank 0's ``flag``, on every rank."""
+    value = torch.tensor([float(flag)], device=world.device)
+    dist.broadcast(value, src=0)
+    return bool(value.item())
+
+
+def _epochs_logged(out: Path) -> int:
+    """The last epoch in ``out/metrics.jsonl`` (0 if none): how far the run had got."""
+    last = 0
+    try:
+        with open(out / "metrics.jsonl") as f:
+            for line in f:
+                try:
+                    last = max(last, int(json.loads(line)["epoch"]))
+                except (ValueError, KeyError, TypeError):
+                    continue  # a line cut short by the failure
+    except OSError:
+        return 0
+    return last

@@ -1,0 +1,254 @@
+"""Tests for the compiled quantizer (adaqp.quant.compiled, adaqp.quant.kernels): the path
+switch, the wire format against the torch path's, the counter-based draws against a plain
+numpy statement of them, the rounding's exact expectation, and independence from threads.
+
+The statistical tests of both paths (unbiasedness, variance, one bit, clamping) are those of
+test_rows.py and test_mixed.py, run on each path by the ``kernel_path`` fixture.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from adaqp.config import ConfigError, load_config
+from adaqp.quant import (
+    SUPPORTED_BITS,
+    dequantize,
+    dequantize_mixed,
+    pack,
+    packed_row_bytes,
+    quantize,
+    quantize_mixed,
+    unpack,
+)
+from adaqp.quant import kernels as K
+from tests.quant.helpers import _gen, _levels, _on_grid_rows, _parse_mixed
+
+pytestmark = pytest.mark.skipif(not K.compiled_available(), reason="numba is not importable")
+
+DIMS = [1, 3, 7, 8, 9, 33, 64, 67]
+
+# --------------------------------------------------------------------------- the draws, in numpy
+
+_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix64(z: np.ndarray) -> np.ndarray:
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _draws(seed: np.uint64, rows: int, dim: int) -> np.ndarray:
+    """uint32 ``[R, D]`` 16-bit draws as adaqp/quant/compiled.py states them: value (r, j)
+    takes lane j % 4 of the SplitMix64 output number r·ceil(D / 4) + j // 4 + 1."""
+    groups = -(-dim // 4)
+    r, j = np.meshgrid(np.arange(rows, dtype=np.uint64), np.arange(dim, dtype=np.uint64))
+    r, j = r.T, j.T
+    counter = r * np.uint64(groups) + j // np.uint64(4)
+    with np.errstate(over="ignore"):
+        words = _mix64(seed + (counter + np.uint64(1)) * _GAMMA)
+    return ((words >> (np.uint64(16) * (j % np.uint64(4)))) & np.uint64(0xFFFF)).astype(np.uint32)
+
+
+def _round(t: np.ndarray, draws: np.ndarray) -> np.ndarray:
+    """The stated rounding: ``(rint(2**16·t) + u) >> 16`` (float32 ``t`` already clamped)."""
+    rho = np.rint(t * np.float32(2**16)).astype(np.int64)
+    return (rho + draws.astype(np.int64)) >> 16
+
+
+def _codes(x: torch.Tensor, bits_r: torch.Tensor, seed: np.uint64) -> np.ndarray:
+    """The codes the compiled path must send for rows ``x`` at widths ``bits_r``."""
+    x = x.numpy()
+    levels = (2 ** bits_r.numpy().astype(np.int64) - 1).astype(np.float32)[:, None]
+    m, big = x.min(1, keepdims=True), x.max(1, keepdims=True)
+    step = (big - m) / levels
+    safe = np.where(step > 0, step, np.float32(1))
+    t = np.minimum((x - m) / safe, levels)
+    return _round(t, _draws(seed, *x.shape))
+
+
+def _seed_of(generator_seed: int) -> np.uint64:
+    return K.message_seed(_gen(generator_seed))
+
+
+# --------------------------------------------------------------------------- the switch
+
+
+def test_the_switch_picks_the_path_by_device():
+    assert K.use_compiled("auto", "cpu") and K.use_compiled("compiled", "cpu")
+    assert not K.use_compiled("torch", "cpu")
+    assert not K.use_compiled("auto", "meta")  # any non-CPU device: the torch path
+    with pytest.raises(ValueError, match="CPU tensors"):
+        K.use_compiled("compiled", "meta")
+    with pytest.raises(ValueError, match="kernels must be one of"):
+        K.use_compiled("fast", "cpu")
+    previous = K.set_kernels("torch")
+    try:
+        assert not K.use_compiled(None, "cpu") and K.get_kernels() == "torch"
+        with pytest.raises(ValueError, match="kernels must be one of"):
+            K.set_kernels("numba")
+    finally:
+        K.set_kernels(previous)
+
+
+def test_config_key_is_validated():
+    assert load_config(None, ["quant.kernels=torch"]).quant.kernels == "torch"
+    assert load_config(None, []).quant.kernels == "auto"
+    with pytest.raises(ConfigError, match="quant.kernels"):
+        load_config(None, ["quant.kernels=numba"])
+
+
+# --------------------------------------------------------------------------- wire format
+
+
+@pytest.mark.parametrize("dim", DIMS)
+@pytest.mark.parametrize("bits", SUPPORTED_BITS)
+def test_packed_bytes_equal_pack_of_the_same_codes(bits: int, dim: int):
+    # On-grid rows (integers spanning [0, L]) quantize to themselves whatever the draw.
+    bits_r = torch.full((9,), bits, dtype=torch.int8)
+    x = _on_grid_rows(bits_r, max(dim, 2), dim + bits)[:, :dim]
+    if dim == 1:
+        x = torch.zeros(9, 1)
+    q = quantize(x, bits, _gen(0), kernels="compiled")
+    assert torch.equal(q.packed, pack(x.to(torch.uint8), bits))
+    assert torch.equal(q.minimum, x.amin(1)) and torch.equal(q.maximum, x.amax(1))
+
+
+@pytest.mark.parametrize("dim", DIMS[1:])
+def test_mixed_buffer_equals_the_torch_paths_byte_for_byte(dim: int):
+    bits_r = torch.tensor(SUPPORTED_BITS, dtype=torch.int8)[
+        torch.randperm(23, generator=_gen(dim)) % 4
+    ]
+    x = _on_grid_rows(bits_r, dim, dim)
+    compiled = quantize_mixed(x, bits_r, _gen(1), kernels="compiled")
+    assert torch.equal(compiled, quantize_mixed(x, bits_r, _gen(1), kernels="torch"))
+    # At an odd offset of a larger buffer, as a slice of an all_to_all send buffer.
+    send = torch.zeros(compiled.numel() + 3, dtype=torch.uint8)
+    quantize_mixed(x, bits_r, _gen(1), out=send[3:], kernels="compiled")
+    assert torch.equal(send[3:], compiled) and bool((send[:3] == 0).all())
+
+
+@pytest.mark.parametrize("dim", [5, 64, 67])
+def test_each_path_decodes_the_others_bytes_to_the_same_floats(dim: int):
+    g = _gen(dim)
+    x = torch.randn(40, dim, generator=g) * torch.logspace(-3, 3, 40)[:, None]
+    bits_r = torch.tensor(SUPPORTED_BITS, dtype=torch.int8)[torch.randperm(40, generator=g) % 4]
+    for writer in ("torch", "compiled"):
+        buf = quantize_mixed(x, bits_r, _gen(2), kernels=writer)
+        ours = dequantize_mixed(buf, bits_r, dim, kernels="compiled")
+        theirs = dequantize_mixed(buf, bits_r, dim, kernels="torch")
+        assert torch.equal(ours, theirs), writer  # bit for bit, one bit included
+    q = quantize(x, 2, _gen(3), kernels="torch")
+    assert torch.equal(dequantize(q, kernels="compiled"), dequantize(q, kernels="torch"))
+
+
+# --------------------------------------------------------------------------- the draws
+
+
+@pytest.mark.parametrize("dim", [1, 6, 37, 64])
+def test_codes_are_the_stated_hash_of_seed_row_and_column(dim: int):
+    g = _gen(dim)
+    x = torch.randn(50, dim, generator=g) * torch.logspace(-2, 2, 50)[:, None]
+    bits_r = torch.tensor(SUPPORTED_BITS, dtype=torch.int8)[torch.randperm(50, generator=g) % 4]
+    for generator_seed in (0, 7, 12345):
+        buf = quantize_mixed(x, bits_r, _gen(generator_seed), kernels="compiled")
+        expected = _codes(x, bits_r, _seed_of(generator_seed))
+        for bits, group in _parse_mixed(buf, bits_r, dim).items():
+            rows = (bits_r == bits).numpy()
+            got = unpack(group.packed, bits, dim).numpy()
+            np.testing.assert_array_equal(got, expected[rows])
+
+
+def test_draws_are_uniform_16_bit_lanes():
+    # The lanes of SplitMix64 outputs: every 16-bit value about equally often (chi-square),
+    # and every bit set half the time, across rows, columns and lanes.
+    u = _draws(np.uint64(2024), 256, 1024).ravel()
+    counts = np.bincount(u >> 8, minlength=256)  # top byte: 256 cells of ~1024
+    expected = u.size / 256
+    chi2 = ((counts - expected) ** 2 / expected).sum()
+    assert chi2 < 255 + 5 * np.sqrt(2 * 255)
+    ones = np.array([((u >> k) & 1).mean() for k in range(16)])
+    assert np.abs(ones - 0.5).max() < 5 * 0.5 / np.sqrt(u.size)
+
+
+@pytest.mark.parametrize("bits", SUPPORTED_BITS)
+def test_rounding_expectation_is_exact_and_the_bias_bound_tight(bits: int):
+    # Over every 16-bit draw, E[q] = rint(2**16 t) / 2**16: the bias is at most 2**-17 (Δ = 1
+    # here, so t = x) and attained where 2**16 t is half an integer.
+    levels = _levels(bits)
+    g = _gen(50 + bits)
+    k = torch.randint(0, levels, (40,), generator=g).double()
+    frac = torch.cat(
+        [
+            torch.tensor([2.0**-17, 3 * 2.0**-18, 2.0**-18, 2.0**-16, 0.5, 1 - 2.0**-17]),
+            torch.rand(34, generator=g, dtype=torch.float64),
+        ]
+    )
+    t = (k + frac).float().numpy()
+    every = np.arange(2**16, dtype=np.uint32)[:, None]
+    mean = _round(t[None, :], every).mean(0)
+    expected = np.rint(t.astype(np.float64) * 2**16) / 2**16
+    np.testing.assert_array_equal(mean, expected)
+    bias = np.abs(mean - t.astype(np.float64))
+    assert (bias <= 2.0**-17).all() and bias.max() == 2.0**-17
+    # The kernel rounds exactly so: rows [0, L, t...] have Δ = 1 and t = x, and their codes
+    # match the statement above for the kernel's own draws.
+    x = torch.from_numpy(np.concatenate([[0.0, levels], t]).astype(np.float32))[None]
+    q = quantize(x, bits, _gen(9), kernels="compiled")
+    expected_codes = _round(x.numpy(), _draws(_seed_of(9), 1, x.shape[1]))
+    np.testing.assert_array_equal(unpack(q.packed, bits, x.shape[1]).numpy(), expected_codes)
+
+
+def test_one_draw_per_message_from_the_generator():
+    g, twin = _gen(5), _gen(5)
+    quantize_mixed(
+        torch.randn(30, 9), torch.full((30,), 2, dtype=torch.int8), g, kernels="compiled"
+    )
+    K.message_seed(twin)
+    assert torch.equal(g.get_state(), twin.get_state())
+    # A restored generator state replays the message bit for bit (checkpoints).
+    x, bits_r = torch.randn(30, 9), torch.full((30,), 4, dtype=torch.int8)
+    state = g.get_state()
+    first = quantize_mixed(x, bits_r, g, kernels="compiled")
+    g.set_state(state)
+    assert torch.equal(first, quantize_mixed(x, bits_r, g, kernels="compiled"))
+
+
+def test_thread_count_does_not_change_the_codes():
+    # 2**15 values or more take the prange kernels when torch has more than one thread.
+    x = torch.randn(600, 64, generator=_gen(1))
+    bits_r = torch.tensor(SUPPORTED_BITS, dtype=torch.int8).repeat(150)
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            buf = quantize_mixed(x, bits_r, _gen(4), kernels="compiled")
+            results.append((buf, dequantize_mixed(buf, bits_r, 64, kernels="compiled")))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
+
+
+def test_strided_inputs_and_outputs():
+    x = torch.randn(20, 12, generator=_gen(3))
+    bits_r = torch.full((12,), 4, dtype=torch.int8)
+    strided = x.t()  # [12, 20], not contiguous
+    buf = quantize_mixed(strided, bits_r, _gen(0), kernels="compiled")
+    expected = quantize_mixed(strided.contiguous(), bits_r, _gen(0), kernels="compiled")
+    assert torch.equal(buf, expected)
+    out = torch.zeros(20, 12).t()
+    result = dequantize_mixed(buf, bits_r, 20, out=out, kernels="compiled")
+    assert result.data_ptr() == out.data_ptr()
+    assert torch.equal(out, dequantize_mixed(buf, bits_r, 20, kernels="compiled"))
+    with pytest.raises(ValueError, match="unsupported widths"):
+        quantize_mixed(x, torch.tensor([3] * 20, dtype=torch.int8), kernels="compiled")
+    assert packed_row_bytes(12, 4) == 6
+
+
+def test_warm_up_loads_every_kernel():
+    assert K.warm_up()

@@ -1,0 +1,37 @@
+"""Tests for adaqp.quant.segment: one peer's segment, quantized rows then float32 rows."""
+
+from __future__ import annotations
+
+import torch
+
+from adaqp.bits import FULL_PRECISION_BITS
+from adaqp.quant import mixed_buffer_bytes
+from adaqp.quant.segment import decode_segment, encode_segment, segment_bytes
+from tests.quant.helpers import _gen
+
+
+def test_segment_round_trip_on_each_path(kernel_path: str):
+    x = torch.randn(9, 13, generator=_gen(0))
+    bits_r = torch.tensor([32, 2, 8, 32, 1, 4, 4, 32, 2], dtype=torch.int8)
+    full = bits_r == FULL_PRECISION_BITS
+    size = segment_bytes(bits_r, 13)
+    assert size == mixed_buffer_bytes(bits_r[~full], 13) + 3 * 13 * 4
+    out = torch.zeros(size + 1, dtype=torch.uint8)[1:]  # at an odd offset
+    encode_segment(x, bits_r, _gen(1), out, True, None)
+    # Float32 rows close the segment as their bytes, in row order.
+    assert torch.equal(out[-3 * 13 * 4 :], x[full].contiguous().view(torch.uint8).reshape(-1))
+    got = torch.empty(9, 13)
+    decode_segment(out, bits_r, 13, got, True, None)
+    assert torch.equal(got[full], x[full])
+    step = (x.amax(1) - x.amin(1)) / (2 ** bits_r.float().clamp(max=8) - 1)
+    assert bool(((got - x).abs() <= step[:, None] * (1 + 1e-5)).all())
+    # All rows at full precision, and none: the plain bytes, and the mixed layout alone.
+    everything = torch.full((9,), 32, dtype=torch.int8)
+    buf = torch.empty(segment_bytes(everything, 13), dtype=torch.uint8)
+    encode_segment(x, everything, None, buf, True, None)
+    decode_segment(buf, everything, 13, got, True, None)
+    assert torch.equal(got, x)
+    quantized = torch.full((9,), 2, dtype=torch.int8)
+    buf = torch.empty(segment_bytes(quantized, 13), dtype=torch.uint8)
+    encode_segment(x, quantized, _gen(2), buf, False, None)
+    assert buf.numel() == mixed_buffer_bytes(quantized, 13)

@@ -1,0 +1,555 @@
+"""The launcher (``adaqp-train``, ``bash launch/train.sh``): its command line, its filter
+over torchrun's output (on text torchrun really printed), its exit codes, and real runs."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from io import BytesIO
+from pathlib import Path
+
+import pytest
+
+from adaqp.config import MODES
+from adaqp.launcher import Launch, UsageError, main, parse
+from adaqp.launcher import args as launcher_args
+from adaqp.launcher.output import OutputFilter, Stream, exit_code, read_codes
+from adaqp.launcher.run import _silent_failure
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN_SH = ROOT / "launch" / "train.sh"
+CORA = str(ROOT / "configs" / "cora-gcn.toml")
+NO_ENV: dict[str, str] = {}
+
+# torchrun 2.13, two workers exiting 2 after printing an error line each.
+CONFIG_ERROR = """\
+error: model.nope: unknown key
+error: model.nope: unknown key
+E1201 09:44:20.968000 24011 .venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 2) local_rank: 0 (pid: 24024) of binary: /work/main/.venv/bin/python
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "<frozen runpy>", line 88, in _run_code
+  File "/work/main/.venv/lib/python3.11/site-packages/torch/distributed/run.py", line 1032, in <module>
+    main()
+  File "/work/main/.venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 367, in wrapper
+    return f(*args, **kwargs)
+           ^^^^^^^^^^^^^^^^^^
+  File "/work/main/.venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+============================================================
+adaqp.train FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-01_09:38:39
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 2 (pid: 20887) 
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_09:38:39
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 2 (pid: 20886) 
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""  # noqa: E501, W291
+
+# A worker (run with -m, so its traceback starts in runpy too) raising; torchrun stops the
+# other with SIGTERM.
+WORKER_TRACEBACK = """\
+hello from 0
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "<frozen runpy>", line 88, in _run_code
+  File "/tmp/lt/w.py", line 10, in <module>
+    raise RuntimeError("boom")
+RuntimeError: boom
+W1201 09:38:47.091000 20921 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 20991 closing signal SIGTERM
+E1201 09:38:47.092000 20921 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 1 (pid: 20992) of binary: /work/main/.venv/bin/python
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/work/main/.venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+============================================================
+w.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-01_09:38:47
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 20991)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 20991
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_09:38:47
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 20992) 
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""  # noqa: E501, W291
+
+# torchrun given SIGINT (what the launcher forwards at Ctrl-C).
+INTERRUPTED = """\
+W1201 09:39:31.119000 21483 torch/distributed/elastic/agent/server/api.py:753] Received 2 death signal, shutting down workers
+W1201 09:39:31.120000 21483 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 21487 closing signal SIGINT
+WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 21488 closing signal SIGINT
+interrupted (SIGINT); the newest checkpoint is at epoch 10; continue with: adaqp-train --resume
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/work/main/.venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py", line 86, in _terminate_process_handler
+    raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
+torch.distributed.elastic.multiprocessing.api.SignalException: Process 21483 got signal: 2
+"""  # noqa: E501
+
+
+def _filtered(text: str) -> tuple[str, OutputFilter]:
+    out = OutputFilter()
+    shown = [line for raw in text.splitlines(keepends=True) for line in out.feed(raw)]
+    return "".join(shown + out.flush()), out
+
+
+# The command line.
+
+
+def test_config_as_first_argument_flag_or_after_flags_and_flags_in_any_order(tmp_path):
+    config = tmp_path / "a.toml"
+    config.write_text("")
+    for argv in (
+        [str(config), "--mode", "adaqp", "--epochs", "5"],
+        ["--mode", "adaqp", str(config), "--epochs", "5"],
+        ["--mode", "adaqp", "--config", str(config), "--epochs", "5"],
+        ["--mode", "adaqp", "--epochs", "5", f"--config={config}"],
+    ):
+        spec = parse(argv, NO_ENV)
+        assert spec.config == str(config), argv
+        assert spec.train_args == ["--mode", "adaqp", "--epochs", "5", "--replace-finished"]
+        command = spec.torchrun("py")
+        assert command[command.index("adaqp.train") :] == [
+            *("adaqp.train", "--config", str(config), "--mode", "adaqp", "--epochs", "5"),
+            "--replace-finished",
+        ]
+
+
+def test_no_config_means_cora_and_values_are_never_taken_for_a_config(tmp_path, monkeypatch):
+    spec = parse(["--mode", "adaqp", "--epochs", "5", "--set", "train.lr=0.1"], NO_ENV)
+    assert spec.config == "configs/cora-gcn.toml"
+    monkeypatch.chdir(tmp_path)  # adaqp-train elsewhere: the checkout's
+    assert parse([], NO_ENV).config == CORA
+    assert spec.train_args[:6] == ["--mode", "adaqp", "--epochs", "5", "--set", "train.lr=0.1"]
+    # Unknown flags pass through with the word after them, for adaqp.train to judge.
+    spec = parse([CORA, "--frobnicate", "3", "--seed=4", "--", "x", "--y"], NO_ENV)
+    assert spec.train_args == ["--frobnicate", "3", "--seed=4", "x", "--y", "--replace-finished"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["a.toml", "b.toml"], "unexpected argument 'b.toml'"),
+        (["a.toml", "--config", "b.toml"], "two configs given"),
+        (["--config"], "--config needs a value"),
+        (["--config="], "--config needs a value"),
+        (["--epochs"], "--epochs needs a value"),
+        (["--nproc", "0"], "--nproc must be an integer >= 1"),
+        (["--nnodes", "2", "--node-rank", "2"], "--node-rank must be an integer from 0 to 1"),
+        (["--master-port=http"], "--master-port must be"),
+    ],
+)
+def test_usage_errors(argv, message):
+    with pytest.raises(UsageError, match=message):
+        parse(argv, NO_ENV)
+
+
+def test_options_default_to_the_environment_and_flags_win():
+    env = {"NPROC": "3", "NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1"}
+    spec = parse([CORA, "--master-port", "1234", "--restarts=2", "--debug"], env)
+    assert (spec.nproc, spec.nnodes, spec.node_rank, spec.master_port) == (3, 2, 1, 1234)
+    assert spec.debug and spec.train_args[0] == "--debug"  # the workers get it too
+    command = " ".join(spec.torchrun("py"))
+    assert "--nnodes 2 --node-rank 1 --rdzv-backend c10d --rdzv-id adaqp" in command
+    assert "--rdzv-endpoint 10.0.0.1:1234 --nproc-per-node 3 --max-restarts 2" in command
+    spec = parse([CORA, "--nproc-per-node", "2"], {"NPROC": "5", "NNODES": "1"})
+    assert spec.nproc == 2 and spec.torchrun("py")[3:4] == ["--standalone"]
+    with pytest.raises(UsageError, match="NPROC must be an integer"):
+        parse([CORA], {"NPROC": "four"})
+
+
+@pytest.mark.parametrize(
+    ("flags", "config_text", "replaced"),
+    [
+        ([], "", True),
+        (["--out", "d"], "", False),
+        (["--out=d"], "", False),
+        (["--set", "metrics.out=d"], "", False),
+        (["--set=metrics.out=d"], "", False),
+        (["--set", "metrics.progress=false"], "", True),
+        (["--overwrite"], "", False),
+        (["--resume"], "", False),
+        ([], '[metrics]\nout = "d"\n', False),
+        ([], '[metrics]\nout = ""\n', True),  # empty: the default directory
+        ([], "[metrics\n  out = 'd'\n", False),  # unreadable TOML: as the old grep
+        ([], '[data]\nroot = "out"\n', True),
+    ],
+)
+def test_the_default_directory_gets_replace_finished_never_overwrite(
+    tmp_path, flags, config_text, replaced
+):
+    config = tmp_path / "c.toml"
+    config.write_text(config_text)
+    args = parse([str(config), *flags], NO_ENV).train_args
+    assert ("--replace-finished" in args) == replaced, args
+    assert "--overwrite" not in args or "--overwrite" in flags
+    args = parse([str(config), *flags, "--replace-finished"], NO_ENV).train_args
+    assert args.count("--replace-finished") == 1
+
+
+def test_help_lists_every_option_and_answers_without_torch():
+    code = (
+        "import sys, time; t = time.monotonic(); from adaqp.launcher import main; "
+        "rc = main(['--help']); assert 'torch' not in sys.modules, 'torch imported'; "
+        "print('took', time.monotonic() - t); sys.exit(rc)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    for flag, (_, env, default) in launcher_args.OPTIONS.items():
+        assert flag in proc.stdout and f"{env}, default {default}" in proc.stdout, flag
+    for text in ("--config FILE", "--debug", "--resume", "--overwrite", "--replace-finished"):
+        assert text in proc.stdout
+    for text in ("--mode", "--epochs", "--seed", "--out", "--set", "examples:"):
+        assert text in proc.stdout
+    assert "0 success, 1 a failed run, 2 a usage or config error, 130 interrupted" in proc.stdout
+    assert ", ".join(MODES) in proc.stdout  # the launcher's copy of the modes is current
+    assert float(proc.stdout.rsplit("took", 1)[1]) < 1.0
+
+
+def test_the_launcher_imports_only_the_standard_library():
+    for path in (ROOT / "adaqp" / "launcher").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            for name in names:
+                top = name.partition(".")[0]
+                assert top in sys.stdlib_module_names or name.startswith("adaqp.launcher"), (
+                    path,
+                    name,
+                )
+
+
+def test_train_sh_help_and_a_missing_config_stop_before_torchrun(tmp_path):
+    proc = subprocess.run(["bash", str(TRAIN_SH), "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.startswith(f"usage: bash {TRAIN_SH} [CONFIG]")
+    proc = subprocess.run(
+        ["bash", str(TRAIN_SH), "--epochs", "3", str(tmp_path / "nope.toml")],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr == f"error: config file {tmp_path / 'nope.toml'} not found\n"
+    assert main(["--nproc", "x", CORA]) == 2
+
+
+# torchrun's output, filtered.
+
+
+def test_torchrun_report_is_left_out_and_one_error_line_stays():
+    shown, out = _filtered(CONFIG_ERROR)
+    assert shown == "error: model.nope: unknown key\n"
+    assert out.failures == [(0, 2), (1, 2)]  # the root cause first
+    assert out.idle
+
+
+def test_a_workers_traceback_stays_whole():
+    shown, out = _filtered(WORKER_TRACEBACK)
+    assert shown == "".join(WORKER_TRACEBACK.splitlines(keepends=True)[:7])
+    assert out.failures == [(1, 1), (0, -15)] and out.tracebacks == 1
+
+
+def test_ctrl_c_leaves_only_the_workers_message():
+    shown, _ = _filtered(INTERRUPTED)
+    assert shown == INTERRUPTED.splitlines(keepends=True)[3]
+
+
+def test_debug_free_filter_never_drops_other_output():
+    text = "a\nTraceback (most recent call last):\n  File 'x'\n10:00 [rank 1] log\n  b\n"
+    assert _filtered(text)[0] == text  # an interleaved line ends the held block: shown
+    assert _filtered("Traceback (most recent call last):\n  File 'x'\n")[0].count("File") == 1
+    text = "error: a\nerror: b\nerror: a\nwarn\n"
+    assert _filtered(text)[0] == "error: a\nerror: b\nwarn\n"
+
+
+def test_stream_passes_progress_bars_at_once_and_filters_lines():
+    read_end, write_end = os.pipe()
+    stream = Stream(read_end, OutputFilter())
+    stream.out = BytesIO()
+    stream.start()
+    os.write(write_end, b"\rtrain:  10%|#\rtrain:  20%|##")
+    deadline = time.monotonic() + 10
+    while b"20%" not in stream.out.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stream.out.getvalue() == b"\rtrain:  10%|#\rtrain:  20%|##"  # before its newline
+    # torchrun's log line after the bar is judged alone, then the bar closes.
+    os.write(write_end, INTERRUPTED.splitlines(keepends=True)[0].encode() + b"\r30%\n")
+    os.write(write_end, CONFIG_ERROR.encode() + b"caf\xc3\xa9 \xff\nend")
+    os.close(write_end)
+    stream.join(timeout=10)
+    os.close(read_end)
+    assert stream.out.getvalue() == (
+        b"\rtrain:  10%|#\rtrain:  20%|##\r30%\nerror: model.nope: unknown key\n"
+        b"caf\xc3\xa9 \xff\nend"
+    )
+    assert stream.mid_line  # "end" did not end its line
+
+
+# Exit codes.
+
+
+@pytest.mark.parametrize(
+    ("codes", "torchrun", "interrupted", "expected"),
+    [
+        ({0: 0, 1: 0}, 0, False, 0),
+        ({0: 2, 1: 2}, 1, False, 2),
+        ({0: 130, 1: 1}, 1, False, 1),  # rank 0 stopped by torchrun after rank 1 failed
+        ({0: 130, 1: 2}, 1, False, 2),
+        ({0: 130, 1: 130}, 1, False, 130),
+        ({0: 1, 1: 1}, 1, True, 130),  # Ctrl-C at the launcher
+        ({0: 0}, 1, False, 1),  # a rank without a code
+        ({}, 1, False, 1),
+    ],
+)
+def test_exit_code_aggregation(codes, torchrun, interrupted, expected):
+    assert exit_code(codes, torchrun, interrupted) == expected
+
+
+def test_codes_are_read_and_silent_failures_explained(tmp_path):
+    (tmp_path / "rank-0.code").write_text("2\n")
+    (tmp_path / "rank-1.code").write_text("")  # cut short
+    assert read_codes(tmp_path) == {0: 2}
+    _, out = _filtered(WORKER_TRACEBACK)
+    assert _silent_failure(out, {}, 1) == "rank 1 failed with exit code 1 (its traceback is above)"
+    _, out = _filtered(CONFIG_ERROR.replace("exitcode  : 2 (pid: 20886)", "exitcode  : -9"))
+    assert "rank 0 ended with signal SIGKILL without a message" in _silent_failure(out, {}, 1)
+    # Rank 0 stopped by torchrun (130) before it printed rank 1's config error.
+    assert "rank 1 ended with exit code 2" in _silent_failure(OutputFilter(), {0: 130, 1: 2}, 1)
+    assert "torchrun ended with exit code 1" in _silent_failure(OutputFilter(), {}, 1)
+
+
+# The launcher around a stand-in for torchrun.
+
+FAKE_TORCHRUN = """\
+import os, signal, subprocess, sys, time
+from pathlib import Path
+status = Path(os.environ["ADAQP_STATUS_DIR"])
+(status.parent / (status.name + ".env")).write_text(os.environ["ADAQP_COMMAND"])
+if sys.argv[1] == "stubborn":  # ignores Ctrl-C, as does a worker of its own session
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    worker = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    (status.parent / (status.name + ".worker")).write_text(str(worker.pid))
+    (status / "started").write_text("")
+    time.sleep(60)
+if sys.argv[1] == "fail":
+    (status / "rank-0.code").write_text("2")
+    sys.stderr.write(sys.argv[2])
+    sys.exit(1)
+signals = []
+signal.signal(signal.SIGINT, lambda signum, frame: signals.append(signum))
+(status / "started").write_text("")
+deadline = time.monotonic() + 60
+while not signals and time.monotonic() < deadline:
+    time.sleep(0.01)
+time.sleep(3)  # while the test sends another
+(status.parent / (status.name + ".signals")).write_text(str(len(signals)))
+(status / "rank-0.code").write_text("130")
+sys.stderr.write(sys.argv[2])
+sys.exit(1)
+"""
+
+
+def _fake_launch(monkeypatch, tmp_path, mode: str, text: str) -> Path:
+    script = tmp_path / "fake_torchrun.py"
+    script.write_text(FAKE_TORCHRUN)
+    monkeypatch.setattr(Launch, "torchrun", lambda self: [sys.executable, str(script), mode, text])
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setenv("ADAQP_LAUNCH_SCRIPT", "launch/my train.sh")
+    return tmp_path
+
+
+def test_failure_passes_the_workers_code_and_cleans_up(monkeypatch, tmp_path, capfd):
+    _fake_launch(monkeypatch, tmp_path, "fail", CONFIG_ERROR)
+    assert main([CORA, "--epochs", "3"]) == 2
+    err = capfd.readouterr().err
+    assert err.splitlines()[0].startswith("starting 4 workers on 1 host: ")
+    assert err.splitlines()[1:] == ["error: model.nope: unknown key"]
+    (command,) = tmp_path.glob("adaqp-status-*.env")
+    assert command.read_text() == f"bash 'launch/my train.sh' {CORA} --epochs 3"
+    assert not [p for p in tmp_path.glob("adaqp-status-*") if p.is_dir()]  # removed
+
+
+def test_ctrl_c_is_forwarded_once_and_exits_130(monkeypatch, tmp_path, capfd):
+    _fake_launch(monkeypatch, tmp_path, "sleep", INTERRUPTED)
+
+    def interrupt():
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("adaqp-status-*/started")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)  # the stand-in waits 3 s: the launcher is still there
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    assert main([CORA]) == 130
+    err = capfd.readouterr().err
+    assert "stopping the workers" in err and "interrupted (SIGINT)" in err
+    assert "Traceback" not in err and "SignalException" not in err
+    (forwarded,) = tmp_path.glob("adaqp-status-*.signals")
+    assert forwarded.read_text() == "1"  # once
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_what_does_not_stop_after_ctrl_c_is_killed(monkeypatch, tmp_path, capfd):
+    _fake_launch(monkeypatch, tmp_path, "stubborn", "")
+    monkeypatch.setattr("adaqp.launcher.run.STOP_GRACE_S", 0.5)
+
+    def interrupt():
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("adaqp-status-*/started")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    started = time.monotonic()
+    assert main([CORA]) == 130
+    assert time.monotonic() - started < 30
+    assert "did not stop in time: killing them" in capfd.readouterr().err
+    (worker,) = tmp_path.glob("adaqp-status-*.worker")
+    deadline = time.monotonic() + 10
+    while _alive(int(worker.read_text())) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(int(worker.read_text()))  # in a session of its own, killed too
+
+
+# Real runs (torchrun, two gloo workers on Cora).
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("NPROC", "NNODES", "RESTARTS")}
+    env.update(NPROC="2", PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+    return env
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_train_sh_runs_cora_and_a_config_error_is_one_line_exit_2(tmp_path):
+    out, parts = tmp_path / "run", tmp_path / "p"
+    common = ["--set", f"partition.dir={parts}", "--set", "metrics.progress=false"]
+    run = subprocess.run(
+        ["bash", str(TRAIN_SH), "--epochs", "3", CORA, "--out", str(out), *common],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stderr.startswith(f"starting 2 workers on 1 host: {CORA}")
+    assert json.loads((out / "summary.json").read_text())["epochs"] == 3
+    assert "test acc" in run.stdout and "Traceback" not in run.stderr
+
+    bad = subprocess.run(
+        ["bash", str(TRAIN_SH), "--config", CORA, "--set", "model.nope=1", *common],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    log = bad.stdout + bad.stderr
+    assert bad.returncode == 2, log
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "model.nope" in errors[0], log
+    assert "ChildFailedError" not in log and "Traceback" not in log, log
+
+
+def _past_epoch(out: Path, epoch: int, epochs: int) -> bool:
+    """Whether the run of ``epochs`` epochs in ``out`` has logged ``epoch``."""
+    try:
+        config = json.loads((out / "config.json").read_text())
+        logged = len((out / "metrics.jsonl").read_text().splitlines())
+    except (OSError, ValueError):
+        return False
+    return config["train"]["epochs"] == epochs and logged >= epoch
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_rerunning_a_command_replaces_a_finished_run_never_an_interrupted_one(tmp_path):
+    """Issue 17, item 2: no --out, so the launcher picks --replace-finished; Ctrl-C is 130
+    with the --resume command, and the same command again refuses to start over."""
+    launcher = [sys.executable, "-m", "adaqp.launcher", CORA]
+    common = ["--set", f"partition.dir={tmp_path / 'p'}", "--set", "metrics.progress=false"]
+    out = tmp_path / "results" / "runs" / "cora-gcn-vanilla-p2"
+
+    def run(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*launcher, *flags, *common],
+            cwd=tmp_path,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    first = run("--epochs", "2")
+    assert first.returncode == 0, first.stderr
+    assert (out / "summary.json").exists()
+
+    long = [*launcher, "--epochs", "100000", "--set", "checkpoint.every=2", *common]
+    proc = subprocess.Popen(long, cwd=tmp_path, env=_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not _past_epoch(out, 3, epochs=100000):  # the finished run replaced
+            assert time.monotonic() < deadline and proc.poll() is None, "no third epoch"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "SignalException" not in err, err
+    assert "python -m adaqp.launcher" in err and "--resume" in err, err
+    assert json.loads((out / "status.json").read_text())["status"] == "interrupted"
+    checkpoints = sorted((out / "checkpoints").glob("epoch-*"))
+
+    again = run("--epochs", "100000", "--set", "checkpoint.every=2")
+    assert again.returncode == 1, again.stderr
+    errors = [line for line in again.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--resume" in errors[0] and "--overwrite" in errors[0], errors
+    assert sorted((out / "checkpoints").glob("epoch-*")) == checkpoints

@@ -1,0 +1,160 @@
+"""``python -m adaqp.train`` as a newcomer meets it: help, figures, folders, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from adaqp.run.summary import _hidden
+from adaqp.train import format_bytes, parse_args, result_line, resume_command
+from tests.test_train import ROOT, _env, _run, _train, _wait_for
+
+
+def test_help_lists_the_modes_and_exit_codes_without_importing_torch():
+    code = (
+        "import sys\n"
+        "from adaqp.train import main\n"
+        "try:\n    main(['--help'])\n"
+        "except SystemExit as e:\n    assert e.code == 0\n"
+        "print('torch' in sys.modules)\n"
+    )
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("False"), proc.stdout  # torch never loaded
+    for mode in ("vanilla", "adaqp-q", "adaqp-p", "adaqp", "onebit", "nocomm"):
+        assert f"\n  {mode} " in proc.stdout
+    assert "130 interrupted" in proc.stdout and "--replace-finished" in proc.stdout
+    assert time.monotonic() - started < 60
+
+
+def test_flags_exclude_each_other_as_documented():
+    assert parse_args(["--replace-finished"]).replace_finished
+    with pytest.raises(SystemExit):
+        parse_args(["--resume", "--replace-finished"])
+
+
+@pytest.mark.parametrize(
+    "n, text",
+    [(0, "0 B"), (999, "999 B"), (5240, "5.24 kB"), (13552, "13.6 kB"), (2.5e6, "2.5 MB")],
+)
+def test_bytes_are_shown_in_a_unit_that_keeps_them_apart(n, text):
+    assert format_bytes(n) == text
+
+
+def _summary(mode: str) -> SimpleNamespace:
+    return SimpleNamespace(
+        dataset="cora",
+        model="gcn",
+        mode=mode,
+        world_size=2,
+        test_acc_at_best_val=0.5,
+        best_val_acc=0.6,
+        best_epoch=3,
+        final_train_loss=1.0,
+        epoch_time_s=0.1,
+        comm_time_s=0.01,
+        halo_bytes_per_epoch=13552,
+    )
+
+
+def test_result_line_names_the_folder_and_marks_nocomm_accuracy():
+    line = result_line(_summary("vanilla"), Path("results/runs/x"))
+    assert "13.6 kB/epoch" in line and line.endswith("written to results/runs/x")
+    assert "not meaningful" not in line
+    assert "(nocomm: not meaningful)" in result_line(_summary("nocomm"), Path("o"))
+
+
+def test_hidden_fraction_stays_within_zero_and_one():
+    assert _hidden(0.04, 0.042) == 0.0  # a synchronous exchange's wait measured a bit longer
+    assert _hidden(0.04, 0.01) == pytest.approx(0.75)
+    assert _hidden(0.0, 0.0) == 0.0
+
+
+def test_resume_command_is_the_users_without_fresh_start_flags(monkeypatch):
+    monkeypatch.setenv("ADAQP_COMMAND", "bash launch/train.sh c.toml --replace-finished --epochs 9")
+    assert resume_command([]) == "bash launch/train.sh c.toml --epochs 9 --resume"
+    monkeypatch.delenv("ADAQP_COMMAND")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert resume_command(["--config", "my run.toml", "--overwrite"]) == (
+        "torchrun --nproc-per-node 4 -m adaqp.train --config 'my run.toml' --resume"
+    )
+
+
+def test_default_folders_differ_per_config_file(tmp_path):
+    for stem in ("first", "second"):
+        shutil.copy(ROOT / "configs/cora-gcn.toml", tmp_path / f"{stem}.toml")
+        proc = _run(
+            [
+                sys.executable,
+                "-m",
+                "adaqp.train",
+                "--config",
+                f"{stem}.toml",
+                "--epochs",
+                "1",
+                "--set",
+                "metrics.progress=false",
+                "--set",
+                f"partition.dir={tmp_path / 'p'}",
+            ],
+            cwd=tmp_path,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert f"written to results/runs/{stem}-vanilla-p1" in proc.stdout
+    for stem in ("first", "second"):
+        assert (tmp_path / "results/runs" / f"{stem}-vanilla-p1" / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_interrupted_run_is_never_deleted_and_the_hint_resumes_it(tmp_path):
+    out, parts = tmp_path / "run", tmp_path / "p"
+    args = _train(out, parts, "--epochs", "100000", "--set", "checkpoint.every=1")
+    first = subprocess.Popen(
+        args, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _wait_for(lambda: list(out.glob("checkpoints/epoch-*/manifest.json")), "a checkpoint")
+        first.send_signal(signal.SIGINT)
+        _, stderr = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first.returncode == 130, stderr
+    hint = next(ln for ln in stderr.splitlines() if ln.startswith("interrupted"))
+    assert "continue with:" in hint and hint.endswith("--resume"), hint
+
+    def checkpoint_files() -> list[Path]:
+        return sorted(p.relative_to(out) for p in out.rglob("*") if "checkpoints" in p.parts)
+
+    kept = checkpoint_files()
+    assert kept
+
+    # The same command again, with or without --replace-finished: refused, nothing lost.
+    for extra in ((), ("--replace-finished",)):
+        again = _run([*args, *extra], cwd=tmp_path)
+        assert again.returncode == 1, again.stderr
+        error = [ln for ln in again.stderr.splitlines() if ln.startswith("error:")]
+        assert len(error) == 1 and "unfinished run" in error[0] and "--resume" in error[0]
+        assert (
+            sorted(p.relative_to(out) for p in out.rglob("*") if "checkpoints" in p.parts) == kept
+        )
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "interrupted"
+
+    epochs = int(hint.split("at epoch ")[1].split(";")[0])
+    resumed = _run(_train(out, parts, "--epochs", str(epochs + 2), "--resume"), cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from_epoch"] == epochs and summary["epochs"] == epochs + 2
