@@ -91,7 +91,7 @@ def test_resume_command_is_the_users_without_fresh_start_flags(monkeypatch):
     )
 
 
-def test_default_folders_differ_per_config_file(tmp_path):
+def test_default_folders_differ_per_config_file_and_the_start_is_described(tmp_path):
     for stem in ("first", "second"):
         shutil.copy(ROOT / "configs/cora-gcn.toml", tmp_path / f"{stem}.toml")
         proc = _run(
@@ -102,7 +102,7 @@ def test_default_folders_differ_per_config_file(tmp_path):
                 "--config",
                 f"{stem}.toml",
                 "--epochs",
-                "1",
+                "4",
                 "--set",
                 "metrics.progress=false",
                 "--set",
@@ -112,6 +112,9 @@ def test_default_folders_differ_per_config_file(tmp_path):
         )
         assert proc.returncode == 0, proc.stderr
         assert f"written to results/runs/{stem}-vanilla-p1" in proc.stdout
+        # What trains and how long it will take, before the first results.
+        assert "cora: 2708 nodes, 10556 edges, 1433 features, 7 classes" in proc.stderr
+        assert "epoch 3 took" in proc.stderr and "for the 1 epochs left" in proc.stderr
     for stem in ("first", "second"):
         assert (tmp_path / "results/runs" / f"{stem}-vanilla-p1" / "summary.json").exists()
 

@@ -249,7 +249,8 @@ def test_adaqp_and_onebit_on_cora_train_close_to_vanilla(tmp_path):
             f"metrics.out={tmp_path / mode}",
         )
         results[mode] = run_workers(_run_worker, 4, tmp_path, overrides, timeout=300)[0]
-    # The shipped config, as the quick start trains it (4 workers, seed 0: 0.791).
+    # The shipped config, as the quick start trains it (4 workers, seed 0: 0.780 with the
+    # compiled dropout mask, 0.791 with nn.Dropout).
     vanilla, adaqp = results["vanilla"], results["adaqp"]
     assert float(vanilla["test_acc"]) >= 0.77
     assert abs(float(adaqp["test_acc"]) - float(vanilla["test_acc"])) <= 0.01
