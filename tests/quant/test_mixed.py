@@ -134,7 +134,7 @@ def test_mixed_size_matches_message_bytes():
 
 def test_wire_format_matches_reference(kernel_path: str):
     # The frozen reference is torch operators: the compiled path's bytes are checked against it.
-    from adaqp.bench.quant import reference_dequantize_mixed, reference_quantize_mixed
+    from adaqp.bench.quant_reference import reference_dequantize_mixed, reference_quantize_mixed
 
     bits_r = torch.tensor(SUPPORTED_BITS, dtype=torch.int8)[
         torch.randperm(30, generator=_gen(4)) % 4
