@@ -158,16 +158,15 @@ def resume_command(argv: list[str]) -> str:
 
 
 def _interrupted_hint(out: Path, checkpoint_dir: Path, argv: list[str]) -> str:
-    from adaqp.run.rundir import find_checkpoint
+    from adaqp.run.checkpoint import complete_epochs
 
-    checkpoint = find_checkpoint(checkpoint_dir)
-    if checkpoint is None:
+    epochs = complete_epochs(checkpoint_dir)
+    if not epochs:
         return (
             f"no checkpoint was written to {checkpoint_dir}; the run in {out} can only "
             "start again (--overwrite)"
         )
-    epoch = int(checkpoint.name.rpartition("-")[2])
-    return f"the newest checkpoint is at epoch {epoch}; continue with: {resume_command(argv)}"
+    return f"the newest checkpoint is at epoch {epochs[-1]}; continue with: {resume_command(argv)}"
 
 
 def main(argv: list[str] | None = None) -> int:
