@@ -40,6 +40,7 @@ QUANTIZED_MODES = ("adaqp-q", "adaqp")
 """Modes whose widths the adaptive planner chooses."""
 OVERLAP_MODES = ("adaqp-p", "adaqp")
 KERNELS = ("auto", "torch", "compiled")  # quantizer and dropout mask: adaqp/quant/kernels.py
+MODELS = ("gcn", "sage", "gat")
 PARTITION_METHODS = ("metis", "random", "contiguous")
 METIS_OBJECTIVES = ("cut", "volume")
 
@@ -109,23 +110,42 @@ class PartitionConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "gcn"
-    """Architecture: gcn (symmetric normalisation) or sage (mean aggregator, root weight)."""
+    """Architecture: gcn (symmetric normalisation), sage (mean aggregator, root weight) or
+    gat (attention over in-edges and a self-loop)."""
     layers: int = 2
     """Number of graph convolution layers."""
     hidden: int = 64
-    """Width of the hidden layers."""
+    """Width of the hidden layers (gat: per head, so a hidden layer is heads x hidden)."""
     dropout: float = 0.5
     """Dropout probability before every layer."""
     layernorm: bool = False
     """Apply LayerNorm after every hidden layer."""
+    heads: int = 4
+    """gat: attention heads of every hidden layer (their outputs concatenated)."""
+    output_heads: int = 1
+    """gat: attention heads of the output layer (their outputs averaged)."""
+    attn_dropout: float = 0.0
+    """gat: dropout probability of the attention weights (after the softmax)."""
+
+    GAT_ONLY = ("heads", "output_heads", "attn_dropout")
+    """Fields that shape only a gat model (left out of other models' fingerprints)."""
 
     def __post_init__(self) -> None:
-        _check(
-            self.name in ("gcn", "sage"), "model.name", f"must be gcn or sage, not {self.name!r}"
-        )
+        _check_choice(self.name, MODELS, "model.name")
         _check(self.layers >= 1, "model.layers", f"must be at least 1, got {self.layers}")
         _check(self.hidden >= 1, "model.hidden", f"must be at least 1, got {self.hidden}")
         _check(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
+        _check(self.heads >= 1, "model.heads", f"must be at least 1, got {self.heads}")
+        _check(
+            self.output_heads >= 1,
+            "model.output_heads",
+            f"must be at least 1, got {self.output_heads}",
+        )
+        _check(
+            0.0 <= self.attn_dropout < 1.0,
+            "model.attn_dropout",
+            f"must be in [0, 1), got {self.attn_dropout}",
+        )
 
 
 @dataclass(frozen=True)
@@ -316,7 +336,11 @@ class Config:
             "partition": {
                 k: v for k, v in dataclasses.asdict(self.partition).items() if k != "dir"
             },
-            "model": dataclasses.asdict(self.model),
+            "model": {
+                k: v
+                for k, v in dataclasses.asdict(self.model).items()
+                if self.model.name == "gat" or k not in ModelConfig.GAT_ONLY
+            },
             "train": {k: getattr(self.train, k) for k in ("lr", "weight_decay", "seed")},
             "comm": {
                 k: getattr(self.comm, k) for k in ("mode", "cache_input_halo", "transform_first")

@@ -41,14 +41,31 @@ class SparseAdjacency:
     ) -> SparseAdjacency:
         """Builds both orientations from CSR arrays (int64 indptr/indices, float32 values)."""
         num_rows, num_cols = shape
+        values = np.asarray(values, dtype=np.float32)
         rows = np.repeat(np.arange(num_rows, dtype=np.int64), np.diff(indptr))
         # Sorting by (column, row) yields the transpose's CSR order directly.
         order = np.lexsort((rows, indices))
         t_indptr = np.zeros(num_cols + 1, dtype=np.int64)
         np.cumsum(np.bincount(indices, minlength=num_cols), out=t_indptr[1:])
-        forward = _csr_tensor(indptr, indices, values, (num_rows, num_cols), device)
-        transpose = _csr_tensor(t_indptr, rows[order], values[order], (num_cols, num_rows), device)
+        forward = csr_tensor(indptr, indices, values, (num_rows, num_cols), device)
+        transpose = csr_tensor(t_indptr, rows[order], values[order], (num_cols, num_rows), device)
         return cls(forward=forward, transpose=transpose)
+
+    def edges(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(row, column, transpose_order)`` of every stored entry, int64 [E] each, in CSR
+        order; ``transpose_order`` lists them in the transpose's order. Computed once."""
+        cached = self.__dict__.get("_edges")
+        if cached is None:
+            crow = self.forward.crow_indices()
+            rows = torch.repeat_interleave(
+                torch.arange(self.shape[0], device=crow.device), crow.diff()
+            )
+            cols = self.forward.col_indices()
+            # The transpose's entries sorted by (column, row), as ``from_csr`` orders them.
+            order = torch.from_numpy(np.lexsort((rows.cpu().numpy(), cols.cpu().numpy())))
+            cached = (rows, cols, order.to(crow.device))
+            self.__dict__["_edges"] = cached  # frozen: the cache bypasses __setattr__
+        return cached
 
     def row_slice(self, start: int, stop: int, num_cols: int | None = None) -> SparseAdjacency:
         """The block of rows start..stop (with its own transpose), [stop - start, M], or
@@ -63,7 +80,8 @@ class SparseAdjacency:
         )
 
 
-def _csr_tensor(indptr, indices, values, shape, device) -> torch.Tensor:
+def csr_tensor(indptr, indices, values, shape, device=None) -> torch.Tensor:
+    """A CSR tensor from arrays or tensors (values keep their dtype), unchecked."""
     # The arrays come from our own validated builders; torch's per-tensor invariant
     # check would cost a pass over every index.
     with warnings.catch_warnings():
@@ -71,7 +89,7 @@ def _csr_tensor(indptr, indices, values, shape, device) -> torch.Tensor:
         return torch.sparse_csr_tensor(
             torch.as_tensor(indptr, dtype=torch.int64),
             torch.as_tensor(indices, dtype=torch.int64),
-            torch.as_tensor(values, dtype=torch.float32),
+            torch.as_tensor(values),
             size=shape,
             device=device,
             check_invariants=False,

@@ -16,7 +16,7 @@ import torch
 from adaqp.graph.aggregate import SparseAdjacency
 from adaqp.partitioning.format import Part
 
-NORMS = ("gcn", "mean")
+NORMS = ("gcn", "mean", "gat")
 
 
 @dataclass
@@ -105,16 +105,21 @@ class LocalGraph:
         """The [I, I + H] aggregation matrix with coefficients c_uv for edge v -> u.
 
         ``gcn``: D^-1/2 (A + I) D^-1/2 with global degrees (self-loop counted);
-        ``mean``: 1 / in-degree (rows without in-edges aggregate to zero).
+        ``mean``: 1 / in-degree (rows without in-edges aggregate to zero);
+        ``gat``: the edges with self-loops, valued 1 / (in-degree + 1): the attention's
+        structure, valued as uniform attention (what the planner weighs halo rows by).
         """
         rows = np.repeat(np.arange(self.num_inner, dtype=np.int64), np.diff(self.indptr))
         cols = self.indices
-        if norm == "gcn":
-            inv_sqrt = 1.0 / np.sqrt(self.in_degree.astype(np.float64) + 1.0)
+        if norm in ("gcn", "gat"):
             self_ids = np.arange(self.num_inner, dtype=np.int64)
             rows = np.concatenate([rows, self_ids])
             cols = np.concatenate([cols, self_ids])
-            values = inv_sqrt[rows] * inv_sqrt[cols]
+            if norm == "gcn":
+                inv_sqrt = 1.0 / np.sqrt(self.in_degree.astype(np.float64) + 1.0)
+                values = inv_sqrt[rows] * inv_sqrt[cols]
+            else:
+                values = 1.0 / (self.in_degree[rows].astype(np.float64) + 1.0)
             order = np.lexsort((cols, rows))
             rows, cols, values = rows[order], cols[order], values[order]
         elif norm == "mean":

@@ -30,11 +30,18 @@ from torch import nn
 from adaqp.exchange.policy import ExchangePolicy, Pending
 from adaqp.exchange.transport import ExchangeKey
 from adaqp.graph.aggregate import SparseAdjacency, spmm
+from adaqp.graph.attention import attend
 from adaqp.graph.local import LocalGraph
+from adaqp.model.dropout import Dropout
 
 Finish = Callable[[torch.Tensor, slice], torch.Tensor]
 """A layer's row-wise work after aggregation: ``finish(agg_XD, rows) -> [X, O]`` for
 the inner rows ``rows`` (a slice of 0..I)."""
+
+Aggregate = Callable[[SparseAdjacency, torch.Tensor, slice], torch.Tensor]
+"""``aggregate(block, x_MD, rows) -> [X, D]``: the in-neighbour aggregation of the inner
+rows ``rows`` over a block of the adjacency (``[X, M]``); by default ``block @ x``. GAT
+passes its attention here."""
 
 
 class _InFlight:
@@ -88,6 +95,10 @@ def _whole(agg: torch.Tensor, rows: slice) -> torch.Tensor:
     return agg
 
 
+def _product(block: SparseAdjacency, x_MD: torch.Tensor, rows: slice) -> torch.Tensor:
+    return spmm(block, x_MD)
+
+
 class Propagation:
     """Aggregates in-neighbours for one worker: local rows, plus halo rows when P > 1.
 
@@ -120,25 +131,33 @@ class Propagation:
             self.central = self.adjacency.row_slice(0, num_central, num_cols=num_inner)
             self.marginal = self.adjacency.row_slice(num_central, num_inner)
 
-    def __call__(self, h_RD: torch.Tensor, layer: int, finish: Finish = _whole) -> torch.Tensor:
+    def __call__(
+        self,
+        h_RD: torch.Tensor,
+        layer: int,
+        finish: Finish = _whole,
+        aggregate: Aggregate = _product,
+    ) -> torch.Tensor:
         """Returns ``finish`` of the aggregation of every inner row, [I, O]."""
         every = slice(0, self.graph.num_inner)
         if self.policy is None or (layer == 0 and self.cached_input):
             # No halo, or its rows already present.
-            return finish(spmm(self.adjacency, h_RD), every)
+            return finish(aggregate(self.adjacency, h_RD, every), every)
         # Every rank joins every exchange, also one whose part has no halo rows: its
         # peers may still need its rows.
         flight = _InFlight(self.policy, layer)
         ticket = _ExchangeStart.apply(h_RD.index_select(0, self.graph.send_idx), flight)
         if not self.overlap:
             halo_HD = _ExchangeLand.apply(ticket, flight)
-            return finish(spmm(self.adjacency, torch.cat([h_RD, halo_HD])), every)
+            return finish(aggregate(self.adjacency, torch.cat([h_RD, halo_HD]), every), every)
         # Central rows need no halo: aggregated and finished while the exchange travels.
-        num_central = self.graph.num_central
-        central_CO = finish(spmm(self.central, h_RD), slice(0, num_central))
+        central = slice(0, self.graph.num_central)
+        marginal = slice(self.graph.num_central, self.graph.num_inner)
+        central_CO = finish(aggregate(self.central, h_RD, central), central)
         halo_HD = _ExchangeLand.apply(ticket, flight)
-        marginal = spmm(self.marginal, torch.cat([h_RD, halo_HD]))
-        marginal_MO = finish(marginal, slice(num_central, self.graph.num_inner))
+        marginal_MO = finish(
+            aggregate(self.marginal, torch.cat([h_RD, halo_HD]), marginal), marginal
+        )
         return torch.cat([central_CO, marginal_MO])
 
 
@@ -184,3 +203,49 @@ class SAGEConv(nn.Module):
         if self.transform_first:
             return propagate(self.neigh(h), layer, lambda agg, rows: self.root(h[rows]) + agg)
         return propagate(h, layer, lambda agg, rows: self.root(h[rows]) + self.neigh(agg))
+
+
+class GATConv(nn.Module):
+    """GAT layer: per head k, out_uk = sum_v alpha_uvk W_k h_v over u's in-edges and u
+    itself, alpha the softmax of LeakyReLU(a_src_k . W_k h_v + a_dst_k . W_k h_u)
+    (``adaqp/graph/attention.py``); heads concatenated, or averaged (``concat=False``,
+    the output layer), then a bias.
+
+    Rows are transformed first: the exchanged rows are the ``heads x out_dim`` transformed
+    ones, so a halo neighbour's score and message both come from its row as received
+    (quantized or stale in those modes).
+    """
+
+    norm = "gat"
+
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        heads: int = 1,
+        concat: bool = True,
+        attn_dropout: float = 0.0,
+        kernels: str | None = None,
+    ):
+        super().__init__()
+        self.heads, self.out_dim, self.concat = heads, out_dim, concat
+        self.linear = nn.Linear(in_dim, heads * out_dim, bias=False)
+        self.att_src = nn.Parameter(torch.empty(heads, out_dim))
+        self.att_dst = nn.Parameter(torch.empty(heads, out_dim))
+        self.bias = nn.Parameter(torch.zeros(heads * out_dim if concat else out_dim))
+        self.attn_dropout = Dropout(attn_dropout, kernels)
+        for weight in (self.linear.weight, self.att_src, self.att_dst):
+            nn.init.xavier_uniform_(weight)
+
+    def forward(self, h: torch.Tensor, propagate, layer: int) -> torch.Tensor:
+        hw = nn.functional.linear(h, self.linear.weight)
+        out = propagate(hw, layer, aggregate=self._attend)
+        if not self.concat:
+            out = out.view(-1, self.heads, self.out_dim).mean(1)
+        return out + self.bias
+
+    def _attend(self, block: SparseAdjacency, x_MD: torch.Tensor, rows: slice) -> torch.Tensor:
+        x_MKF = x_MD.view(-1, self.heads, self.out_dim)
+        dropout = self.attn_dropout if self.attn_dropout.p > 0 else None
+        out = attend(block, x_MKF, self.att_src, self.att_dst, rows, dropout)
+        return out.view(out.shape[0], -1)

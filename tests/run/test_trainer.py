@@ -2,7 +2,9 @@
 
 The reference below builds the normalised adjacency of the *whole* graph directly from
 the dataset with SciPy, never touching partitions, local ids or the exchanger; it shares
-only the model definition and the initial weights with the distributed run.
+only the model definition and the initial weights with the distributed run. GAT's
+reference is the dense one of ``tests/model/gat_reference.py``, which shares only the
+parameters.
 """
 
 from __future__ import annotations
@@ -25,12 +27,15 @@ from adaqp.partitioning.format import load_part, read_metadata
 from adaqp.run.trainer import Trainer
 from adaqp.runtime import init_distributed, shutdown
 from tests.distributed import run_workers
+from tests.model.gat_reference import dense_gat, edge_mask
 
 EPOCHS = 5
-MODELS = ("gcn", "sage")
+MODELS = ("gcn", "sage", "gat")
 
 
 def _config(model: str, part_dir: str, extra: tuple[str, ...] = ()):
+    # GAT: 2 heads of 8 (16 wide, as the others) and 2 averaged output heads.
+    hidden = ("model.hidden=8", "model.heads=2", "model.output_heads=2")
     return load_config(
         None,
         [
@@ -38,13 +43,20 @@ def _config(model: str, part_dir: str, extra: tuple[str, ...] = ()):
             "data.dataset=cora",
             f"model.name={model}",
             "model.layers=3",
-            "model.hidden=16",
+            *(hidden if model == "gat" else ("model.hidden=16",)),
             "model.dropout=0",
             "model.layernorm=true",
             "train.lr=0.01",
             f"partition.dir={part_dir}",
         ],
     )
+
+
+WEIGHTS_RTOL = {"gcn": 1e-4, "sage": 1e-4, "gat": 1e-3}
+"""Weights after 5 Adam steps. GAT's attention vectors have components with gradients
+near zero (a destination's own term cancels in its softmax wherever all its scores share
+a sign), and Adam scales such a gradient's float noise up to a step of about ``lr``: at
+P = 4 they differ by up to 4e-4 while logits, gradients and losses agree to 1e-5."""
 
 
 def _sum_gradients(model: torch.nn.Module) -> None:
@@ -127,8 +139,18 @@ def _reference(graph, model_name: str, initial: np.ndarray):
     torch.manual_seed(0)
     model = GNN(config.model, graph.feature_dim, graph.num_classes)
     _set_flat(model, initial)
-    adj = _full_adjacency(graph, model.norm)
     x = torch.from_numpy(graph.features)
+    if model_name == "gat":
+        edges = edge_mask(graph.indptr, graph.indices, graph.num_nodes)
+
+        def forward():
+            return dense_gat(model, x, edges)
+    else:
+        propagate = _whole_graph_propagate(_full_adjacency(graph, model.norm))
+
+        def forward():
+            return model(x, propagate)
+
     y = torch.from_numpy(graph.labels).long()
     mask = torch.from_numpy(graph.train_mask)
     optimizer = torch.optim.Adam(
@@ -138,7 +160,7 @@ def _reference(graph, model_name: str, initial: np.ndarray):
     losses = []
     for epoch in range(EPOCHS):
         optimizer.zero_grad()
-        logits = model(x, _whole_graph_propagate(adj))
+        logits = forward()
         loss = F.cross_entropy(logits[mask], y[mask])
         loss.backward()
         if epoch == 0:
@@ -187,6 +209,7 @@ EXACT_VARIANTS = {
         (2, "vanilla"),
         (4, "vanilla"),
         (2, "vanilla-no-savings"),
+        (1, "adaqp-p"),
         (2, "adaqp-p"),
         (4, "adaqp-p"),
         (4, "adaqp-p-no-savings"),
@@ -215,7 +238,7 @@ def test_exact_modes_match_single_process(world_size, variant, cora, tmp_path):
         for r in results:
             _close(r[f"{model}/grads"], ref["grads"], 1e-5, f"{model} grads, P={world_size}")
             _close(r[f"{model}/losses"], ref["losses"], 1e-5, f"{model} losses")
-            _close(r[f"{model}/weights"], ref["weights"], 1e-4, f"{model} weights, 5 epochs")
+            _close(r[f"{model}/weights"], ref["weights"], WEIGHTS_RTOL[model], f"{model} weights")
         # The comparison must be able to fail: training moved the weights a lot.
         assert np.abs(results[0][f"{model}/weights"] - initial).max() > 1e-3
 

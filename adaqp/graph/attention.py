@@ -1,0 +1,135 @@
+"""Attention aggregation over the edges of a sparse adjacency (GAT).
+
+For an edge v -> u (self-loops included) and head k, with transformed rows ``x``:
+
+    e_uvk = LeakyReLU(<x_vk, a_src_k> + <x_uk, a_dst_k>)
+    alpha_uvk = exp(e_uvk) / sum over u's in-edges w of exp(e_uwk)
+    out_uk = sum over u's in-edges v of alpha_uvk x_vk
+
+The adjacency supplies the edges only (its values are unused here; the planner reads them
+as the uniform attention ``1 / (in-degree + 1)``, see ``LocalGraph.adjacency``). Memory
+stays at the per-edge, per-head level: no dense ``N x N`` and no ``E x heads x F`` tensor.
+The weighted sum runs as one CSR product per head; its backward multiplies by the
+prepared transpose (the weights permuted into its order) and computes the weights'
+gradient as per-edge dot products over bounded chunks of edges.
+
+A block's destinations are the rows ``rows`` of the inner nodes, and inner node ``u``'s
+own transformed row is column ``u`` of ``x`` (inner columns come first), so the
+destination terms are read from ``x`` itself.
+
+Shapes: N destination rows, M source columns, E edges, K heads, F features per head.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from adaqp.graph.aggregate import SparseAdjacency, csr_tensor
+
+NEGATIVE_SLOPE = 0.2
+"""LeakyReLU slope of the scores (the GAT paper's)."""
+
+_CHUNK_VALUES = 1 << 22
+"""At most this many floats per temporary of the weights' gradient (16 MB)."""
+
+
+class _WeightedSum(torch.autograd.Function):
+    """``out[u, k] = sum_e alpha[e, k] x[src_e, k]`` over the edges e into u."""
+
+    @staticmethod
+    def forward(ctx, adjacency: SparseAdjacency, alpha_EK, x_MKF):
+        ctx.adjacency = adjacency
+        ctx.save_for_backward(alpha_EK, x_MKF)
+        forward = adjacency.forward
+        num_rows, num_cols = adjacency.shape
+        heads, width = x_MKF.shape[1], x_MKF.shape[2]
+        out = x_MKF.new_empty(num_rows, heads, width)
+        for k in range(heads):
+            matrix = csr_tensor(
+                forward.crow_indices(),
+                forward.col_indices(),
+                alpha_EK[:, k].contiguous(),
+                (num_rows, num_cols),
+            )
+            out[:, k] = torch.sparse.mm(matrix, x_MKF[:, k].contiguous())
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_NKF):
+        alpha_EK, x_MKF = ctx.saved_tensors
+        adjacency = ctx.adjacency
+        grad_NKF = grad_NKF.contiguous()
+        grad_alpha = grad_x = None
+        dst, src, order = adjacency.edges()
+        if ctx.needs_input_grad[1]:
+            # Per-edge <grad_out[u], x[v]>, a bounded chunk of edges at a time.
+            grad_alpha = alpha_EK.new_empty(alpha_EK.shape)
+            step = max(1, _CHUNK_VALUES // max(1, x_MKF.shape[1] * x_MKF.shape[2]))
+            for lo in range(0, dst.numel(), step):
+                hi = min(lo + step, dst.numel())
+                grad_alpha[lo:hi] = (grad_NKF[dst[lo:hi]] * x_MKF[src[lo:hi]]).sum(-1)
+        if ctx.needs_input_grad[2]:
+            transpose = adjacency.transpose
+            num_rows, num_cols = adjacency.shape
+            grad_x = torch.empty_like(x_MKF)
+            alpha_t = alpha_EK[order]
+            for k in range(x_MKF.shape[1]):
+                matrix = csr_tensor(
+                    transpose.crow_indices(),
+                    transpose.col_indices(),
+                    alpha_t[:, k].contiguous(),
+                    (num_cols, num_rows),
+                )
+                grad_x[:, k] = torch.sparse.mm(matrix, grad_NKF[:, k].contiguous())
+        return None, grad_alpha, grad_x
+
+
+def attention_weights(
+    adjacency: SparseAdjacency,
+    x_MKF: torch.Tensor,
+    att_src_KF: torch.Tensor,
+    att_dst_KF: torch.Tensor,
+    rows: slice,
+) -> torch.Tensor:
+    """The softmax-normalised weights ``alpha`` [E, K] of the block's edges (CSR order)."""
+    dst, src, _ = adjacency.edges()
+    num_rows = adjacency.shape[0]
+    heads = x_MKF.shape[1]
+    source_MK = (x_MKF * att_src_KF).sum(-1)
+    target_NK = (x_MKF[rows.start : rows.start + num_rows] * att_dst_KF).sum(-1)
+    scores_EK = F.leaky_relu(source_MK[src] + target_NK[dst], NEGATIVE_SLOPE)
+    # Shift by each destination's largest score (a constant for the softmax: no gradient).
+    top_NK = scores_EK.new_full((num_rows, heads), float("-inf")).scatter_reduce(
+        0, dst.view(-1, 1).expand(-1, heads), scores_EK.detach(), "amax"
+    )
+    exp_EK = torch.exp(scores_EK - top_NK[dst])
+    total_NK = exp_EK.new_zeros(num_rows, heads).index_add(0, dst, exp_EK)
+    return exp_EK / total_NK[dst]
+
+
+def attend(
+    adjacency: SparseAdjacency,
+    x_MKF: torch.Tensor,
+    att_src_KF: torch.Tensor,
+    att_dst_KF: torch.Tensor,
+    rows: slice,
+    attn_dropout=None,
+) -> torch.Tensor:
+    """The attention-weighted sum of every destination's in-neighbours, [N, K, F].
+
+    Args:
+        adjacency: the block's edges, [N, M] (destinations ``rows`` of the inner nodes).
+        x_MKF: transformed source rows, inner rows first.
+        att_src_KF, att_dst_KF: the heads' source and destination attention vectors.
+        rows: the inner rows the block's destinations are.
+        attn_dropout: applied to the weights after the softmax (a module or None).
+    """
+    if x_MKF.shape[0] != adjacency.shape[1]:
+        raise ValueError(
+            f"attend: adjacency has {adjacency.shape[1]} columns but x has {x_MKF.shape[0]} rows"
+        )
+    alpha_EK = attention_weights(adjacency, x_MKF, att_src_KF, att_dst_KF, rows)
+    if attn_dropout is not None:
+        alpha_EK = attn_dropout(alpha_EK)
+    return _WeightedSum.apply(adjacency, alpha_EK, x_MKF)
