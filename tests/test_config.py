@@ -52,6 +52,8 @@ def test_shipped_configs_exist():
         "cluster-synthetic-gcn",
         "ogbn-arxiv-gcn",
         "ogbn-products-sage",
+        "cora-gat",
+        "ogbn-arxiv-gat",
     } <= names
 
 
@@ -95,6 +97,10 @@ def test_large_synthetic_configs_say_what_they_need_first(path):
         ("model.hidden=1.5", "model.hidden"),
         ("model.dropout=2", "model.dropout"),
         ("model.layernorm=maybe", "model.layernorm"),
+        ("model.name=gin", "model.name"),
+        ("model.heads=0", "model.heads"),
+        ("model.output_heads=0", "model.output_heads"),
+        ("model.attn_dropout=1", "model.attn_dropout"),
         ("comm.mode=turbo", "comm.mode"),
         ("data.synthetic.num_nodes=-5", "data.synthetic"),
         ("train.epochs", "train.epochs"),

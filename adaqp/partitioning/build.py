@@ -154,8 +154,12 @@ def make_partition(
     seed: int = 0,
     balance_train: bool = True,
     objective: str = "cut",
+    exclusive: bool = False,
 ) -> dict[str, Any]:
     """Partitions ``graph`` and writes it to ``out_dir``; returns the metadata written.
+
+    ``exclusive``: never replace a partition that is there at write time (raises
+    ``PartitionExists``, see ``write_partition``).
 
     Raises:
         PartitionError: ``out_dir`` holds files that are not a partition, or cannot be
@@ -212,7 +216,7 @@ def make_partition(
         "stats": partition_stats(arrays, graph.num_edges),
         "partition_time_s": time.perf_counter() - start,
     }
-    fmt.write_partition(Path(out_dir), meta, arrays)
+    fmt.write_partition(Path(out_dir), meta, arrays, exclusive=exclusive)
     stats = meta["stats"]
     logger.info(
         "partitioned %s into %d parts with %s (%s): edge cut %d of %d (%.1f%%), halo rows "
@@ -252,21 +256,8 @@ def ensure_partition(
     (a training run's name ``partition.dir``; see ``check_matches``).
     """
     out_dir = Path(out_dir)
-    if (out_dir / fmt.METADATA_FILE).is_file() and not force:
-        meta = fmt.read_metadata(out_dir)
-        fmt.check_matches(
-            meta,
-            out_dir,
-            spec=data.spec(),
-            num_parts=num_parts,
-            method=part.method,
-            seed=part.seed,
-            balance_train=part.balance_train,
-            objective=part.objective,
-            tool=tool,
-        )
-        logger.info("reusing partition %s", out_dir)
-        return meta
+    if not force and (out_dir / fmt.METADATA_FILE).is_file():
+        return _reuse(data, part, num_parts, out_dir, tool)
     fmt.check_target(out_dir)  # before the dataset is loaded: a bad path fails at once
     graph = load_dataset(
         data.dataset,
@@ -275,13 +266,39 @@ def ensure_partition(
         synthetic=data.synthetic if data.dataset == "synthetic" else None,
         path=data.path or None,
     )
-    return make_partition(
-        graph,
+    try:
+        return make_partition(
+            graph,
+            out_dir,
+            num_parts=num_parts,
+            spec=data.spec(),
+            method=part.method,
+            seed=part.seed,
+            balance_train=part.balance_train,
+            objective=part.objective,
+            exclusive=not force,
+        )
+    except fmt.PartitionExists:
+        # Two runs started together and the other one wrote it first: use its partition.
+        logger.info("another process wrote %s first", out_dir)
+        return _reuse(data, part, num_parts, out_dir, tool)
+
+
+def _reuse(
+    data: DataConfig, part: PartitionConfig, num_parts: int, out_dir: Path, tool: bool
+) -> dict[str, Any]:
+    """The metadata of the partition in ``out_dir``, checked against the config."""
+    meta = fmt.read_metadata(out_dir)
+    fmt.check_matches(
+        meta,
         out_dir,
-        num_parts=num_parts,
         spec=data.spec(),
+        num_parts=num_parts,
         method=part.method,
         seed=part.seed,
         balance_train=part.balance_train,
         objective=part.objective,
+        tool=tool,
     )
+    logger.info("reusing partition %s", out_dir)
+    return meta

@@ -27,7 +27,13 @@ from adaqp.partitioning.schema import (
     part_file,
     read_metadata,
 )
-from adaqp.partitioning.store import check_target, load_part, sha256_file, write_partition
+from adaqp.partitioning.store import (
+    PartitionExists,
+    check_target,
+    load_part,
+    sha256_file,
+    write_partition,
+)
 
 __all__ = [
     "CHECKSUM_KEY",
@@ -37,6 +43,7 @@ __all__ = [
     "PART_ARRAYS",
     "Part",
     "PartitionError",
+    "PartitionExists",
     "check_matches",
     "check_target",
     "load_part",

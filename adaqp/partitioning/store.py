@@ -125,7 +125,17 @@ def check_target(out_dir: str | Path) -> None:
         ) from None
 
 
-def write_partition(out_dir: Path, metadata: dict[str, Any], parts: list[dict[str, np.ndarray]]):
+class PartitionExists(PartitionError):
+    """Another process wrote a partition to the directory first (``exclusive`` writes)."""
+
+
+def write_partition(
+    out_dir: Path,
+    metadata: dict[str, Any],
+    parts: list[dict[str, np.ndarray]],
+    *,
+    exclusive: bool = False,
+):
     """Writes a whole partition atomically (see the module docstring).
 
     A new directory is staged as a hidden sibling and renamed into place. An existing
@@ -134,12 +144,18 @@ def write_partition(out_dir: Path, metadata: dict[str, Any], parts: list[dict[st
     moved in, metadata last. ``metadata["parts"][i]`` gains ``file`` and ``sha256``;
     ``metadata`` gains ``metadata_sha256``.
 
+    With ``exclusive`` a partition already there (one that another run has just written,
+    say) is left as it is: ``PartitionExists`` is raised instead, also when another
+    process moves its own into place first.
+
     Raises:
         PartitionError: ``out_dir`` holds foreign files, is not a directory, or cannot
             be written; nothing existing is removed in those cases.
     """
     out_dir = Path(out_dir)
     owned = _owned_files(out_dir)
+    if exclusive and (out_dir / METADATA_FILE).is_file():
+        raise PartitionExists(f"{out_dir} already holds a partition")
     for rank, arrays in enumerate(parts):
         missing = set(PART_ARRAYS) - set(arrays)
         if missing:
@@ -178,6 +194,9 @@ def write_partition(out_dir: Path, metadata: dict[str, Any], parts: list[dict[st
             os.replace(stage / METADATA_FILE, out_dir / METADATA_FILE)
             fsync_dir(out_dir)
     except OSError as exc:
+        if owned is None and (out_dir / METADATA_FILE).is_file():
+            # Another process renamed its partition into place between our check and ours.
+            raise PartitionExists(f"{out_dir} already holds a partition") from None
         raise PartitionError(
             f"cannot write a partition to {out_dir}: {exc}; choose another --out / partition.dir"
         ) from None

@@ -289,3 +289,42 @@ def test_command_line_objective_stats_and_refusals(tmp_path, capsys):
         assert says in capsys.readouterr().err
     assert (scratch / "notes.txt").read_text() == "keep" and (scratch / "sub").is_dir()
     assert afile.read_text() == "x"
+
+
+@pytest.mark.parametrize("when", ["before the write", "during the rename"])
+def test_two_runs_making_one_partition_at_once_both_use_it(tmp_path, monkeypatch, when):
+    """Two runs started together both find no partition; the one that writes second uses
+    the first one's partition instead of failing or replacing it under the first's feet."""
+    from adaqp.partitioning import store
+
+    out = tmp_path / "parts"
+    config = load_config(None, ["data.dataset=cora"])
+    other = tmp_path / "other-run"
+    ensure_partition(config.data, config.partition, 2, other)
+
+    def the_other_run_wins():
+        if not out.exists():
+            store.shutil.copytree(other, out)
+
+    if when == "before the write":
+        real = store._owned_files
+
+        def owned(path):
+            the_other_run_wins()  # it finished while this run was partitioning
+            return real(path)
+
+        monkeypatch.setattr(store, "_owned_files", owned)
+    else:
+        real_rename = store.os.rename
+
+        def rename(src, dst):
+            the_other_run_wins()  # it moved its partition in just before this one
+            return real_rename(src, dst)
+
+        monkeypatch.setattr(store.os, "rename", rename)
+    meta = ensure_partition(config.data, config.partition, 2, out)
+    written = (out / fmt.METADATA_FILE).read_bytes()
+    assert written == (other / fmt.METADATA_FILE).read_bytes()  # the winner's, untouched
+    assert meta == fmt.read_metadata(out)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no stage left
+    fmt.load_part(out, 1)
