@@ -2,7 +2,8 @@
 
 Each section is a frozen dataclass; every field carries a one-line docstring and is
 checked in ``__post_init__``. Unknown sections or keys and values of the wrong type are
-errors that name the offending key, never silently ignored.
+errors that name the offending key, never silently ignored (:mod:`adaqp.typed_toml`
+reads the file and the overrides).
 
 Example file (``configs/cora-gcn.toml``)::
 
@@ -19,16 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import tomllib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from adaqp.bits import DEFAULT_ALLOWED_BITS, SUPPORTED_BITS
 from adaqp.data import SyntheticSpec
+from adaqp.typed_toml import ConfigError as ConfigError  # raised for every bad key here
+from adaqp.typed_toml import build, check, read_tree
 
 MODES = ("vanilla", "adaqp-q", "adaqp-p", "adaqp", "onebit", "nocomm")
 """Training modes: full precision and synchronous (vanilla), quantized messages (adaqp-q),
@@ -45,17 +44,8 @@ PARTITION_METHODS = ("metis", "random", "contiguous")
 METIS_OBJECTIVES = ("cut", "volume")
 
 
-class ConfigError(ValueError):
-    """A configuration file or override is invalid; the message names the key."""
-
-
-def _check(condition: bool, key: str, message: str) -> None:
-    if not condition:
-        raise ConfigError(f"{key}: {message}")
-
-
 def _check_choice(value: str, choices: tuple[str, ...], key: str) -> None:
-    _check(value in choices, key, f"must be one of {', '.join(choices)}, not {value!r}")
+    check(value in choices, key, f"must be one of {', '.join(choices)}, not {value!r}")
 
 
 @dataclass(frozen=True)
@@ -72,8 +62,8 @@ class DataConfig:
     """Generator parameters for ``dataset = "synthetic"``."""
 
     def __post_init__(self) -> None:
-        _check(bool(self.dataset), "data.dataset", "must not be empty")
-        _check(
+        check(bool(self.dataset), "data.dataset", "must not be empty")
+        check(
             self.dataset != "npz" or bool(self.path),
             "data.path",
             'required when data.dataset = "npz"',
@@ -132,16 +122,16 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _check_choice(self.name, MODELS, "model.name")
-        _check(self.layers >= 1, "model.layers", f"must be at least 1, got {self.layers}")
-        _check(self.hidden >= 1, "model.hidden", f"must be at least 1, got {self.hidden}")
-        _check(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
-        _check(self.heads >= 1, "model.heads", f"must be at least 1, got {self.heads}")
-        _check(
+        check(self.layers >= 1, "model.layers", f"must be at least 1, got {self.layers}")
+        check(self.hidden >= 1, "model.hidden", f"must be at least 1, got {self.hidden}")
+        check(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
+        check(self.heads >= 1, "model.heads", f"must be at least 1, got {self.heads}")
+        check(
             self.output_heads >= 1,
             "model.output_heads",
             f"must be at least 1, got {self.output_heads}",
         )
-        _check(
+        check(
             0.0 <= self.attn_dropout < 1.0,
             "model.attn_dropout",
             f"must be in [0, 1), got {self.attn_dropout}",
@@ -166,11 +156,11 @@ class TrainConfig:
     """Stop with an error naming the epoch when the training loss is NaN or infinite."""
 
     def __post_init__(self) -> None:
-        _check(self.epochs >= 1, "train.epochs", f"must be at least 1, got {self.epochs}")
-        _check(self.lr > 0, "train.lr", f"must be positive, got {self.lr}")
-        _check(self.weight_decay >= 0, "train.weight_decay", "must be non-negative")
-        _check(self.eval_every >= 0, "train.eval_every", "must be non-negative")
-        _check(self.warmup_epochs >= 0, "train.warmup_epochs", "must be non-negative")
+        check(self.epochs >= 1, "train.epochs", f"must be at least 1, got {self.epochs}")
+        check(self.lr > 0, "train.lr", f"must be positive, got {self.lr}")
+        check(self.weight_decay >= 0, "train.weight_decay", "must be non-negative")
+        check(self.eval_every >= 0, "train.eval_every", "must be non-negative")
+        check(self.warmup_epochs >= 0, "train.warmup_epochs", "must be non-negative")
 
 
 @dataclass(frozen=True)
@@ -196,12 +186,12 @@ class CommConfig:
 
     def __post_init__(self) -> None:
         _check_choice(self.mode, MODES, "comm.mode")
-        _check(
+        check(
             self.backend in ("auto", "gloo", "nccl"), "comm.backend", "must be auto, gloo or nccl"
         )
-        _check(self.device in ("auto", "cpu", "cuda"), "comm.device", "must be auto, cpu or cuda")
-        _check(self.timeout_s > 0, "comm.timeout_s", "must be positive")
-        _check(self.threads >= 0, "comm.threads", "must be non-negative")
+        check(self.device in ("auto", "cpu", "cuda"), "comm.device", "must be auto, cpu or cuda")
+        check(self.timeout_s > 0, "comm.timeout_s", "must be positive")
+        check(self.threads >= 0, "comm.threads", "must be non-negative")
 
 
 @dataclass(frozen=True)
@@ -245,25 +235,25 @@ class QuantConfig:
 
     def __post_init__(self) -> None:
         widths = SUPPORTED_BITS
-        _check(
+        check(
             self.scheme in ("adaptive", "uniform", "random"),
             "quant.scheme",
             f"must be adaptive, uniform or random, not {self.scheme!r}",
         )
-        _check(self.bits in widths, "quant.bits", f"must be one of {widths}, got {self.bits}")
-        _check(self.initial_bits in widths, "quant.initial_bits", f"must be one of {widths}")
-        _check(
+        check(self.bits in widths, "quant.bits", f"must be one of {widths}, got {self.bits}")
+        check(self.initial_bits in widths, "quant.initial_bits", f"must be one of {widths}")
+        check(
             len(self.allowed_bits) > 0 and all(b in widths for b in self.allowed_bits),
             "quant.allowed_bits",
             f"must be a non-empty list drawn from {widths}",
         )
-        _check(self.group_size >= 1, "quant.group_size", "must be at least 1")
-        _check(0.0 <= self.lam <= 1.0, "quant.lam", f"must be in [0, 1], got {self.lam}")
-        _check(self.assign_cycle >= 1, "quant.assign_cycle", "must be at least 1")
-        _check(self.solver in ("milp", "greedy"), "quant.solver", "must be milp or greedy")
-        _check(self.time_limit_s > 0, "quant.time_limit_s", "must be positive")
-        _check(self.profile_every >= 0, "quant.profile_every", "must be non-negative")
-        _check(
+        check(self.group_size >= 1, "quant.group_size", "must be at least 1")
+        check(0.0 <= self.lam <= 1.0, "quant.lam", f"must be in [0, 1], got {self.lam}")
+        check(self.assign_cycle >= 1, "quant.assign_cycle", "must be at least 1")
+        check(self.solver in ("milp", "greedy"), "quant.solver", "must be milp or greedy")
+        check(self.time_limit_s > 0, "quant.time_limit_s", "must be positive")
+        check(self.profile_every >= 0, "quant.profile_every", "must be non-negative")
+        check(
             self.cost_model in ("shared", "sender", "link", "host"),
             "quant.cost_model",
             f"must be shared, sender, link or host, not {self.cost_model!r}",
@@ -282,9 +272,9 @@ class StalenessConfig:
     """Mode onebit: every this many epochs is fully synchronous (0 = never)."""
 
     def __post_init__(self) -> None:
-        _check(self.bound >= 0, "staleness.bound", f"must be non-negative, got {self.bound}")
-        _check(self.bits in (1, 2, 4), "staleness.bits", f"must be 1, 2 or 4, got {self.bits}")
-        _check(self.sync_every >= 0, "staleness.sync_every", "must be non-negative")
+        check(self.bound >= 0, "staleness.bound", f"must be non-negative, got {self.bound}")
+        check(self.bits in (1, 2, 4), "staleness.bits", f"must be 1, 2 or 4, got {self.bits}")
+        check(self.sync_every >= 0, "staleness.sync_every", "must be non-negative")
 
 
 @dataclass(frozen=True)
@@ -297,8 +287,8 @@ class CheckpointConfig:
     """Checkpoint directory; empty means <out>/checkpoints."""
 
     def __post_init__(self) -> None:
-        _check(self.every >= 0, "checkpoint.every", f"must be non-negative, got {self.every}")
-        _check(self.keep >= 1, "checkpoint.keep", f"must be at least 1, got {self.keep}")
+        check(self.every >= 0, "checkpoint.every", f"must be non-negative, got {self.every}")
+        check(self.keep >= 1, "checkpoint.keep", f"must be at least 1, got {self.keep}")
 
 
 @dataclass(frozen=True)
@@ -361,111 +351,10 @@ class Config:
         return flat
 
 
-def _field_types(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-class _Override(str):
-    """Text from ``--set``: parsed by the field's type (a TOML string is never parsed)."""
-
-
-def _coerce(value: Any, kind: Any, key: str) -> Any:
-    """Checks a TOML value (or parses an override string) against a field's type."""
-    if isinstance(value, _Override):
-        value = str(value) if kind is str else _parse_scalar(value, kind, key)
-    if kind is bool:
-        _check(isinstance(value, bool), key, f"expected true or false, got {value!r}")
-    elif kind is int:
-        _check(
-            isinstance(value, int) and not isinstance(value, bool),
-            key,
-            f"expected an integer, got {value!r}",
-        )
-    elif kind is float:
-        _check(
-            isinstance(value, int | float) and not isinstance(value, bool),
-            key,
-            f"expected a number, got {value!r}",
-        )
-        value = float(value)
-        _check(math.isfinite(value), key, f"must be a finite number, got {value!r}")
-    elif kind is str:
-        _check(isinstance(value, str), key, f"expected a string, got {value!r}")
-    elif isinstance(kind, types.GenericAlias) and kind.__origin__ is tuple:
-        _check(isinstance(value, list | tuple), key, f"expected a list, got {value!r}")
-        item = kind.__args__[0]
-        value = tuple(_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value))
-    else:  # pragma: no cover - a field type this loader does not know is a bug here
-        raise TypeError(f"{key}: unsupported field type {kind!r}")
-    return value
-
-
-def _parse_scalar(text: str, kind: Any, key: str) -> Any:
-    if kind is bool:
-        lowered = text.strip().lower()
-        _check(lowered in ("true", "false", "1", "0"), key, f"expected true or false, got {text!r}")
-        return lowered in ("true", "1")
-    if isinstance(kind, types.GenericAlias) and kind.__origin__ is tuple:
-        text = text if text.lstrip().startswith("[") else f"[{text}]"
-    try:
-        parsed = tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        name = getattr(kind, "__name__", str(kind))
-        raise ConfigError(f"{key}: cannot parse {text!r} as {name}") from None
-    return parsed
-
-
-def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
-    hints = _field_types(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for key, value in values.items():
-        path = f"{prefix}{key}"
-        if key not in names:
-            known = ", ".join(sorted(names))
-            raise ConfigError(f"{path}: unknown key (known keys here: {known})")
-        kind = hints[key]
-        if dataclasses.is_dataclass(kind):
-            _check(isinstance(value, dict), path, "expected a table of keys")
-            kwargs[key] = _build(kind, value, f"{path}.")
-        else:
-            kwargs[key] = _coerce(value, kind, path)
-    try:
-        return cls(**kwargs)
-    except ConfigError:
-        raise
-    except ValueError as exc:  # sections defined elsewhere raise plain ValueError
-        raise ConfigError(f"{prefix.rstrip('.')}: {exc}") from None
-
-
-def _set_path(tree: dict[str, Any], dotted: str, value: str) -> None:
-    parts = dotted.split(".")
-    _check(len(parts) >= 2 and all(parts), dotted, "overrides look like section.key=value")
-    node = tree
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        _check(isinstance(child, dict), dotted, f"{part} is not a section")
-        node = child
-    node[parts[-1]] = value
-
-
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Reads a TOML file (optional) and applies ``section.key=value`` overrides.
 
     Raises:
         ConfigError: a missing file, bad TOML, an unknown key or a value of the wrong type.
     """
-    tree: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
-        try:
-            tree = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    for item in overrides or []:
-        key, sep, value = item.partition("=")
-        _check(bool(sep), item, "overrides look like section.key=value")
-        _set_path(tree, key.strip(), _Override(value.strip()))
-    return _build(Config, tree, "")
+    return build(Config, read_tree(path, overrides), "")

@@ -28,6 +28,7 @@ LAYERS = [
     "adaqp.config",
     "adaqp.data",
     "adaqp.atomic",
+    "adaqp.typed_toml",
     "adaqp.bits",
 ]
 
