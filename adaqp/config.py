@@ -42,6 +42,8 @@ KERNELS = ("auto", "torch", "compiled")  # quantizer and dropout mask: adaqp/qua
 MODELS = ("gcn", "sage", "gat")
 PARTITION_METHODS = ("metis", "random", "contiguous")
 METIS_OBJECTIVES = ("cut", "volume")
+STALE_BITS = (1, 2, 4, 8, 32)  # 32: full precision (PipeGCN's stale exchange)
+LANDINGS = ("newest", "fixed")
 
 
 def _check_choice(value: str, choices: tuple[str, ...], key: str) -> None:
@@ -267,14 +269,24 @@ class StalenessConfig:
     """Mode onebit: a layer may aggregate halo rows (or return gradients) whose exchange
     started up to this many epochs ago; 0 is synchronous."""
     bits: int = 1
-    """Mode onebit: width of every halo message (1, 2 or 4)."""
+    """Mode onebit: width of every halo message (1, 2, 4, 8, or 32: full precision)."""
     sync_every: int = 0
     """Mode onebit: every this many epochs is fully synchronous (0 = never)."""
+    landing: str = "newest"
+    """Mode onebit: which exchange a layer uses. newest: the newest that has landed within
+    the bound (waits only when none has); fixed: always the one started exactly ``bound``
+    epochs ago (epoch 0's in the first epochs), waiting for it if need be, so that a run
+    does not depend on timing: two runs with one seed are bitwise equal."""
 
     def __post_init__(self) -> None:
         check(self.bound >= 0, "staleness.bound", f"must be non-negative, got {self.bound}")
-        check(self.bits in (1, 2, 4), "staleness.bits", f"must be 1, 2 or 4, got {self.bits}")
+        check(
+            self.bits in STALE_BITS,
+            "staleness.bits",
+            f"must be one of {', '.join(map(str, STALE_BITS))}, got {self.bits}",
+        )
         check(self.sync_every >= 0, "staleness.sync_every", "must be non-negative")
+        _check_choice(self.landing, LANDINGS, "staleness.landing")
 
 
 @dataclass(frozen=True)

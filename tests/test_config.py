@@ -101,6 +101,8 @@ def test_large_synthetic_configs_say_what_they_need_first(path):
         ("model.heads=0", "model.heads"),
         ("model.output_heads=0", "model.output_heads"),
         ("model.attn_dropout=1", "model.attn_dropout"),
+        ("staleness.bits=3", "staleness.bits"),
+        ("staleness.landing=late", "staleness.landing"),
         ("comm.mode=turbo", "comm.mode"),
         ("data.synthetic.num_nodes=-5", "data.synthetic"),
         ("train.epochs", "train.epochs"),

@@ -1,13 +1,16 @@
 """Bounded-staleness exchange policy (mode ``onebit``; Sylvie, PipeGCN's pipeline).
 
 Training exchanges are quantized to ``staleness.bits`` per value (one bit by default:
-each value becomes its row's min or max, with the probability that keeps its mean).
-The exchange for key k at epoch t is launched as soon as its rows exist and is not waited
-for. The layer then uses the newest *landed* buffer of k whose exchange started at an
-epoch >= t - S; only if none of those has landed does it block, on the oldest of them
-(collectives on one group complete in launch order, so that is the shortest wait).
-Gradients returned to owners follow the same rule. S = 0 is synchronous low-bit training,
-and with ``sync_every = K`` every K-th epoch waits for its own exchanges.
+each value becomes its row's min or max, with the probability that keeps its mean; 32
+sends float32). The exchange for key k at epoch t is launched as soon as its rows exist
+and is not waited for. The layer then uses the newest *landed* buffer of k whose exchange
+started at an epoch >= t - S; only if none of those has landed does it block, on the
+oldest of them (collectives on one group complete in launch order, so that is the
+shortest wait). With ``landing = "fixed"`` it always uses the oldest of them, the one
+started at t - S (at epoch 0's in the first S epochs), so that what a layer reads does not
+depend on timing. Gradients returned to owners follow the same rule. S = 0 is synchronous
+low-bit training, and with ``sync_every = K`` every K-th epoch waits for its own
+exchanges.
 
 Per key::
 
@@ -107,22 +110,27 @@ class StalePolicy(ExchangePolicy):
         return _Buffered(self, key, self._epoch)
 
     def _resolve(self, key: ExchangeKey, epoch: int) -> torch.Tensor:
-        """Rows of the newest landed exchange of ``key`` within the bound at ``epoch``."""
+        """Rows of the exchange of ``key`` that ``landing`` chooses within the bound at
+        ``epoch``."""
         entries = self._buffers[key]
         oldest = epoch - self.staleness_bound_at(epoch)
         while entries and entries[0][0] < oldest:
             self._retire(entries.popleft()[1])
         if not entries:  # cannot happen: this epoch's exchange was just launched
             raise RuntimeError(f"{key}: no exchange at or after epoch {oldest}")
-        landed = [i for i, (_, h) in enumerate(entries) if h.is_completed()]
-        # Nothing within the bound has landed: block on the oldest (it lands first).
-        chosen = landed[-1] if landed else 0
+        if self.config.landing == "fixed":
+            chosen = 0  # started exactly S epochs ago (or the first there is)
+        else:
+            landed = [i for i, (_, h) in enumerate(entries) if h.is_completed()]
+            # Nothing within the bound has landed: block on the oldest (it lands first).
+            chosen = landed[-1] if landed else 0
         started, handle = entries[chosen]
         first = not handle.waited
+        blocked = not handle.is_completed()
         began = time.perf_counter()
         rows = handle.wait()
         if first:
-            self._counters.record_landing(handle, 0.0 if landed else time.perf_counter() - began)
+            self._counters.record_landing(handle, time.perf_counter() - began if blocked else 0.0)
         self._counters.record_staleness(str(key), epoch - started)
         # Older buffers will never be chosen again: a newer one has landed.
         for _ in range(chosen):

@@ -1,0 +1,201 @@
+"""Stale training is what it claims: one process, the whole graph, a ring of past rows.
+
+Stale-by-S training has a single-process definition. Every cross-part edge v -> u (v and u
+on different parts) reads v's row as it was S epochs earlier (forward) and returns u's
+gradient for it S epochs late (backward); in-part edges read the current epoch. The
+reference below builds exactly that from the dataset and the part of every node, with its
+own dense adjacency and autograd function; it shares only the model definition and the
+initial weights with the distributed run. The distributed mode (``onebit`` at
+``staleness.bits = 32``, ``landing = "fixed"``, dropout 0) must match it to float
+tolerance, and must not match the references one epoch fresher or staler.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from adaqp.config import load_config
+from adaqp.data import load_dataset
+from adaqp.graph.local import LocalGraph
+from adaqp.model.gnn import GNN
+from adaqp.partitioning.build import make_partition
+from adaqp.partitioning.format import load_part, read_metadata
+from adaqp.run.trainer import Trainer
+from adaqp.runtime import init_distributed, shutdown
+from tests.distributed import run_workers
+from tests.run.test_trainer import _close, _full_adjacency, _set_flat
+
+EPOCHS = 6
+MODELS = ("gcn", "sage")
+
+
+def _config(model: str, part_dir: str, extra: tuple[str, ...] = ()):
+    return load_config(
+        None,
+        [
+            "data.dataset=cora",
+            f"model.name={model}",
+            "model.layers=3",
+            "model.hidden=16",
+            "model.dropout=0",
+            "model.layernorm=true",
+            "train.lr=0.01",
+            f"train.epochs={EPOCHS}",
+            "train.eval_every=1000",
+            "comm.mode=onebit",
+            "staleness.bits=32",
+            "staleness.landing=fixed",
+            f"partition.dir={part_dir}",
+            *extra,
+        ],
+    )
+
+
+class _Records:
+    def __init__(self):
+        self.records = []
+
+    def log_epoch(self, record) -> None:
+        self.records.append(record)
+
+
+def _worker(rank, world_size, init_method, part_dir: str, extra: tuple[str, ...], delay: float):
+    """Trains each model for EPOCHS epochs; ``delay``: rank 1's exchanges land that late."""
+    result = {}
+    for model in MODELS:
+        config = _config(model, part_dir, extra)
+        world = init_distributed(config.comm, init_method + model, rank, world_size)
+        try:
+            meta = read_metadata(part_dir)
+            graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
+            trainer = Trainer(config, graph, meta, world)
+            trainer.transport.emulated_delay_s = delay if rank == 1 else 0.0
+            result[f"{model}/initial"] = _flat(trainer.model)
+            records = _Records()
+            trainer.fit(records)
+            result[f"{model}/losses"] = np.array([r.train_loss for r in records.records])
+            result[f"{model}/staleness"] = np.array([r.max_staleness for r in records.records])
+            result[f"{model}/weights"] = _flat(trainer.model)
+            result[f"{model}/global_ids"] = graph.global_ids
+        finally:
+            shutdown()
+    return result
+
+
+def _flat(model) -> np.ndarray:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().copy()
+
+
+class _Ring:
+    """Past rows and past cross-part gradients, by (layer, epoch)."""
+
+    def __init__(self):
+        self.rows: dict[tuple[int, int], torch.Tensor] = {}
+        self.grads: dict[tuple[int, int], torch.Tensor] = {}
+
+
+class _Stale(torch.autograd.Function):
+    """Forward: the rows of epoch ``source`` (this epoch's are kept for later). Backward:
+    the cross-part gradient of epoch ``source`` (this epoch's is kept for later)."""
+
+    @staticmethod
+    def forward(ctx, h, ring: _Ring, layer: int, epoch: int, source: int):
+        ctx.ring, ctx.layer, ctx.epoch, ctx.source = ring, layer, epoch, source
+        ring.rows[layer, epoch] = h.detach().clone()
+        return ring.rows[layer, source].clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.ring.grads[ctx.layer, ctx.epoch] = grad.detach().clone()
+        return ctx.ring.grads[ctx.layer, ctx.source].clone(), None, None, None, None
+
+
+def _stale_reference(graph, owner: np.ndarray, model_name: str, initial, staleness: int):
+    """Whole-graph training in which cross-part edges read rows ``staleness`` epochs old
+    (epoch 1's in the first epochs); layer 0 reads the input, which never changes."""
+    config = _config(model_name, "unused")
+    torch.manual_seed(0)
+    # The distributed run's flags: they decide which tensor a layer exchanges (h or h W).
+    model = GNN(config.model, graph.feature_dim, graph.num_classes, True, cached_input=True)
+    _set_flat(model, initial)
+    full = _full_adjacency(graph, model.norm)
+    own = torch.from_numpy(owner)
+    cross = full * (own[:, None] != own[None, :])
+    inside = full - cross
+    x = torch.from_numpy(graph.features)
+    y = torch.from_numpy(graph.labels).long()
+    mask = torch.from_numpy(graph.train_mask)
+    train = config.train
+    optimizer = torch.optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
+    ring, losses = _Ring(), []
+    for epoch in range(1, EPOCHS + 1):
+        source = max(1, epoch - staleness)
+
+        def propagate(h, layer, finish=lambda agg, rows: agg, epoch=epoch, source=source):
+            every = slice(0, h.shape[0])
+            if layer == 0:
+                return finish(full @ h, every)
+            stale = _Stale.apply(h, ring, layer, epoch, source)
+            return finish(inside @ h + cross @ stale, every)
+
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x, propagate)[mask], y[mask])
+        loss.backward()
+        losses.append(loss.item())
+        optimizer.step()
+    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return torch.tensor(losses), weights
+
+
+@pytest.fixture(scope="module")
+def cora():
+    return load_dataset("cora")
+
+
+def _owner(results, num_nodes: int) -> np.ndarray:
+    owner = np.full(num_nodes, -1, dtype=np.int64)
+    for rank, r in enumerate(results):
+        owner[r[f"{MODELS[0]}/global_ids"]] = rank
+    assert (owner >= 0).all()
+    return owner
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_stale_mode_matches_the_single_process_stale_reference(world_size, cora, tmp_path):
+    part_dir = tmp_path / "parts"
+    make_partition(cora, part_dir, num_parts=world_size, spec=_config("gcn", "").data.spec())
+    # Rank 1's exchanges land late: under the fixed landing rule that changes nothing.
+    results = run_workers(_worker, world_size, tmp_path, str(part_dir), (), 0.05)
+    owner = _owner(results, cora.num_nodes)
+    for model in MODELS:
+        initial = results[0][f"{model}/initial"]
+        losses, weights = _stale_reference(cora, owner, model, initial, staleness=1)
+        for r in results:
+            assert r[f"{model}/staleness"].tolist() == [0] + [1] * (EPOCHS - 1)
+            _close(r[f"{model}/losses"], losses, 1e-5, f"{model} losses, P={world_size}")
+            _close(r[f"{model}/weights"], weights, 1e-4, f"{model} weights, P={world_size}")
+        # The comparison can fail: one epoch fresher or staler is another run.
+        for other in (0, 2):
+            _, wrong = _stale_reference(cora, owner, model, initial, staleness=other)
+            with pytest.raises(AssertionError):
+                _close(results[0][f"{model}/weights"], wrong, 1e-4, f"S={other}")
+
+
+@pytest.mark.distributed
+def test_fixed_landing_makes_stale_runs_independent_of_timing(cora, tmp_path):
+    """One-bit, S = 1, landing "fixed": a run whose rank 1 lands every exchange 50 ms late
+    ends bitwise equal to one without the delay (under "newest" the late rank would use
+    older rows on some epochs)."""
+    part_dir = tmp_path / "parts"
+    make_partition(cora, part_dir, num_parts=2, spec=_config("gcn", "").data.spec())
+    extra = ("staleness.bits=1",)
+    prompt = run_workers(_worker, 2, tmp_path, str(part_dir), extra, 0.0)
+    late = run_workers(_worker, 2, tmp_path, str(part_dir), extra, 0.05)
+    for a, b in zip(prompt, late, strict=True):
+        for model in MODELS:
+            np.testing.assert_array_equal(a[f"{model}/weights"], b[f"{model}/weights"])
+            np.testing.assert_array_equal(a[f"{model}/losses"], b[f"{model}/losses"])
