@@ -140,7 +140,8 @@ class EpochCounters:
                 keys = list(tags)
             elif f.name == "staleness_by_tag":
                 keys = [(t, s) for t in tags for s in staleness]
-                value = {(t, s): value.get(t, {}).get(s, 0) for t, s in keys}
+                # Flattened as it is, so that an age above the bound is an error, not lost.
+                value = {(t, s): n for t, hist in value.items() for s, n in hist.items()}
             else:
                 keys = None
             if keys is None:

@@ -243,6 +243,9 @@ def test_reduced_drops_zero_entries():
         (EpochCounters(bytes_by_tag={"layer9/forward": 1}), "bytes_by_tag"),
         (EpochCounters(comm_time_by_tag={"other": 1.0}), "comm_time_by_tag"),
         (EpochCounters(bits_histogram={3: 1}), "bits_histogram"),
+        # An age above the bound (here 0) or an unknown tag: never dropped in silence.
+        (EpochCounters(staleness_by_tag={L1B: {1: 2}}), "staleness_by_tag"),
+        (EpochCounters(staleness_by_tag={"layer9/forward": {0: 1}}), "staleness_by_tag"),
     ],
 )
 def test_reduced_rejects_keys_outside_tags_and_widths(counters, field):
