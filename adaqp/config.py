@@ -138,6 +138,15 @@ class ModelConfig:
             "model.attn_dropout",
             f"must be in [0, 1), got {self.attn_dropout}",
         )
+        if self.name != "gat":  # a GAT key set for another model would do nothing
+            defaults = ModelConfig.__dataclass_fields__
+            for key in self.GAT_ONLY:
+                value = getattr(self, key)
+                check(
+                    value == defaults[key].default,
+                    f"model.{key}",
+                    f"applies to model.name = gat only (this model is {self.name}), got {value}",
+                )
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,7 @@ def test_large_synthetic_configs_say_what_they_need_first(path):
         ("model.heads=0", "model.heads"),
         ("model.output_heads=0", "model.output_heads"),
         ("model.attn_dropout=1", "model.attn_dropout"),
+        ("model.heads=8", "model.heads"),  # the default model is gcn: heads do nothing
         ("staleness.bits=3", "staleness.bits"),
         ("staleness.landing=late", "staleness.landing"),
         ("comm.mode=turbo", "comm.mode"),

@@ -41,19 +41,7 @@ class _WeightedSum(torch.autograd.Function):
     def forward(ctx, adjacency: SparseAdjacency, alpha_EK, x_MKF):
         ctx.adjacency = adjacency
         ctx.save_for_backward(alpha_EK, x_MKF)
-        forward = adjacency.forward
-        num_rows, num_cols = adjacency.shape
-        heads, width = x_MKF.shape[1], x_MKF.shape[2]
-        out = x_MKF.new_empty(num_rows, heads, width)
-        for k in range(heads):
-            matrix = csr_tensor(
-                forward.crow_indices(),
-                forward.col_indices(),
-                alpha_EK[:, k].contiguous(),
-                (num_rows, num_cols),
-            )
-            out[:, k] = torch.sparse.mm(matrix, x_MKF[:, k].contiguous())
-        return out
+        return _per_head_product(adjacency.forward, alpha_EK, x_MKF)
 
     @staticmethod
     def backward(ctx, grad_NKF):
@@ -70,19 +58,24 @@ class _WeightedSum(torch.autograd.Function):
                 hi = min(lo + step, dst.numel())
                 grad_alpha[lo:hi] = (grad_NKF[dst[lo:hi]] * x_MKF[src[lo:hi]]).sum(-1)
         if ctx.needs_input_grad[2]:
-            transpose = adjacency.transpose
-            num_rows, num_cols = adjacency.shape
-            grad_x = torch.empty_like(x_MKF)
-            alpha_t = alpha_EK[order]
-            for k in range(x_MKF.shape[1]):
-                matrix = csr_tensor(
-                    transpose.crow_indices(),
-                    transpose.col_indices(),
-                    alpha_t[:, k].contiguous(),
-                    (num_cols, num_rows),
-                )
-                grad_x[:, k] = torch.sparse.mm(matrix, grad_NKF[:, k].contiguous())
+            grad_x = _per_head_product(adjacency.transpose, alpha_EK[order], grad_NKF)
         return None, grad_alpha, grad_x
+
+
+def _per_head_product(matrix: torch.Tensor, weights_EK, dense_MKF) -> torch.Tensor:
+    """``[N, K, F]``: for each head k, the CSR ``matrix``'s structure valued with
+    ``weights_EK[:, k]`` (in its entry order) times ``dense_MKF[:, k]``."""
+    num_rows, num_cols = matrix.shape
+    out = dense_MKF.new_empty(num_rows, dense_MKF.shape[1], dense_MKF.shape[2])
+    for k in range(dense_MKF.shape[1]):
+        head = csr_tensor(
+            matrix.crow_indices(),
+            matrix.col_indices(),
+            weights_EK[:, k].contiguous(),
+            (num_rows, num_cols),
+        )
+        out[:, k] = torch.sparse.mm(head, dense_MKF[:, k].contiguous())
+    return out
 
 
 def attention_weights(

@@ -19,7 +19,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from adaqp.config import load_config
 from adaqp.data import load_dataset
 from adaqp.graph.aggregate import SparseAdjacency
 from adaqp.graph.local import LocalGraph
@@ -30,33 +29,24 @@ from adaqp.run.trainer import Trainer
 from adaqp.runtime import init_distributed, shutdown
 from tests.distributed import run_workers
 from tests.run.test_trainer import WEIGHTS_RTOL, _close, _full_adjacency, _set_flat
+from tests.run.test_trainer import _config as exact_config
 
 EPOCHS = 6
 MODELS = ("gcn", "sage", "gat")
 
 
+STALE = (
+    f"train.epochs={EPOCHS}",
+    "train.eval_every=1000",
+    "comm.mode=onebit",
+    "staleness.bits=32",
+    "staleness.landing=fixed",
+)
+
+
 def _config(model: str, part_dir: str, extra: tuple[str, ...] = ()):
-    # GAT: 2 heads of 8 (16 wide, as the others) and 2 averaged output heads.
-    hidden = ("model.hidden=8", "model.heads=2", "model.output_heads=2")
-    return load_config(
-        None,
-        [
-            "data.dataset=cora",
-            f"model.name={model}",
-            "model.layers=3",
-            *(hidden if model == "gat" else ("model.hidden=16",)),
-            "model.dropout=0",
-            "model.layernorm=true",
-            "train.lr=0.01",
-            f"train.epochs={EPOCHS}",
-            "train.eval_every=1000",
-            "comm.mode=onebit",
-            "staleness.bits=32",
-            "staleness.landing=fixed",
-            f"partition.dir={part_dir}",
-            *extra,
-        ],
-    )
+    """The exactness test's config (dropout 0, 3 layers), trained stale."""
+    return exact_config(model, part_dir, (*STALE, *extra))
 
 
 class _Records:

@@ -12,7 +12,7 @@ from adaqp.graph.attention import attend, attention_weights
 from adaqp.model.gnn import GNN
 from adaqp.model.layers import GATConv
 from tests.model.gat_reference import dense_gat, edge_mask
-from tests.model.test_gnn import C, F, N, _graph, _propagation
+from tests.model.test_gnn import C, F, N, _graph, _one_thread, _propagation  # noqa: F401
 
 
 def _gat(layers: int = 2, **kwargs) -> GNN:
@@ -24,14 +24,6 @@ def _gat(layers: int = 2, **kwargs) -> GNN:
 def _mask() -> torch.Tensor:
     graph = _graph()
     return edge_mask(graph.indptr, graph.indices, N)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("layers", [1, 2, 3])
