@@ -284,8 +284,16 @@ class StalenessConfig:
     landing: str = "newest"
     """Mode onebit: which exchange a layer uses. newest: the newest that has landed within
     the bound (waits only when none has); fixed: always the one started exactly ``bound``
-    epochs ago (epoch 0's in the first epochs), waiting for it if need be, so that a run
+    epochs ago (epoch 1's in the first epochs), waiting for it if need be, so that a run
     does not depend on timing: two runs with one seed are bitwise equal."""
+    warmup_epochs: int = 0
+    """Mode onebit: the first this many epochs are synchronous (staleness 0)."""
+    smoothing: float = 0.0
+    """Mode onebit: halo rows and gradients enter as a per-exchange moving average,
+    ``avg = smoothing * avg + (1 - smoothing) * received`` (0 = off; PipeGCN uses
+    0.9-0.95)."""
+    fresh_last_layer: bool = False
+    """Mode onebit: the last layer exchanges synchronously (its rows are narrow: cheap)."""
 
     def __post_init__(self) -> None:
         check(self.bound >= 0, "staleness.bound", f"must be non-negative, got {self.bound}")
@@ -296,6 +304,12 @@ class StalenessConfig:
         )
         check(self.sync_every >= 0, "staleness.sync_every", "must be non-negative")
         _check_choice(self.landing, LANDINGS, "staleness.landing")
+        check(self.warmup_epochs >= 0, "staleness.warmup_epochs", "must be non-negative")
+        check(
+            0.0 <= self.smoothing < 1.0,
+            "staleness.smoothing",
+            f"must be in [0, 1), got {self.smoothing}",
+        )
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,8 @@ def test_large_synthetic_configs_say_what_they_need_first(path):
         ("model.heads=8", "model.heads"),  # the default model is gcn: heads do nothing
         ("staleness.bits=3", "staleness.bits"),
         ("staleness.landing=late", "staleness.landing"),
+        ("staleness.warmup_epochs=-1", "staleness.warmup_epochs"),
+        ("staleness.smoothing=1", "staleness.smoothing"),
         ("comm.mode=turbo", "comm.mode"),
         ("data.synthetic.num_nodes=-5", "data.synthetic"),
         ("train.epochs", "train.epochs"),

@@ -3,12 +3,15 @@
 Training exchanges are quantized to ``staleness.bits`` per value (one bit by default:
 each value becomes its row's min or max, with the probability that keeps its mean; 32
 sends float32). The exchange for key k at epoch t is launched as soon as its rows exist
-and is not waited for. The layer then uses the newest *landed* buffer of k whose exchange
-started at an epoch >= t - S; only if none of those has landed does it block, on the
-oldest of them (collectives on one group complete in launch order, so that is the
+and is not waited for. The layer then uses the newest *landed* buffer of k whose
+exchange started at an epoch >= t - S; only if none of those has landed does it block,
+on the oldest of them (collectives on one group complete in launch order, so that is the
 shortest wait). With ``landing = "fixed"`` it always uses the oldest of them, the one
-started at t - S (at epoch 0's in the first S epochs), so that what a layer reads does not
-depend on timing. Gradients returned to owners follow the same rule. S = 0 is synchronous
+started at t - S (epoch 1's in the first S epochs), so that what a layer reads does not
+depend on timing. The bound is 0 in the first ``warmup_epochs`` epochs and, with
+``fresh_last_layer``, for the last layer's exchanges; with ``smoothing = g`` a layer
+uses the per-exchange moving average ``g * avg + (1 - g) * rows`` of the rows it
+resolves. Gradients returned to owners follow the same rule. S = 0 is synchronous
 low-bit training, and with ``sync_every = K`` every K-th epoch waits for its own
 exchanges.
 
@@ -78,11 +81,16 @@ class StalePolicy(ExchangePolicy):
         config: the staleness section (bound, bits, sync_every).
     """
 
-    def __init__(self, transport: HaloTransport, config: StalenessConfig, device):
+    def __init__(
+        self, transport: HaloTransport, config: StalenessConfig, device, last_layer: int = -1
+    ):
         super().__init__(transport)
         self.config = config
         self.device = device
+        self.last_layer = last_layer
         self.staleness_bound = config.bound
+        # Per key, with smoothing on: the moving average of what the layer received.
+        self._averages: dict[ExchangeKey, torch.Tensor] = {}
         self._plans: dict[ExchangeKey, BitPlan] = {}
         # Per key: (epoch started, handle), oldest first; at most bound + 1 entries.
         self._buffers: dict[ExchangeKey, deque[tuple[int, PendingExchange]]] = {}
@@ -90,10 +98,16 @@ class StalePolicy(ExchangePolicy):
         self._retired: list[PendingExchange] = []
         transport.warm_up()  # every training exchange is quantized: load the kernels now
 
-    def staleness_bound_at(self, epoch: int) -> int:
-        """The staleness allowed at ``epoch`` (0 on synchronous epochs)."""
-        every = self.config.sync_every
-        return 0 if every and epoch % every == 0 else self.config.bound
+    def staleness_bound_at(self, epoch: int, key: ExchangeKey | None = None) -> int:
+        """The staleness allowed at ``epoch`` for ``key`` (0 on synchronous epochs, in
+        the warm-up, and for the last layer when it is kept fresh)."""
+        config = self.config
+        every = config.sync_every
+        if every and epoch % every == 0 or epoch <= config.warmup_epochs:
+            return 0
+        if config.fresh_last_layer and key is not None and key.layer == self.last_layer:
+            return 0
+        return config.bound
 
     def plan(self, key: ExchangeKey, out_rows: int, in_rows: int, dim: int) -> BitPlan:
         plan = self._plans.get(key)
@@ -113,7 +127,7 @@ class StalePolicy(ExchangePolicy):
         """Rows of the exchange of ``key`` that ``landing`` chooses within the bound at
         ``epoch``."""
         entries = self._buffers[key]
-        oldest = epoch - self.staleness_bound_at(epoch)
+        oldest = epoch - self.staleness_bound_at(epoch, key)
         while entries and entries[0][0] < oldest:
             self._retire(entries.popleft()[1])
         if not entries:  # cannot happen: this epoch's exchange was just launched
@@ -136,7 +150,17 @@ class StalePolicy(ExchangePolicy):
         for _ in range(chosen):
             self._retire(entries.popleft()[1])
         self._retired = [h for h in self._retired if not h.release_if_landed()]
-        return rows
+        return self._smoothed(key, rows)
+
+    def _smoothed(self, key: ExchangeKey, rows: torch.Tensor) -> torch.Tensor:
+        """``rows``, or with smoothing their moving average (which starts at them)."""
+        g = self.config.smoothing
+        if not g:
+            return rows
+        average = self._averages.get(key)
+        average = rows.clone() if average is None else average * g + rows * (1.0 - g)
+        self._averages[key] = average
+        return average
 
     def _retire(self, handle: PendingExchange) -> None:
         if not handle.release_if_landed():
@@ -148,6 +172,8 @@ class StalePolicy(ExchangePolicy):
         for key, entries in self._buffers.items():
             for started, handle in entries:
                 state[f"buffer/{key}/{started}"] = handle.wait().cpu()
+        for key, average in self._averages.items():
+            state[f"average/{key}"] = average.cpu()
         return state
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
@@ -159,6 +185,8 @@ class StalePolicy(ExchangePolicy):
                 key_name, _, started = rest.rpartition("/")
                 entry = (int(started), _Landed(rows.to(self.device)))
                 buffers.setdefault(ExchangeKey.parse(key_name), []).append(entry)
+            elif kind == "average":
+                self._averages[ExchangeKey.parse(rest)] = rows.to(self.device)
         self._buffers = {key: deque(sorted(e, key=lambda x: x[0])) for key, e in buffers.items()}
 
     def close(self) -> None:

@@ -69,7 +69,8 @@ def make_policy(
         planner = BitWidthPlanner(config.quant, transport, graph, adjacency, world)
         return AdaptivePolicy(transport, planner)
     if mode == "onebit":
-        return StalePolicy(transport, config.staleness, world.device)
+        last_layer = config.model.layers - 1
+        return StalePolicy(transport, config.staleness, world.device, last_layer)
     return ExchangePolicy(transport)
 
 

@@ -85,11 +85,23 @@ def _flat(model) -> np.ndarray:
 
 
 class _Ring:
-    """Past rows and past cross-part gradients, by (layer, epoch)."""
+    """Past rows and past cross-part gradients, by (layer, epoch); with ``smoothing = g``
+    also their moving averages by layer (what the layer then reads)."""
 
-    def __init__(self):
+    def __init__(self, smoothing: float = 0.0):
         self.rows: dict[tuple[int, int], torch.Tensor] = {}
         self.grads: dict[tuple[int, int], torch.Tensor] = {}
+        self.smoothing = smoothing
+        self.averages: dict[tuple[str, int], torch.Tensor] = {}
+
+    def smooth(self, kind: str, layer: int, value: torch.Tensor) -> torch.Tensor:
+        g = self.smoothing
+        if not g:
+            return value.clone()
+        last = self.averages.get((kind, layer))
+        value = value.clone() if last is None else last * g + value * (1 - g)
+        self.averages[kind, layer] = value
+        return value.clone()
 
 
 class _Stale(torch.autograd.Function):
@@ -100,18 +112,31 @@ class _Stale(torch.autograd.Function):
     def forward(ctx, h, ring: _Ring, layer: int, epoch: int, source: int):
         ctx.ring, ctx.layer, ctx.epoch, ctx.source = ring, layer, epoch, source
         ring.rows[layer, epoch] = h.detach().clone()
-        return ring.rows[layer, source].clone()
+        return ring.smooth("rows", layer, ring.rows[layer, source])
 
     @staticmethod
     def backward(ctx, grad):
-        ctx.ring.grads[ctx.layer, ctx.epoch] = grad.detach().clone()
-        return ctx.ring.grads[ctx.layer, ctx.source].clone(), None, None, None, None
+        ring = ctx.ring
+        ring.grads[ctx.layer, ctx.epoch] = grad.detach().clone()
+        return ring.smooth("grads", ctx.layer, ring.grads[ctx.layer, ctx.source]), *[None] * 4
 
 
-def _stale_reference(graph, owner: np.ndarray, model_name: str, initial, staleness: int):
+def _stale_reference(
+    graph,
+    owner: np.ndarray,
+    model_name: str,
+    initial,
+    staleness: int,
+    warmup: int = 0,
+    smoothing: float = 0.0,
+    fresh_last: bool = False,
+):
     """Whole-graph training in which cross-part edges read rows ``staleness`` epochs old
-    (epoch 1's in the first epochs); layer 0 reads the input, which never changes."""
+    (epoch 1's in the first epochs); layer 0 reads the input, which never changes. The
+    first ``warmup`` epochs, and with ``fresh_last`` the last layer, read the current
+    epoch; ``smoothing`` averages what cross-part edges read (rows and gradients)."""
     config = _config(model_name, "unused")
+    last = config.model.layers - 1
     torch.manual_seed(0)
     # The distributed run's flags: they decide which tensor a layer exchanges (h or h W).
     model = GNN(config.model, graph.feature_dim, graph.num_classes, True, cached_input=True)
@@ -128,20 +153,24 @@ def _stale_reference(graph, owner: np.ndarray, model_name: str, initial, stalene
     mask = torch.from_numpy(graph.train_mask)
     train = config.train
     optimizer = torch.optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
-    ring, losses = _Ring(), []
+    ring, losses = _Ring(smoothing), []
     for epoch in range(1, EPOCHS + 1):
-        source = max(1, epoch - staleness)
 
-        def propagate(h, layer, finish=lambda agg, rows: agg, aggregate=None, e=epoch, s=source):
+        def source(layer: int, e: int = epoch) -> int:
+            if e <= warmup or (fresh_last and layer == last):
+                return e
+            return max(1, e - staleness)
+
+        def propagate(h, layer, finish=lambda agg, rows: agg, aggregate=None, e=epoch):
             every = slice(0, h.shape[0])
             if aggregate is not None:  # GAT: fresh rows, then stale copies, as sources
                 if layer == 0:
                     return finish(aggregate(whole, h, every), every)
-                stale = _Stale.apply(h, ring, layer, e, s)
+                stale = _Stale.apply(h, ring, layer, e, source(layer))
                 return finish(aggregate(mixed, torch.cat([h, stale]), every), every)
             if layer == 0:
                 return finish(full @ h, every)
-            stale = _Stale.apply(h, ring, layer, e, s)
+            stale = _Stale.apply(h, ring, layer, e, source(layer))
             return finish(inside @ h + cross @ stale, every)
 
         optimizer.zero_grad()
@@ -221,3 +250,31 @@ def test_fixed_landing_makes_stale_runs_independent_of_timing(cora, tmp_path):
         for model in MODELS:
             np.testing.assert_array_equal(a[f"{model}/weights"], b[f"{model}/weights"])
             np.testing.assert_array_equal(a[f"{model}/losses"], b[f"{model}/losses"])
+
+
+@pytest.mark.distributed
+def test_compensations_match_the_reference_with_the_same_compensations(cora, tmp_path):
+    """Warm-up (2 synchronous epochs), smoothing (0.9) and a fresh last layer, all on at
+    once, P = 2: the distributed run is the reference with the same three changes, and
+    not the plain stale reference."""
+    part_dir = tmp_path / "parts"
+    make_partition(cora, part_dir, num_parts=2, spec=_config("gcn", "").data.spec())
+    extra = (
+        "staleness.warmup_epochs=2",
+        "staleness.smoothing=0.9",
+        "staleness.fresh_last_layer=true",
+    )
+    results = run_workers(_worker, 2, tmp_path, str(part_dir), extra, 0.0)
+    owner = _owner(results, cora.num_nodes)
+    for model in MODELS:
+        initial, rtol = results[0][f"{model}/initial"], WEIGHTS_RTOL[model]
+        options = dict(warmup=2, smoothing=0.9, fresh_last=True)
+        losses, weights = _stale_reference(cora, owner, model, initial, 1, **options)
+        for r in results:
+            # Layer 1 is stale from epoch 3 on; the last layer (2) never is.
+            assert r[f"{model}/staleness"].tolist() == [0, 0] + [1] * (EPOCHS - 2)
+            _close(r[f"{model}/losses"], losses, 1e-5, f"{model} losses")
+            _close(r[f"{model}/weights"], weights, rtol, f"{model} weights")
+        _, plain = _stale_reference(cora, owner, model, initial, 1)
+        with pytest.raises(AssertionError):
+            _close(results[0][f"{model}/weights"], plain, rtol, "without the compensations")

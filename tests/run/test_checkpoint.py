@@ -103,13 +103,20 @@ def parts(tmp_path_factory):
             "model.name=gat",
             "model.attn_dropout=0.5",
         ),
+        (
+            "comm.mode=onebit",
+            "staleness.landing=fixed",
+            "staleness.smoothing=0.9",
+            "checkpoint.every=4",
+        ),
     ],
-    ids=["vanilla", "adaqp", "adaqp-gat"],
+    ids=["vanilla", "adaqp", "adaqp-gat", "onebit-smoothed"],
 )
 def test_resume_equals_uninterrupted(overrides, parts, tmp_path):
     """Stopped after a checkpoint and resumed to 10 epochs: bitwise the same weights and
     final loss as one 10-epoch run (dropout, GAT's attention dropout, Adam state,
-    quantization RNG and bit-width plans and traces all restored)."""
+    quantization RNG, bit-width plans and traces, stale buffers and their moving averages
+    all restored)."""
     stop = 5 if "vanilla" in overrides[0] else 8
     whole = run_workers(_worker, 2, tmp_path, parts, str(tmp_path / "a"), overrides, 0, 10)
     split = run_workers(_worker, 2, tmp_path, parts, str(tmp_path / "b"), overrides, stop, 10)
