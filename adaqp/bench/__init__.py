@@ -126,3 +126,14 @@ def torchrun_train(nproc: int, train_args: list[str], timeout_s: float, what: st
     )
     if proc.returncode != 0:
         raise RuntimeError(f"{what} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def run_order(modes: list[str], seeds: list[int]) -> list[tuple[str, int]]:
+    """``(mode, seed)`` in the order they run: seed after seed, each seed's modes rotated by
+    one place, so that no mode always runs first or last (on a shared machine, runs a
+    minute apart can differ by a quarter in compute). Each mode's seeds stay in order."""
+    return [
+        (modes[(i + j) % len(modes)], seed)
+        for i, seed in enumerate(seeds)
+        for j in range(len(modes))
+    ]

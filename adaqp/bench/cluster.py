@@ -28,6 +28,7 @@ from adaqp.bench import (
     DEFAULT_OUT_DIR,
     MODE_VARIANTS,
     add_run_options,
+    run_order,
 )
 from adaqp.bench.cluster_plot import plot
 from adaqp.bench.emulate import EmulatedCluster, host_links
@@ -362,17 +363,6 @@ def main(args: argparse.Namespace) -> int:
     print(table)
     print(f"-> {out_dir}")
     return 0
-
-
-def run_order(modes: list[str], seeds: list[int]) -> list[tuple[str, int]]:
-    """``(mode, seed)`` in the order they run: seed after seed, each seed's modes rotated by
-    one place, so that no mode always runs first or last (on a shared machine, runs a
-    minute apart can differ by a quarter in compute). Each mode's seeds stay in order."""
-    return [
-        (modes[(i + j) % len(modes)], seed)
-        for i, seed in enumerate(seeds)
-        for j in range(len(modes))
-    ]
 
 
 def _run_all(args, modes, seeds, config, overrides, runs_dir, part_dir, runs) -> None:

@@ -25,6 +25,7 @@ from adaqp.bench import (
     DEFAULT_OUT_DIR,
     MODE_VARIANTS,
     add_run_options,
+    run_order,
     torchrun_train,
 )
 
@@ -165,21 +166,21 @@ def main(args: argparse.Namespace) -> int:
     runs_dir = Path("results/runs") / f"bench-modes-{args.dataset}"
     part_dir = Path("partitions") / f"bench-{args.dataset}-p{args.world_size}"
     results: dict[str, dict[str, Any]] = {}
-    total, done = len(variants) * len(seeds), 0
+    total = len(variants) * len(seeds)
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    # Seed after seed, each seed's variants rotated: no variant always runs first or last.
+    for done, (variant, seed) in enumerate(run_order(variants, seeds), start=1):
+        summary = _run_one(args.dataset, variant, seed, args, runs_dir, part_dir)
+        runs[variant].append(summary)
+        print(
+            f"[{done}/{total}] {variant} seed {seed}: test acc {summary['test_acc']:.4f}"
+            f", {summary['halo_bytes_per_epoch'] / 1e6:.3f} MB/epoch, "
+            f"{summary['avg_bits']:.2f} bits, {1e3 * summary['epoch_time_s']:.1f} ms/epoch"
+            f" ({summary['wall_s']:.0f}s)",
+            flush=True,
+        )
     for variant in variants:
-        runs = []
-        for seed in seeds:
-            summary = _run_one(args.dataset, variant, seed, args, runs_dir, part_dir)
-            runs.append(summary)
-            done += 1
-            print(
-                f"[{done}/{total}] {variant} seed {seed}: test acc {summary['test_acc']:.4f}"
-                f", {summary['halo_bytes_per_epoch'] / 1e6:.3f} MB/epoch, "
-                f"{summary['avg_bits']:.2f} bits, {1e3 * summary['epoch_time_s']:.1f} ms/epoch"
-                f" ({summary['wall_s']:.0f}s)",
-                flush=True,
-            )
-        results[variant] = {"runs": runs, "aggregate": _aggregate(runs)}
+        results[variant] = {"runs": runs[variant], "aggregate": _aggregate(runs[variant])}
     config, overrides = DATASETS[args.dataset]
     meta = {
         "dataset": args.dataset,

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from adaqp.bench import cluster, costmodel
+from adaqp.bench import cluster, costmodel, run_order
 
 
 def _run(epoch_s, wait_s, val_curve, test_acc, nbytes, quant_s=0.0):
@@ -157,8 +157,9 @@ def test_cost_model_report_names_a_missing_cluster(tmp_path):
 
 
 def test_run_order_rotates_the_modes_seed_by_seed():
+    """Both benchmarks that compare modes (cluster, modes) run them in this order."""
     modes, seeds = ["vanilla", "adaqp", "nocomm"], [0, 1, 2, 3]
-    order = cluster.run_order(modes, seeds)
+    order = run_order(modes, seeds)
     assert sorted(order) == sorted((m, s) for m in modes for s in seeds)  # each run once
     assert [m for m, s in order if s == 0] == modes  # one seed: the order given
     assert [order[3 * i][0] for i in range(4)] == ["vanilla", "adaqp", "nocomm", "vanilla"]
