@@ -137,6 +137,10 @@ def test_single_process_run_with_overrides(tmp_path):
         "hidden": 32,
         "dropout": 0.0,
         "layernorm": False,
+        # GAT's keys at their defaults (config.json is the whole resolved config).
+        "heads": 4,
+        "output_heads": 1,
+        "attn_dropout": 0.0,
     }
     assert config["train"]["lr"] == 0.02
 

@@ -28,7 +28,13 @@ from adaqp.partitioning.format import load_part, read_metadata
 from adaqp.run.trainer import Trainer
 from adaqp.runtime import init_distributed, shutdown
 from tests.distributed import run_workers
-from tests.run.test_trainer import WEIGHTS_RTOL, _close, _full_adjacency, _set_flat
+from tests.run.test_trainer import (
+    WEIGHTS_RTOL,
+    _close,
+    _flat_params,
+    _full_adjacency,
+    _set_flat,
+)
 from tests.run.test_trainer import _config as exact_config
 
 EPOCHS = 6
@@ -57,10 +63,18 @@ class _Records:
         self.records.append(record)
 
 
-def _worker(rank, world_size, init_method, part_dir: str, extra: tuple[str, ...], delay: float):
+def _worker(
+    rank,
+    world_size,
+    init_method,
+    part_dir: str,
+    extra: tuple[str, ...],
+    delay: float,
+    models: tuple[str, ...] = MODELS,
+):
     """Trains each model for EPOCHS epochs; ``delay``: rank 1's exchanges land that late."""
     result = {}
-    for model in MODELS:
+    for model in models:
         config = _config(model, part_dir, extra)
         world = init_distributed(config.comm, init_method + model, rank, world_size)
         try:
@@ -68,20 +82,16 @@ def _worker(rank, world_size, init_method, part_dir: str, extra: tuple[str, ...]
             graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
             trainer = Trainer(config, graph, meta, world)
             trainer.transport.emulated_delay_s = delay if rank == 1 else 0.0
-            result[f"{model}/initial"] = _flat(trainer.model)
+            result[f"{model}/initial"] = _flat_params(trainer.model)
             records = _Records()
             trainer.fit(records)
             result[f"{model}/losses"] = np.array([r.train_loss for r in records.records])
             result[f"{model}/staleness"] = np.array([r.max_staleness for r in records.records])
-            result[f"{model}/weights"] = _flat(trainer.model)
+            result[f"{model}/weights"] = _flat_params(trainer.model)
             result[f"{model}/global_ids"] = graph.global_ids
         finally:
             shutdown()
     return result
-
-
-def _flat(model) -> np.ndarray:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().copy()
 
 
 class _Ring:
@@ -214,14 +224,16 @@ def _owner(results, num_nodes: int) -> np.ndarray:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_stale_mode_matches_the_single_process_stale_reference(world_size, cora, tmp_path):
+@pytest.mark.parametrize(
+    ("world_size", "models"), [(2, MODELS), (4, ("gcn", "sage"))], ids=["P=2", "P=4"]
+)
+def test_stale_mode_matches_the_single_process_stale_reference(world_size, models, cora, tmp_path):
     part_dir = tmp_path / "parts"
     make_partition(cora, part_dir, num_parts=world_size, spec=_config("gcn", "").data.spec())
     # Rank 1's exchanges land late: under the fixed landing rule that changes nothing.
-    results = run_workers(_worker, world_size, tmp_path, str(part_dir), (), 0.05)
+    results = run_workers(_worker, world_size, tmp_path, str(part_dir), (), 0.05, models)
     owner = _owner(results, cora.num_nodes)
-    for model in MODELS:
+    for model in models:
         initial = results[0][f"{model}/initial"]
         losses, weights = _stale_reference(cora, owner, model, initial, staleness=1)
         for r in results:
@@ -243,11 +255,11 @@ def test_fixed_landing_makes_stale_runs_independent_of_timing(cora, tmp_path):
     older rows on some epochs)."""
     part_dir = tmp_path / "parts"
     make_partition(cora, part_dir, num_parts=2, spec=_config("gcn", "").data.spec())
-    extra = ("staleness.bits=1",)
-    prompt = run_workers(_worker, 2, tmp_path, str(part_dir), extra, 0.0)
-    late = run_workers(_worker, 2, tmp_path, str(part_dir), extra, 0.05)
+    extra, models = ("staleness.bits=1",), ("gcn",)
+    prompt = run_workers(_worker, 2, tmp_path, str(part_dir), extra, 0.0, models)
+    late = run_workers(_worker, 2, tmp_path, str(part_dir), extra, 0.05, models)
     for a, b in zip(prompt, late, strict=True):
-        for model in MODELS:
+        for model in models:
             np.testing.assert_array_equal(a[f"{model}/weights"], b[f"{model}/weights"])
             np.testing.assert_array_equal(a[f"{model}/losses"], b[f"{model}/losses"])
 

@@ -18,10 +18,19 @@ GAT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cora-gat.toml"
 EPOCHS = 6
 
 
-def _worker(rank: int, world_size: int, init_method: str, overrides: tuple[str, ...]):
+def _worker(rank: int, world_size: int, init_method: str, tmp: str):
+    """Every mode in turn (one spawn of the workers for all six)."""
     from adaqp.run.job import run
 
-    run(load_config(GAT_CONFIG, list(overrides)), init_method, rank, world_size)
+    for mode in MODES:
+        overrides = [
+            f"comm.mode={mode}",
+            f"train.epochs={EPOCHS}",
+            "quant.assign_cycle=2",
+            f"partition.dir={tmp}/parts",
+            f"metrics.out={tmp}/{mode}",
+        ]
+        run(load_config(GAT_CONFIG, overrides), f"{init_method}-{mode}", rank, world_size)
     return {"done": np.array(1)}
 
 
@@ -29,17 +38,10 @@ def _worker(rank: int, world_size: int, init_method: str, overrides: tuple[str, 
 def summaries(tmp_path_factory):
     """Every mode's summary.json and metrics.jsonl, one short run each."""
     tmp = tmp_path_factory.mktemp("gat-modes")
+    run_workers(_worker, 2, tmp, str(tmp), timeout=360)
     out = {}
     for mode in MODES:
         run_dir = tmp / mode
-        overrides = (
-            f"comm.mode={mode}",
-            f"train.epochs={EPOCHS}",
-            "quant.assign_cycle=2",
-            f"partition.dir={tmp / 'parts'}",
-            f"metrics.out={run_dir}",
-        )
-        run_workers(_worker, 2, tmp, overrides, timeout=240)
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
         out[mode] = (
             json.loads((run_dir / "summary.json").read_text()),
