@@ -98,14 +98,14 @@ class StalePolicy(ExchangePolicy):
         self._retired: list[PendingExchange] = []
         transport.warm_up()  # every training exchange is quantized: load the kernels now
 
-    def staleness_bound_at(self, epoch: int, key: ExchangeKey | None = None) -> int:
+    def staleness_bound_at(self, epoch: int, key: ExchangeKey) -> int:
         """The staleness allowed at ``epoch`` for ``key`` (0 on synchronous epochs, in
         the warm-up, and for the last layer when it is kept fresh)."""
         config = self.config
         every = config.sync_every
         if every and epoch % every == 0 or epoch <= config.warmup_epochs:
             return 0
-        if config.fresh_last_layer and key is not None and key.layer == self.last_layer:
+        if config.fresh_last_layer and key.layer == self.last_layer:
             return 0
         return config.bound
 

@@ -246,6 +246,5 @@ class GATConv(nn.Module):
 
     def _attend(self, block: SparseAdjacency, x_MD: torch.Tensor, rows: slice) -> torch.Tensor:
         x_MKF = x_MD.view(-1, self.heads, self.out_dim)
-        dropout = self.attn_dropout if self.attn_dropout.p > 0 else None
-        out = attend(block, x_MKF, self.att_src, self.att_dst, rows, dropout)
+        out = attend(block, x_MKF, self.att_src, self.att_dst, rows, self.attn_dropout)
         return out.view(out.shape[0], -1)

@@ -21,19 +21,17 @@ import torch.nn.functional as F
 
 from adaqp.data import load_dataset
 from adaqp.graph.aggregate import SparseAdjacency
-from adaqp.graph.local import LocalGraph
 from adaqp.model.gnn import GNN
 from adaqp.partitioning.build import make_partition
-from adaqp.partitioning.format import load_part, read_metadata
-from adaqp.run.trainer import Trainer
-from adaqp.runtime import init_distributed, shutdown
 from tests.distributed import run_workers
+from tests.run.test_checkpoint import _Records
 from tests.run.test_trainer import (
     WEIGHTS_RTOL,
     _close,
     _flat_params,
     _full_adjacency,
     _set_flat,
+    rank_trainer,
 )
 from tests.run.test_trainer import _config as exact_config
 
@@ -55,14 +53,6 @@ def _config(model: str, part_dir: str, extra: tuple[str, ...] = ()):
     return exact_config(model, part_dir, (*STALE, *extra))
 
 
-class _Records:
-    def __init__(self):
-        self.records = []
-
-    def log_epoch(self, record) -> None:
-        self.records.append(record)
-
-
 def _worker(
     rank,
     world_size,
@@ -76,11 +66,10 @@ def _worker(
     result = {}
     for model in models:
         config = _config(model, part_dir, extra)
-        world = init_distributed(config.comm, init_method + model, rank, world_size)
-        try:
-            meta = read_metadata(part_dir)
-            graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
-            trainer = Trainer(config, graph, meta, world)
+        with rank_trainer(config, init_method + model, rank, world_size, part_dir) as (
+            trainer,
+            graph,
+        ):
             trainer.transport.emulated_delay_s = delay if rank == 1 else 0.0
             result[f"{model}/initial"] = _flat_params(trainer.model)
             records = _Records()
@@ -89,8 +78,6 @@ def _worker(
             result[f"{model}/staleness"] = np.array([r.max_staleness for r in records.records])
             result[f"{model}/weights"] = _flat_params(trainer.model)
             result[f"{model}/global_ids"] = graph.global_ids
-        finally:
-            shutdown()
     return result
 
 

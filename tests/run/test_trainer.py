@@ -9,6 +9,7 @@ parameters.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -71,17 +72,29 @@ def _sum_gradients(model: torch.nn.Module) -> None:
         offset += n
 
 
+@contextmanager
+def rank_trainer(config, init_method: str, rank: int, world_size: int, part_dir: str):
+    """This rank's ``(trainer, local graph)`` on the partition in ``part_dir``, inside its
+    process group (left on exit)."""
+    world = init_distributed(config.comm, init_method, rank, world_size)
+    try:
+        meta = read_metadata(part_dir)
+        graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
+        yield Trainer(config, graph, meta, world), graph
+    finally:
+        shutdown()
+
+
 def _worker(
     rank: int, world_size: int, init_method: str, part_dir: str, extra: tuple[str, ...] = ()
 ):
     result = {}
     for model in MODELS:
         config = _config(model, part_dir, extra)
-        world = init_distributed(config.comm, init_method + model, rank, world_size)
-        try:
-            meta = read_metadata(part_dir)
-            graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
-            trainer = Trainer(config, graph, meta, world)
+        with rank_trainer(config, init_method + model, rank, world_size, part_dir) as (
+            trainer,
+            graph,
+        ):
             result[f"{model}/initial"] = _flat_params(trainer.model)
             trainer.model.train()
             logits = trainer.logits()
@@ -96,8 +109,6 @@ def _worker(
             losses = [trainer.train_step() for _ in range(EPOCHS - 1)]
             result[f"{model}/losses"] = np.array(losses)
             result[f"{model}/weights"] = _flat_params(trainer.model)
-        finally:
-            shutdown()
     return result
 
 
