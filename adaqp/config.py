@@ -29,15 +29,18 @@ from adaqp.data import SyntheticSpec
 from adaqp.typed_toml import ConfigError as ConfigError  # raised for every bad key here
 from adaqp.typed_toml import build, check, read_tree
 
-MODES = ("vanilla", "adaqp-q", "adaqp-p", "adaqp", "onebit", "nocomm")
+MODES = ("vanilla", "adaqp-q", "adaqp-p", "adaqp", "adaqp-s", "onebit", "nocomm")
 """Training modes: full precision and synchronous (vanilla), quantized messages (adaqp-q),
-central/marginal overlap (adaqp-p), or both (adaqp); one-bit messages under bounded
+central/marginal overlap (adaqp-p), or both (adaqp); adaqp whose planner also chooses
+per exchange between fresh rows and stale ones (adaqp-s); one-bit messages under bounded
 staleness (onebit, see the staleness section). ``nocomm`` is benchmark-only: it skips the
 halo exchange (halo rows are zeros) to measure the compute-only epoch time."""
 
-QUANTIZED_MODES = ("adaqp-q", "adaqp")
+QUANTIZED_MODES = ("adaqp-q", "adaqp", "adaqp-s")
 """Modes whose widths the adaptive planner chooses."""
-OVERLAP_MODES = ("adaqp-p", "adaqp")
+OVERLAP_MODES = ("adaqp-p", "adaqp", "adaqp-s")
+STALE_MODES = ("onebit", "adaqp-s")
+"""Modes that may use halo rows (and gradients) from earlier epochs: [staleness]."""
 KERNELS = ("auto", "torch", "compiled")  # quantizer and dropout mask: adaqp/quant/kernels.py
 MODELS = ("gcn", "sage", "gat")
 PARTITION_METHODS = ("metis", "random", "contiguous")
@@ -294,6 +297,12 @@ class StalenessConfig:
     0.9-0.95)."""
     fresh_last_layer: bool = False
     """Mode onebit: the last layer exchanges synchronously (its rows are narrow: cheap)."""
+    min_hidden_fraction: float = 0.02
+    """Mode adaqp-s: an exchange goes stale only if its fresh wait (what overlap did not
+    hide) was at least this fraction of the epoch time."""
+    max_drift: float = 0.5
+    """Mode adaqp-s: an exchange goes stale only if its rows moved by at most this much per
+    epoch (``|x_t - x_t-1| / |x_t|`` over the rows sent)."""
 
     def __post_init__(self) -> None:
         check(self.bound >= 0, "staleness.bound", f"must be non-negative, got {self.bound}")
@@ -305,6 +314,12 @@ class StalenessConfig:
         check(self.sync_every >= 0, "staleness.sync_every", "must be non-negative")
         _check_choice(self.landing, LANDINGS, "staleness.landing")
         check(self.warmup_epochs >= 0, "staleness.warmup_epochs", "must be non-negative")
+        check(
+            0.0 <= self.min_hidden_fraction <= 1.0,
+            "staleness.min_hidden_fraction",
+            f"must be in [0, 1], got {self.min_hidden_fraction}",
+        )
+        check(self.max_drift >= 0, "staleness.max_drift", f"must be >= 0, got {self.max_drift}")
         check(
             0.0 <= self.smoothing < 1.0,
             "staleness.smoothing",
@@ -345,6 +360,14 @@ class Config:
     staleness: StalenessConfig = field(default_factory=StalenessConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    def __post_init__(self) -> None:
+        check(
+            self.comm.mode != "adaqp-s" or self.quant.assign_cycle >= 4,
+            "quant.assign_cycle",
+            "must be at least 4 in mode adaqp-s (its staleness choice compares the mean rows "
+            f"of each cycle's two halves), got {self.quant.assign_cycle}",
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

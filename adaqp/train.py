@@ -28,6 +28,7 @@ MODE_HELP = {
     "adaqp-q": "quantized halo messages, bit widths chosen per message group",
     "adaqp-p": "float32 with central/marginal overlap (exact)",
     "adaqp": "adaqp-q and adaqp-p together",
+    "adaqp-s": "adaqp whose planner may also make an exchange stale where that hides a wait",
     "onebit": "one bit per value, exchanged asynchronously under bounded staleness",
     "nocomm": "benchmark only: skips the exchange (accuracy not meaningful)",
 }

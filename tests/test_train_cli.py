@@ -32,7 +32,7 @@ def test_help_lists_the_modes_and_exit_codes_without_importing_torch():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("False"), proc.stdout  # torch never loaded
-    for mode in ("vanilla", "adaqp-q", "adaqp-p", "adaqp", "onebit", "nocomm"):
+    for mode in ("vanilla", "adaqp-q", "adaqp-p", "adaqp", "adaqp-s", "onebit", "nocomm"):
         assert f"\n  {mode} " in proc.stdout
     assert "130 interrupted" in proc.stdout and "--replace-finished" in proc.stdout
     assert time.monotonic() - started < 60

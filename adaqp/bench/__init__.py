@@ -49,6 +49,44 @@ COST_MODEL_VARIANTS: dict[str, tuple[str, ...]] = {
 }
 """``adaqp`` under a named cost model, for comparing them (not run unless asked for)."""
 
+_PLAIN_STALE = (
+    "--mode",
+    "onebit",
+    "--set",
+    "staleness.bound=1",
+    "--set",
+    "staleness.warmup_epochs=0",
+    "--set",
+    "staleness.smoothing=0",
+    "--set",
+    "staleness.fresh_last_layer=false",
+)
+STALENESS_VARIANTS: dict[str, tuple[str, ...]] = {
+    "onebit-s1-plain": _PLAIN_STALE,
+    "onebit-s1-smooth": (*_PLAIN_STALE, "--set", "staleness.smoothing=0.9"),
+    "onebit-s1-warmup": (*_PLAIN_STALE, "--set", "staleness.warmup_epochs=10"),
+    "onebit-s1-fresh-last": (*_PLAIN_STALE, "--set", "staleness.fresh_last_layer=true"),
+    "onebit-s1-sync4": (*_PLAIN_STALE, "--set", "staleness.sync_every=4"),
+    "onebit-s1-smooth-fresh-last": (
+        *_PLAIN_STALE,
+        "--set",
+        "staleness.smoothing=0.9",
+        "--set",
+        "staleness.fresh_last_layer=true",
+    ),
+    "onebit-s1-combined": (
+        *_PLAIN_STALE,
+        "--set",
+        "staleness.smoothing=0.9",
+        "--set",
+        "staleness.fresh_last_layer=true",
+        "--set",
+        "staleness.warmup_epochs=10",
+    ),
+}
+"""The staleness ablation: ``onebit`` at S = 1 with every compensation off (plain), and
+with one of them on; ``onebit-s1`` is the defaults (not run unless asked for)."""
+
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Shows each option's default after its help (not for a default of None, False or an

@@ -27,6 +27,7 @@ from adaqp.bench import (
     COST_MODEL_VARIANTS,
     DEFAULT_OUT_DIR,
     MODE_VARIANTS,
+    STALENESS_VARIANTS,
     add_run_options,
     run_order,
 )
@@ -40,6 +41,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     **MODE_VARIANTS,
     "nocomm": ("--mode", "nocomm"),
     **COST_MODEL_VARIANTS,
+    **STALENESS_VARIANTS,
 }
 """Every variant this benchmark can run (``--modes`` picks some, by default
 ``DEFAULT_MODES``; vanilla is the baseline)."""

@@ -24,6 +24,7 @@ from adaqp.bench import (
     COST_MODEL_VARIANTS,
     DEFAULT_OUT_DIR,
     MODE_VARIANTS,
+    STALENESS_VARIANTS,
     add_run_options,
     run_order,
     torchrun_train,
@@ -35,6 +36,7 @@ DEFAULT_VARIANTS = (*MODE_VARIANTS, "uniform-2", "uniform-4", "uniform-8")
 VARIANTS: dict[str, tuple[str, ...]] = {
     **MODE_VARIANTS,
     **COST_MODEL_VARIANTS,
+    **STALENESS_VARIANTS,
     "uniform-2": ("--mode", "adaqp-q", "--set", "quant.scheme=uniform", "--set", "quant.bits=2"),
     "uniform-4": ("--mode", "adaqp-q", "--set", "quant.scheme=uniform", "--set", "quant.bits=4"),
     "uniform-8": ("--mode", "adaqp-q", "--set", "quant.scheme=uniform", "--set", "quant.bits=8"),

@@ -36,7 +36,13 @@ class AdaptivePolicy(ExchangePolicy):
             self.planner.trace(key, rows_RD)
         return super().start(key, rows_RD)
 
-    def end_epoch(self, epoch: int, exchange_s_by_tag: dict[str, float] | None = None) -> float:
+    def end_epoch(
+        self,
+        epoch: int,
+        exchange_s_by_tag: dict[str, float] | None = None,
+        wait_s_by_tag: dict[str, float] | None = None,
+        epoch_s: float = 0.0,
+    ) -> float:
         self.transport.at(f"epoch {epoch} bit-width assignment")
         return self.planner.end_epoch(epoch, exchange_s_by_tag)
 

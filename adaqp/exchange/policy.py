@@ -12,6 +12,8 @@ policy                     modes                 training-time exchanges
                            nocomm
 ``AdaptivePolicy``         adaqp-q, adaqp        planned widths (``BitWidthPlanner``), traced
                                                  (``adaqp/exchange/adaptive.py``)
+``ChoicePolicy``           adaqp-s               adaqp, or per key stale low-bit rows
+                                                 (``adaqp/exchange/choice.py``)
 ``StalePolicy``            onebit                low-bit, bounded staleness
                                                  (``adaqp/exchange/stale.py``)
 =========================  ====================  ==========================================
@@ -109,9 +111,16 @@ class ExchangePolicy:
         self._counters.record_launch(handle)
         return handle
 
-    def end_epoch(self, epoch: int, exchange_s_by_tag: dict[str, float] | None = None) -> float:
+    def end_epoch(
+        self,
+        epoch: int,
+        exchange_s_by_tag: dict[str, float] | None = None,
+        wait_s_by_tag: dict[str, float] | None = None,
+        epoch_s: float = 0.0,
+    ) -> float:
         """After the step of ``epoch``: policy upkeep; returns the seconds it took.
-        ``exchange_s_by_tag``: the epoch's measured exchange times (all ranks' view)."""
+        ``exchange_s_by_tag``: the epoch's measured exchange times, ``wait_s_by_tag`` the
+        time they held the ranks up, ``epoch_s`` the step's time (all ranks' view)."""
         return 0.0
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -11,9 +11,9 @@ started at t - S (epoch 1's in the first S epochs), so that what a layer reads d
 depend on timing. The bound is 0 in the first ``warmup_epochs`` epochs and, with
 ``fresh_last_layer``, for the last layer's exchanges; with ``smoothing = g`` a layer
 uses the per-exchange moving average ``g * avg + (1 - g) * rows`` of the rows it
-resolves. Gradients returned to owners follow the same rule. S = 0 is synchronous
-low-bit training, and with ``sync_every = K`` every K-th epoch waits for its own
-exchanges.
+resolves where its bound is above 0 (a synchronous read restarts the average).
+Gradients returned to owners follow the same rule. S = 0 is synchronous low-bit
+training, and with ``sync_every = K`` every K-th epoch waits for its own exchanges.
 
 Per key::
 
@@ -127,7 +127,8 @@ class StalePolicy(ExchangePolicy):
         """Rows of the exchange of ``key`` that ``landing`` chooses within the bound at
         ``epoch``."""
         entries = self._buffers[key]
-        oldest = epoch - self.staleness_bound_at(epoch, key)
+        bound = self.staleness_bound_at(epoch, key)
+        oldest = epoch - bound
         while entries and entries[0][0] < oldest:
             self._retire(entries.popleft()[1])
         if not entries:  # cannot happen: this epoch's exchange was just launched
@@ -150,17 +151,29 @@ class StalePolicy(ExchangePolicy):
         for _ in range(chosen):
             self._retire(entries.popleft()[1])
         self._retired = [h for h in self._retired if not h.release_if_landed()]
-        return self._smoothed(key, rows)
+        return self._smoothed(key, rows, stale_allowed=bound > 0)
 
-    def _smoothed(self, key: ExchangeKey, rows: torch.Tensor) -> torch.Tensor:
-        """``rows``, or with smoothing their moving average (which starts at them)."""
+    def _smoothed(self, key: ExchangeKey, rows: torch.Tensor, stale_allowed: bool) -> torch.Tensor:
+        """``rows``, or with smoothing their moving average. The average starts at the
+        first rows and restarts at every synchronous read, whose rows are used as they are
+        (so that ``bound = 0`` is synchronous training whatever ``smoothing`` says)."""
         g = self.config.smoothing
         if not g:
             return rows
         average = self._averages.get(key)
-        average = rows.clone() if average is None else average * g + rows * (1.0 - g)
+        if average is None or not stale_allowed:
+            average = rows.clone()
+        else:
+            average = average * g + rows * (1.0 - g)
         self._averages[key] = average
         return average
+
+    def drop(self, key: ExchangeKey) -> None:
+        """Forgets ``key``'s buffers and average (it is exchanged fresh from now on)."""
+        for _, handle in self._buffers.pop(key, ()):
+            self._retire(handle)
+        self._averages.pop(key, None)
+        self._plans.pop(key, None)
 
     def _retire(self, handle: PendingExchange) -> None:
         if not handle.release_if_landed():

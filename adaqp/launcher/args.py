@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_CONFIG = "configs/cora-gcn.toml"
-MODES = ("vanilla", "adaqp-q", "adaqp-p", "adaqp", "onebit", "nocomm")  # adaqp.config's
+# adaqp.config's modes (this module imports no torch).
+MODES = ("vanilla", "adaqp-q", "adaqp-p", "adaqp", "adaqp-s", "onebit", "nocomm")
 # Launcher options: flag -> (field, environment variable, default).
 OPTIONS = {
     "--nproc": ("nproc", "NPROC", "4"),

@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from adaqp.config import QUANTIZED_MODES, Config
+from adaqp.config import QUANTIZED_MODES, STALE_MODES, Config
 from adaqp.run.metrics import EpochRecord, median_after_warmup
 
 
@@ -99,7 +99,7 @@ class Summary:
     peak_memory_mb: float = 0.0
     """Largest peak memory of any rank (resident set on CPU, allocated memory on CUDA)."""
     staleness_bound: int = 0
-    """Mode onebit: the configured bound S (0 for synchronous modes)."""
+    """Modes onebit and adaqp-s: the configured bound S (0 for synchronous modes)."""
     staleness_histogram: dict[str, dict[str, int]] = field(default_factory=dict)
     """Whole run, per exchange: how many times halo rows s epochs old were used."""
     hidden_comm_fraction_by_tag: dict[str, float] = field(default_factory=dict)
@@ -133,6 +133,13 @@ class Summary:
     """Host cost model: the aggregate rate the network carried between hosts when all
     sent at once, as profiled (None: not bounded below the hosts' own rates, or no host
     model)."""
+    stale_exchanges: list[str] = field(default_factory=list)
+    """Mode adaqp-s: the exchanges the planner made stale at its last choice."""
+    drift_by_tag: dict[str, float] = field(default_factory=dict)
+    """Mode adaqp-s: per exchange, the relative drift per epoch of its rows at the last
+    choice (``|x_t - x_t-1| / |x_t|``, the largest over ranks)."""
+    fresh_wait_s_by_tag: dict[str, float] = field(default_factory=dict)
+    """Mode adaqp-s: per exchange, the wait per epoch last measured while it was fresh."""
     exchange_after_arrival_s_by_tag: dict[str, float] = field(default_factory=dict)
     """Per exchange, over the same epochs: from the last rank reaching the exchange to
     the last rank's rows dequantized (wall clocks; hosts must keep them in sync)."""
@@ -202,7 +209,7 @@ def summarize(config: Config, world_size: int, outcome: Outcome, facts: RunFacts
         transform_first=config.comm.transform_first,
         quant_scheme=config.quant.scheme if mode in QUANTIZED_MODES else "",
         peak_memory_mb=outcome.peak_memory_mb,
-        staleness_bound=config.staleness.bound if mode == "onebit" else 0,
+        staleness_bound=config.staleness.bound if mode in STALE_MODES else 0,
         staleness_histogram=_sum_histograms(r.staleness_by_tag for r in records),
         hidden_comm_fraction_by_tag={
             tag: median_after_warmup([r.hidden_by_tag.get(tag, 0.0) for r in records], warmup)

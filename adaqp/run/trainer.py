@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from adaqp.config import OVERLAP_MODES, QUANTIZED_MODES, Config
 from adaqp.exchange.adaptive import AdaptivePolicy
+from adaqp.exchange.choice import ChoicePolicy
 from adaqp.exchange.counters import EpochCounters
 from adaqp.exchange.planner import BitWidthPlanner
 from adaqp.exchange.policy import ExchangePolicy
@@ -67,6 +68,9 @@ def make_policy(
     if mode in QUANTIZED_MODES:
         transport.warm_up()  # the compiled quantizer loads now, not in the first epoch
         planner = BitWidthPlanner(config.quant, transport, graph, adjacency, world)
+        if mode == "adaqp-s":
+            last = config.model.layers - 1
+            return ChoicePolicy(transport, planner, config.staleness, world.device, last)
         return AdaptivePolicy(transport, planner)
     if mode == "onebit":
         last_layer = config.model.layers - 1
@@ -334,12 +338,9 @@ class Trainer:
                 loss = self.train_step(counters)
                 self.world.synchronize()
                 epoch_time = time.perf_counter() - t0
+                reduced = self._reduce(counters)
                 record = EpochRecord.from_counters(
-                    epoch,
-                    loss,
-                    epoch_time,
-                    self._reduce(counters),
-                    wall_time_s=time.perf_counter() - started,
+                    epoch, loss, epoch_time, reduced, wall_time_s=time.perf_counter() - started
                 )
                 if not math.isfinite(loss) and cfg.train.stop_on_nonfinite:
                     raise TrainingError(
@@ -349,7 +350,10 @@ class Trainer:
                     )
                 if self.policy is not None:
                     record.solver_time_s = self.policy.end_epoch(
-                        epoch, record.exchange_after_arrival_by_tag
+                        epoch,
+                        record.exchange_after_arrival_by_tag,
+                        wait_s_by_tag=reduced.comm_wait_by_tag,
+                        epoch_s=epoch_time,
                     )
                 every = cfg.train.eval_every
                 if (every and epoch % every == 0) or epoch == cfg.train.epochs:

@@ -92,12 +92,13 @@ class _Ring:
         self.smoothing = smoothing
         self.averages: dict[tuple[str, int], torch.Tensor] = {}
 
-    def smooth(self, kind: str, layer: int, value: torch.Tensor) -> torch.Tensor:
+    def smooth(self, kind: str, layer: int, value: torch.Tensor, fresh: bool) -> torch.Tensor:
+        """``value``, or its moving average; a synchronous read restarts the average."""
         g = self.smoothing
         if not g:
             return value.clone()
         last = self.averages.get((kind, layer))
-        value = value.clone() if last is None else last * g + value * (1 - g)
+        value = value.clone() if last is None or fresh else last * g + value * (1 - g)
         self.averages[kind, layer] = value
         return value.clone()
 
@@ -107,16 +108,17 @@ class _Stale(torch.autograd.Function):
     the cross-part gradient of epoch ``source`` (this epoch's is kept for later)."""
 
     @staticmethod
-    def forward(ctx, h, ring: _Ring, layer: int, epoch: int, source: int):
-        ctx.ring, ctx.layer, ctx.epoch, ctx.source = ring, layer, epoch, source
+    def forward(ctx, h, ring: _Ring, layer: int, epoch: int, source: int, fresh: bool):
+        ctx.ring, ctx.layer, ctx.epoch, ctx.source, ctx.fresh = ring, layer, epoch, source, fresh
         ring.rows[layer, epoch] = h.detach().clone()
-        return ring.smooth("rows", layer, ring.rows[layer, source])
+        return ring.smooth("rows", layer, ring.rows[layer, source], fresh)
 
     @staticmethod
     def backward(ctx, grad):
         ring = ctx.ring
         ring.grads[ctx.layer, ctx.epoch] = grad.detach().clone()
-        return ring.smooth("grads", ctx.layer, ring.grads[ctx.layer, ctx.source]), *[None] * 4
+        grads = ring.grads[ctx.layer, ctx.source]
+        return ring.smooth("grads", ctx.layer, grads, ctx.fresh), *[None] * 5
 
 
 def _stale_reference(
@@ -154,21 +156,22 @@ def _stale_reference(
     ring, losses = _Ring(smoothing), []
     for epoch in range(1, EPOCHS + 1):
 
+        def fresh(layer: int, e: int = epoch) -> bool:
+            return e <= warmup or (fresh_last and layer == last) or staleness == 0
+
         def source(layer: int, e: int = epoch) -> int:
-            if e <= warmup or (fresh_last and layer == last):
-                return e
-            return max(1, e - staleness)
+            return e if fresh(layer, e) else max(1, e - staleness)
 
         def propagate(h, layer, finish=lambda agg, rows: agg, aggregate=None, e=epoch):
             every = slice(0, h.shape[0])
             if aggregate is not None:  # GAT: fresh rows, then stale copies, as sources
                 if layer == 0:
                     return finish(aggregate(whole, h, every), every)
-                stale = _Stale.apply(h, ring, layer, e, source(layer))
+                stale = _Stale.apply(h, ring, layer, e, source(layer), fresh(layer))
                 return finish(aggregate(mixed, torch.cat([h, stale]), every), every)
             if layer == 0:
                 return finish(full @ h, every)
-            stale = _Stale.apply(h, ring, layer, e, source(layer))
+            stale = _Stale.apply(h, ring, layer, e, source(layer), fresh(layer))
             return finish(inside @ h + cross @ stale, every)
 
         optimizer.zero_grad()

@@ -109,14 +109,24 @@ def parts(tmp_path_factory):
             "staleness.smoothing=0.9",
             "checkpoint.every=4",
         ),
+        (
+            # Stale from epoch 7 on (no wait needed); the checkpoint at 8 is mid-cycle.
+            "comm.mode=adaqp-s",
+            "quant.assign_cycle=6",
+            "staleness.min_hidden_fraction=0",
+            "staleness.max_drift=1e9",
+            "staleness.landing=fixed",
+            "staleness.smoothing=0.9",
+            "checkpoint.every=4",
+        ),
     ],
-    ids=["vanilla", "adaqp", "adaqp-gat", "onebit-smoothed"],
+    ids=["vanilla", "adaqp", "adaqp-gat", "onebit-smoothed", "adaqp-s"],
 )
 def test_resume_equals_uninterrupted(overrides, parts, tmp_path):
     """Stopped after a checkpoint and resumed to 10 epochs: bitwise the same weights and
     final loss as one 10-epoch run (dropout, GAT's attention dropout, Adam state,
-    quantization RNG, bit-width plans and traces, stale buffers and their moving averages
-    all restored)."""
+    quantization RNG, bit-width plans and traces, stale buffers and their moving averages,
+    adaqp-s's choice and its cycle's row sums all restored)."""
     stop = 5 if "vanilla" in overrides[0] else 8
     whole = run_workers(_worker, 2, tmp_path, parts, str(tmp_path / "a"), overrides, 0, 10)
     split = run_workers(_worker, 2, tmp_path, parts, str(tmp_path / "b"), overrides, stop, 10)

@@ -15,7 +15,7 @@ from tests.distributed import run_workers
 
 ROOT = Path(__file__).resolve().parents[2]
 CORA_CONFIG = ROOT / "configs" / "cora-gcn.toml"
-MODES = ("vanilla", "adaqp-q", "adaqp-p", "adaqp", "onebit", "nocomm")
+MODES = ("vanilla", "adaqp-q", "adaqp-p", "adaqp", "adaqp-s", "onebit", "nocomm")
 
 # Every field summary.json and metrics.jsonl had before the layout change. Checks outside
 # the suite read them: a field may be added, never renamed or removed.
@@ -130,7 +130,8 @@ def test_every_mode_writes_every_summary_and_metrics_field(tmp_path, mode):
         f"comm.mode={mode}",
         "train.epochs=4",
         "train.eval_every=2",
-        "quant.assign_cycle=2",
+        # adaqp-s compares the two halves of a cycle: at least 2 epochs each.
+        f"quant.assign_cycle={4 if mode == 'adaqp-s' else 2}",
         f"partition.dir={tmp_path / 'parts'}",
         f"metrics.out={out}",
     )
@@ -147,6 +148,11 @@ def test_every_mode_writes_every_summary_and_metrics_field(tmp_path, mode):
         assert line["halo_bytes"] == line["halo_bytes_per_epoch"]
     if mode in ("adaqp-q", "adaqp"):
         assert summary["plan_bits_by_pair"], summary  # the planner's report reached it
+    if mode in ("adaqp-q", "adaqp", "adaqp-s"):
         assert summary["avg_bits"] < 32
+    if mode == "adaqp-s":  # one choice (and the first solve), at the last epoch
+        assert summary["staleness_bound"] == 1
+        assert sorted(summary["drift_by_tag"]) == ["layer1/backward", "layer1/forward"]
+        assert set(summary["stale_exchanges"]) <= set(summary["drift_by_tag"])
     if mode == "onebit":
         assert summary["staleness_bound"] == 1 and summary["avg_bits"] == 1.0

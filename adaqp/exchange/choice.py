@@ -1,0 +1,250 @@
+"""Staleness as the planner's choice (mode ``adaqp-s``): per exchange, fresh or stale.
+
+Mode ``adaqp`` never uses stale rows; ``onebit`` always does. ``adaqp-s`` runs ``adaqp``
+(planned widths, central/marginal overlap) and, every ``quant.assign_cycle`` epochs when
+the planner re-solves, chooses per exchange key between
+
+- *fresh*: the planner's widths, waited for as in ``adaqp``; and
+- *stale*: the ``[staleness]`` section's rows (``bits`` wide, at most ``bound`` epochs
+  late, smoothed), as in ``onebit``.
+
+A key goes stale when both hold over the cycle just ended:
+
+- **it pays**: its fresh exchange held the ranks up (``comm_wait_by_tag``, the part of
+  the exchange that overlap did not hide) for at least ``staleness.min_hidden_fraction``
+  of the epoch. An exchange that lands inside its overlap window gains nothing from
+  staleness and stays fresh;
+- **it is cheap**: the rows it sends moved by at most ``staleness.max_drift`` per epoch.
+  The drift compares the mean rows of the cycle's two halves, ``m_1`` and ``m_2``:
+  ``|m_2 - m_1| / |m_2|`` (over all ranks' rows) divided by the epochs between their
+  centres, less the part that the epochs' own noise (dropout, quantization) adds,
+  estimated from the spread within each half: differences of single epochs would
+  measure that noise, which a stale row does not add to, not how far the rows move. A row one
+  epoch stale is off by about the drift; early in training, while rows move fast, keys
+  stay fresh: a warm-up the planner times itself.
+
+While a key is stale its wait is no longer observed; the choice keeps the last measured
+one. The decision's inputs are reduced over the ranks, so every rank switches the same
+keys at the same epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+from adaqp.config import StalenessConfig
+from adaqp.exchange.adaptive import AdaptivePolicy
+from adaqp.exchange.counters import EpochCounters
+from adaqp.exchange.planner import BitWidthPlanner
+from adaqp.exchange.policy import ExchangePolicy, Pending
+from adaqp.exchange.stale import StalePolicy
+from adaqp.exchange.transport import ExchangeKey, HaloTransport
+
+logger = logging.getLogger(__name__)
+
+
+class ChoicePolicy(AdaptivePolicy):
+    """``adaqp`` whose exchanges the planner may switch to stale low-bit rows one by one.
+
+    Args:
+        transport: this rank's halo transport.
+        planner: the bit-width planner (widths of the fresh keys).
+        config: the staleness section (the stale keys' rows, and the choice's thresholds).
+        device: where buffered rows live.
+        last_layer: index of the model's last layer.
+    """
+
+    def __init__(
+        self,
+        transport: HaloTransport,
+        planner: BitWidthPlanner,
+        config: StalenessConfig,
+        device,
+        last_layer: int,
+    ):
+        super().__init__(transport, planner)
+        self.config = config
+        self.stale = StalePolicy(transport, config, device, last_layer)
+        self.staleness_bound = config.bound
+        self.stale_keys: set[ExchangeKey] = set()
+        # Per key: the last wait seen while fresh (seconds per epoch, mean over the cycle).
+        self.fresh_wait_s: dict[str, float] = {}
+        self._waits: dict[str, list[float]] = {}
+        self._epoch_s: list[float] = []
+        # Per key and half of the cycle (0, 1): [sum of the rows sent, epochs, sum of
+        # their squared norms].
+        self._sums: dict[ExchangeKey, list[list]] = {}
+        self.world_size = dist.get_world_size()
+        self.drift: dict[str, float] = {}
+        """Per key: the relative drift per epoch measured at the last choice."""
+
+    def begin_epoch(self, epoch: int, counters: EpochCounters) -> None:
+        super().begin_epoch(epoch, counters)
+        self.stale.begin_epoch(epoch, counters)
+
+    @contextmanager
+    def training(self) -> Iterator[None]:
+        with super().training(), self.stale.training():
+            yield
+
+    def start(self, key: ExchangeKey, rows_RD: torch.Tensor) -> Pending:
+        if not self._training:
+            return self.transport.start(rows_RD, key)
+        if self.planner.tracing:
+            self.planner.trace(key, rows_RD)
+        self._measure_drift(key, rows_RD)
+        if key in self.stale_keys:
+            return self.stale.start(key, rows_RD)
+        return ExchangePolicy.start(self, key, rows_RD)
+
+    def _measure_drift(self, key: ExchangeKey, rows_RD: torch.Tensor) -> None:
+        """Adds this epoch's rows (and their squared norm) to its half of the cycle's sums."""
+        cycle = self.planner.config.assign_cycle
+        half = int((self._epoch - 1) % cycle >= cycle // 2)
+        entry = self._sums.setdefault(key, [[None, 0, 0.0], [None, 0, 0.0]])[half]
+        rows = rows_RD.detach()
+        entry[0] = rows.clone() if entry[0] is None else entry[0].add_(rows)
+        entry[1] += 1
+        entry[2] += float(rows.double().pow(2).sum())
+
+    def end_epoch(
+        self,
+        epoch: int,
+        exchange_s_by_tag: dict[str, float] | None = None,
+        wait_s_by_tag: dict[str, float] | None = None,
+        epoch_s: float = 0.0,
+    ) -> float:
+        for key in self._sums:
+            tag = str(key)
+            if key not in self.stale_keys:
+                self._waits.setdefault(tag, []).append((wait_s_by_tag or {}).get(tag, 0.0))
+        self._epoch_s.append(epoch_s)
+        if self.planner.tracing and epoch % self.planner.config.assign_cycle == 0:
+            self._choose(epoch)
+        return super().end_epoch(epoch, exchange_s_by_tag)
+
+    def _choose(self, epoch: int) -> None:
+        """Re-decides every key from this cycle's waits and drifts (same on all ranks)."""
+        keys = sorted(self._sums, key=str)
+        # Per key: |m_c - m_c-1|² and |m_c|² summed over ranks, then the epochs between.
+        figures = torch.tensor(
+            [x for k in keys for x in self._cycle_drift(k)] + [float(len(keys))],
+            dtype=torch.float64,
+        )
+        dist.all_reduce(figures)
+        if int(figures[-1]) != len(keys) * self.world_size:
+            raise RuntimeError(f"rank {dist.get_rank()}: ranks exchanged different keys")
+        self.drift = {}
+        for i, key in enumerate(keys):
+            moved, size, epochs = figures[3 * i : 3 * i + 3].tolist()
+            known = size > 0 and epochs > 0 and moved >= 0
+            # Per epoch: the cycle means' relative change over the epochs between them.
+            self.drift[str(key)] = (
+                (moved / size) ** 0.5 * self.world_size / epochs if known else math.inf
+            )
+        for tag, waits in self._waits.items():
+            self.fresh_wait_s[tag] = sum(waits) / len(waits)
+        epoch_s = max(sum(self._epoch_s) / max(len(self._epoch_s), 1), 1e-9)
+        chosen = set()
+        for key in keys:
+            tag = str(key)
+            pays = self.fresh_wait_s.get(tag, 0.0) >= self.config.min_hidden_fraction * epoch_s
+            if pays and self.drift[tag] <= self.config.max_drift:
+                chosen.add(key)
+        for key in self.stale_keys - chosen:
+            self.stale.drop(key)
+        if dist.get_rank() == 0:
+            logger.info(
+                "epoch %d: stale exchanges %s (drift per epoch %s, fresh wait ms %s)",
+                epoch,
+                sorted(map(str, chosen)) or "none",
+                {t: round(d, 4) for t, d in self.drift.items()},
+                {t: round(1e3 * w, 1) for t, w in self.fresh_wait_s.items()},
+            )
+        self.stale_keys = chosen
+        self.transport.at(f"epoch {epoch} staleness choice")
+        self._waits, self._epoch_s, self._sums = {}, [], {}
+
+    def _cycle_drift(self, key: ExchangeKey) -> tuple[float, float, float]:
+        """``(D, |m_2|², epochs)``: ``m_1``, ``m_2`` the mean rows of the cycle's two halves,
+        ``D`` an unbiased estimate of the squared distance between their expectations
+        (``|m_2 - m_1|²`` less what the epochs' own noise adds to it, estimated from the
+        spread within each half), ``epochs`` between the halves' centres. ``(-1, 0, 0)``
+        where a half has fewer than 2 epochs (unknown)."""
+        halves = self._sums[key]
+        if min(n for _, n, _ in halves) < 2 or halves[0][0].shape != halves[1][0].shape:
+            return -1.0, 0.0, 0.0
+        means, noise = [], 0.0
+        for total, n, squares in halves:
+            mean = total.double() / n
+            spread = max(0.0, squares - n * float(mean.pow(2).sum())) / (n - 1)
+            means.append(mean)
+            noise += spread / n  # what the half's own noise adds to |m_2 - m_1|²
+        moved = max(0.0, float((means[1] - means[0]).pow(2).sum()) - noise)
+        return moved, float(means[1].pow(2).sum()), self.planner.config.assign_cycle / 2
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        state = super().state_dict()
+        state.update({f"stale/{k}": v for k, v in self.stale.state_dict().items()})
+        for key in self.stale_keys:
+            state[f"choice/stale/{key}"] = torch.ones(1)
+        for tag, seconds in self.fresh_wait_s.items():
+            state[f"choice/wait/{tag}"] = torch.tensor([seconds], dtype=torch.float64)
+        for key, halves in self._sums.items():
+            for half, (total, count, squares) in enumerate(halves):
+                if count:
+                    state[f"choice/sum{half}/{key}"] = total.cpu()
+                    state[f"choice/count{half}/{key}"] = torch.tensor(
+                        [count, squares], dtype=torch.float64
+                    )
+        for tag, waits in self._waits.items():
+            state[f"choice/waits/{tag}"] = torch.tensor(waits, dtype=torch.float64)
+        state["choice/epoch_s"] = torch.tensor(self._epoch_s, dtype=torch.float64)
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        super().load_state_dict(state)
+        prefix = "stale/"
+        self.stale.load_state_dict(
+            {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+        )
+        device = self.stale.device
+        for name, value in state.items():
+            parts = name.split("/", 2)
+            if parts[0] != "choice" or len(parts) < 3:
+                continue
+            kind, rest = parts[1], parts[2]
+            if kind == "stale":
+                self.stale_keys.add(ExchangeKey.parse(rest))
+            elif kind == "wait":
+                self.fresh_wait_s[rest] = float(value[0])
+            elif kind[:-1] in ("sum", "count"):
+                empty = [[None, 0, 0.0], [None, 0, 0.0]]
+                entry = self._sums.setdefault(ExchangeKey.parse(rest), empty)[int(kind[-1])]
+                if kind.startswith("sum"):
+                    entry[0] = value.to(device)
+                else:
+                    entry[1], entry[2] = int(value[0]), float(value[1])
+            elif kind == "waits":
+                self._waits[rest] = value.tolist()
+        self._epoch_s = state.get("choice/epoch_s", torch.zeros(0)).tolist()
+
+    def close(self) -> None:
+        self.stale.close()
+        super().close()
+
+    def report(self, solved_at: int) -> dict:
+        report = super().report(solved_at)
+        report["stale_exchanges"] = sorted(str(k) for k in self.stale_keys)
+        # JSON has no infinity: an exchange without a measurement is reported as None.
+        report["drift_by_tag"] = {
+            t: d if math.isfinite(d) else None for t, d in sorted(self.drift.items())
+        }
+        report["fresh_wait_s_by_tag"] = dict(sorted(self.fresh_wait_s.items()))
+        return report

@@ -1,0 +1,89 @@
+"""Mode adaqp-s: the planner makes an exchange stale only where that hides a wait and the
+rows move slowly, decides again every cycle, and all ranks switch together."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from adaqp.config import ConfigError, load_config
+from adaqp.data import load_dataset
+from adaqp.partitioning.build import make_partition
+from tests.distributed import run_workers
+from tests.run.test_checkpoint import _Records
+from tests.run.test_trainer import _config as exact_config
+from tests.run.test_trainer import rank_trainer
+
+EPOCHS = 12
+CYCLE = 4
+KEYS = ["layer1/backward", "layer1/forward", "layer2/backward", "layer2/forward"]
+
+
+def _worker(rank, world_size, init_method, part_dir: str, cases: dict):
+    result = {}
+    for name, (extra, delay) in cases.items():
+        config = exact_config(
+            "gcn",
+            part_dir,
+            (
+                "comm.mode=adaqp-s",
+                f"train.epochs={EPOCHS}",
+                "train.eval_every=1000",
+                f"quant.assign_cycle={CYCLE}",
+                *extra,
+            ),
+        )
+        with rank_trainer(config, init_method + name, rank, world_size, part_dir) as (trainer, _):
+            trainer.transport.emulated_delay_s = delay if rank == 1 else 0.0
+            records = _Records()
+            summary = trainer.fit(records)
+            result[f"{name}/stale"] = np.array(sorted(summary.stale_exchanges))
+            result[f"{name}/max_staleness"] = np.array([r.max_staleness for r in records.records])
+            result[f"{name}/drift"] = np.array([summary.drift_by_tag.get(k) or -1.0 for k in KEYS])
+    return result
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    part_dir = tmp_path_factory.mktemp("choice") / "parts"
+    cora = load_dataset("cora")
+    make_partition(cora, part_dir, num_parts=2, spec=exact_config("gcn", "").data.spec())
+    return str(part_dir)
+
+
+@pytest.mark.distributed
+def test_planner_makes_slow_slowly_moving_exchanges_stale_and_no_others(parts, tmp_path):
+    always = ("staleness.min_hidden_fraction=0", "staleness.max_drift=1e9")
+    cases = {
+        # Every exchange pays (no wait needed) and is cheap: stale once drift is known.
+        "always": (always, 0.0),
+        # Rank 1's exchanges land 100 ms late: the waits (mean over ranks, per exchange
+        # about an eighth of the epoch) pay for staleness.
+        "slow": (("staleness.min_hidden_fraction=0.05", "staleness.max_drift=1e9"), 0.1),
+        # Rows never move slowly enough, however long the wait.
+        "moving": (("staleness.min_hidden_fraction=0", "staleness.max_drift=0"), 0.1),
+    }
+    results = run_workers(_worker, 2, tmp_path, parts, cases, timeout=300)
+    for r in results:
+        # The first cycle's choice makes them stale from epoch 5 (whose read is its own).
+        for name in ("always", "slow"):
+            assert r[f"{name}/stale"].tolist() == KEYS, name
+            ages = r[f"{name}/max_staleness"].tolist()
+            assert ages[: CYCLE + 1] == [0] * (CYCLE + 1), (name, ages)
+            assert ages[CYCLE + 1 :] == [1] * (EPOCHS - CYCLE - 1), (name, ages)
+            drift = r[f"{name}/drift"]
+            assert np.all((drift > 0) & (drift < 1)), (name, drift)  # measured, per epoch
+        assert r["moving/stale"].tolist() == []
+        assert r["moving/max_staleness"].tolist() == [0] * EPOCHS
+    # Every rank made the same choices.
+    for name in cases:
+        assert results[0][f"{name}/stale"].tolist() == results[1][f"{name}/stale"].tolist()
+
+
+def test_choice_thresholds_are_checked():
+    with pytest.raises(ConfigError, match="staleness.min_hidden_fraction"):
+        load_config(None, ["staleness.min_hidden_fraction=1.5"])
+    with pytest.raises(ConfigError, match="staleness.max_drift"):
+        load_config(None, ["staleness.max_drift=-1"])
+    with pytest.raises(ConfigError, match="quant.assign_cycle.*two halves"):
+        load_config(None, ["comm.mode=adaqp-s", "quant.assign_cycle=3"])
