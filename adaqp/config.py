@@ -291,16 +291,17 @@ class StalenessConfig:
     does not depend on timing: two runs with one seed are bitwise equal."""
     warmup_epochs: int = 0
     """Mode onebit: the first this many epochs are synchronous (staleness 0)."""
-    smoothing: float = 0.0
-    """Mode onebit: halo rows and gradients enter as a per-exchange moving average,
-    ``avg = smoothing * avg + (1 - smoothing) * received`` (0 = off; PipeGCN uses
-    0.9-0.95)."""
+    smoothing: float = 0.9
+    """Modes onebit and adaqp-s: stale halo rows and gradients enter as a per-exchange
+    moving average, ``avg = smoothing * avg + (1 - smoothing) * received`` (0 = off;
+    PipeGCN uses 0.9-0.95); a synchronous read uses what it received and restarts the
+    average. The default is the staleness ablation's best (docs/staleness.md)."""
     fresh_last_layer: bool = False
     """Mode onebit: the last layer exchanges synchronously (its rows are narrow: cheap)."""
     min_hidden_fraction: float = 0.02
     """Mode adaqp-s: an exchange goes stale only if its fresh wait (what overlap did not
     hide) was at least this fraction of the epoch time."""
-    max_drift: float = 0.5
+    max_drift: float = 0.05
     """Mode adaqp-s: an exchange goes stale only if its rows moved by at most this much per
     epoch (``|x_t - x_t-1| / |x_t|`` over the rows sent)."""
 

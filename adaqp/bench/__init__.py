@@ -38,6 +38,7 @@ MODE_VARIANTS: dict[str, tuple[str, ...]] = {
     "adaqp-q": ("--mode", "adaqp-q"),
     "adaqp-p": ("--mode", "adaqp-p"),
     "adaqp": ("--mode", "adaqp"),
+    "adaqp-s": ("--mode", "adaqp-s"),
     "onebit-s1": ("--mode", "onebit", "--set", "staleness.bound=1"),
     "onebit-s2": ("--mode", "onebit", "--set", "staleness.bound=2"),
 }
@@ -67,6 +68,7 @@ STALENESS_VARIANTS: dict[str, tuple[str, ...]] = {
     "onebit-s1-warmup": (*_PLAIN_STALE, "--set", "staleness.warmup_epochs=10"),
     "onebit-s1-fresh-last": (*_PLAIN_STALE, "--set", "staleness.fresh_last_layer=true"),
     "onebit-s1-sync4": (*_PLAIN_STALE, "--set", "staleness.sync_every=4"),
+    "onebit-s2-plain": (*_PLAIN_STALE, "--set", "staleness.bound=2"),
     "onebit-s1-smooth-fresh-last": (
         *_PLAIN_STALE,
         "--set",

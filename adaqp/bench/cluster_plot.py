@@ -11,12 +11,11 @@ from typing import Any
 
 from adaqp.bench import pyplot
 
-FIGURES = ("breakdown.png", "time_to_accuracy.png", "bytes_by_layer.png")
+FIGURES = ("breakdown.png", "time_to_accuracy.png", "curves.png", "bytes_by_layer.png")
 
 
 def plot(out_dir: Path, runs: dict[str, list[dict[str, Any]]], agg: dict[str, Any]) -> bool:
-    """Writes breakdown.png, time_to_accuracy.png and bytes_by_layer.png; False (and one
-    warning) where matplotlib is not installed."""
+    """Writes the ``FIGURES``; False (and one warning) where matplotlib is not installed."""
     plt = pyplot(f"{', '.join(FIGURES)} in {out_dir}")
     if plt is None:
         return False
@@ -54,6 +53,8 @@ def plot(out_dir: Path, runs: dict[str, list[dict[str, Any]]], agg: dict[str, An
     fig.savefig(out_dir / "time_to_accuracy.png", dpi=120)
     plt.close(fig)
 
+    _curves(plt, out_dir, runs, modes)
+
     tags = sorted({t for m in modes for t in runs[m][0]["summary"]["halo_bytes_by_tag"]})
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / max(len(modes), 1)
@@ -73,3 +74,44 @@ def plot(out_dir: Path, runs: dict[str, list[dict[str, Any]]], agg: dict[str, An
     fig.savefig(out_dir / "bytes_by_layer.png", dpi=120)
     plt.close(fig)
     return True
+
+
+def _mean_curve(mode_runs: list[dict[str, Any]]) -> tuple[list[float], list[float], list[float]]:
+    """Epochs evaluated in every seed's run, with the mean over seeds of the validation
+    accuracy and of the training time up to that epoch."""
+    by_run = [
+        {
+            e["epoch"]: (e["val_acc"], e["train_time_s"])
+            for e in r["epochs"]
+            if e["val_acc"] is not None
+        }
+        for r in mode_runs
+    ]
+    common = sorted(set.intersection(*(set(b) for b in by_run))) if by_run else []
+    acc = [sum(b[e][0] for b in by_run) / len(by_run) for e in common]
+    time_s = [sum(b[e][1] for b in by_run) / len(by_run) for e in common]
+    return [float(e) for e in common], acc, time_s
+
+
+def _curves(plt, out_dir: Path, runs: dict[str, list[dict[str, Any]]], modes: list[str]) -> None:
+    """curves.png: validation accuracy (mean over seeds) against epochs and against
+    training time, with Vanilla's final validation accuracy as a line."""
+    fig, (by_epoch, by_time) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for mode in modes:
+        if mode == "nocomm":
+            continue
+        epochs, acc, time_s = _mean_curve(runs[mode])
+        by_epoch.plot(epochs, acc, label=mode)
+        by_time.plot(time_s, acc, label=mode)
+    if "vanilla" in runs:  # the target of the time-to-accuracy column
+        finals = [r["epochs"][-1]["val_acc"] for r in runs["vanilla"]]
+        for ax in (by_epoch, by_time):
+            ax.axhline(sum(finals) / len(finals), color="grey", linestyle=":", linewidth=1)
+    by_epoch.set_xlabel("epoch")
+    by_time.set_xlabel("training time (s, evaluation excluded)")
+    by_epoch.set_ylabel(f"validation accuracy (mean of {len(runs[modes[0]])} seeds)")
+    by_epoch.legend(fontsize=8)
+    fig.suptitle("Accuracy against epochs and against time")
+    fig.tight_layout()
+    fig.savefig(out_dir / "curves.png", dpi=120)
+    plt.close(fig)

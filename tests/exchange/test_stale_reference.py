@@ -46,6 +46,7 @@ STALE = (
     "comm.mode=onebit",
     "staleness.bits=32",
     "staleness.landing=fixed",
+    "staleness.smoothing=0",
 )
 
 
