@@ -12,7 +12,7 @@ import math
 import torch
 
 from adaqp.exchange.planner import BitWidthPlanner
-from adaqp.exchange.policy import ExchangePolicy, Pending
+from adaqp.exchange.policy import ExchangePolicy, Pending, substate
 from adaqp.exchange.transport import BitPlan, ExchangeKey, HaloTransport
 
 
@@ -69,10 +69,7 @@ class AdaptivePolicy(ExchangePolicy):
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         super().load_state_dict(state)
-        prefix = "planner/"
-        self.planner.load_state_dict(
-            {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
-        )
+        self.planner.load_state_dict(substate(state, "planner/"))
 
 
 def _finite_or_none(value: float) -> float | None:

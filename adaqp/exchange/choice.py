@@ -42,11 +42,35 @@ from adaqp.config import StalenessConfig
 from adaqp.exchange.adaptive import AdaptivePolicy
 from adaqp.exchange.counters import EpochCounters
 from adaqp.exchange.planner import BitWidthPlanner
-from adaqp.exchange.policy import ExchangePolicy, Pending
+from adaqp.exchange.policy import ExchangePolicy, Pending, substate
 from adaqp.exchange.stale import StalePolicy
 from adaqp.exchange.transport import ExchangeKey, HaloTransport
 
 logger = logging.getLogger(__name__)
+
+
+def drift_figures(halves: list[list], cycle: int) -> tuple[float, float, float]:
+    """``(D, |m_2|², epochs)`` of one exchange over one cycle, summable over ranks.
+
+    ``halves``: per half of the cycle, ``[sum of the rows sent, epochs, sum of their
+    squared norms]``. ``m_1``, ``m_2`` are the halves' mean rows; ``D`` is an unbiased
+    estimate of the squared distance between their expectations: ``|m_2 - m_1|²`` less
+    what each half's own noise adds to it (its spread around its mean over its epochs,
+    divided by their number); the size is ``|m_2|²`` less its noise likewise.
+    ``epochs``: between the halves' centres. ``(-1, 0, 0)``
+    where a half has fewer than 2 epochs (unknown).
+    """
+    if min(n for _, n, _ in halves) < 2 or halves[0][0].shape != halves[1][0].shape:
+        return -1.0, 0.0, 0.0
+    means, noise = [], []
+    for total, n, squares in halves:
+        mean = total.double() / n
+        spread = max(0.0, squares - n * float(mean.pow(2).sum())) / (n - 1)
+        means.append(mean)
+        noise.append(spread / n)  # what the noise adds to |m|² (and to |m_2 - m_1|²)
+    moved = max(0.0, float((means[1] - means[0]).pow(2).sum()) - sum(noise))
+    size = max(0.0, float(means[1].pow(2).sum()) - noise[1])
+    return moved, size, cycle / 2
 
 
 class ChoicePolicy(AdaptivePolicy):
@@ -134,7 +158,12 @@ class ChoicePolicy(AdaptivePolicy):
         keys = sorted(self._sums, key=str)
         # Per key: |m_c - m_c-1|² and |m_c|² summed over ranks, then the epochs between.
         figures = torch.tensor(
-            [x for k in keys for x in self._cycle_drift(k)] + [float(len(keys))],
+            [
+                x
+                for k in keys
+                for x in drift_figures(self._sums[k], self.planner.config.assign_cycle)
+            ]
+            + [float(len(keys))],
             dtype=torch.float64,
         )
         dist.all_reduce(figures)
@@ -171,24 +200,6 @@ class ChoicePolicy(AdaptivePolicy):
         self.transport.at(f"epoch {epoch} staleness choice")
         self._waits, self._epoch_s, self._sums = {}, [], {}
 
-    def _cycle_drift(self, key: ExchangeKey) -> tuple[float, float, float]:
-        """``(D, |m_2|², epochs)``: ``m_1``, ``m_2`` the mean rows of the cycle's two halves,
-        ``D`` an unbiased estimate of the squared distance between their expectations
-        (``|m_2 - m_1|²`` less what the epochs' own noise adds to it, estimated from the
-        spread within each half), ``epochs`` between the halves' centres. ``(-1, 0, 0)``
-        where a half has fewer than 2 epochs (unknown)."""
-        halves = self._sums[key]
-        if min(n for _, n, _ in halves) < 2 or halves[0][0].shape != halves[1][0].shape:
-            return -1.0, 0.0, 0.0
-        means, noise = [], 0.0
-        for total, n, squares in halves:
-            mean = total.double() / n
-            spread = max(0.0, squares - n * float(mean.pow(2).sum())) / (n - 1)
-            means.append(mean)
-            noise += spread / n  # what the half's own noise adds to |m_2 - m_1|²
-        moved = max(0.0, float((means[1] - means[0]).pow(2).sum()) - noise)
-        return moved, float(means[1].pow(2).sum()), self.planner.config.assign_cycle / 2
-
     def state_dict(self) -> dict[str, torch.Tensor]:
         state = super().state_dict()
         state.update({f"stale/{k}": v for k, v in self.stale.state_dict().items()})
@@ -210,10 +221,7 @@ class ChoicePolicy(AdaptivePolicy):
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         super().load_state_dict(state)
-        prefix = "stale/"
-        self.stale.load_state_dict(
-            {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
-        )
+        self.stale.load_state_dict(substate(state, "stale/"))
         device = self.stale.device
         for name, value in state.items():
             parts = name.split("/", 2)

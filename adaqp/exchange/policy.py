@@ -35,6 +35,11 @@ from adaqp.exchange.counters import EpochCounters
 from adaqp.exchange.transport import BitPlan, ExchangeKey, HaloTransport, PendingExchange
 
 
+def substate(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The entries of ``state`` under ``prefix``, with the prefix removed."""
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+
+
 class Pending(Protocol):
     """What ``ExchangePolicy.start`` returns: ``wait()`` gives the rows to use."""
 
@@ -128,10 +133,7 @@ class ExchangePolicy:
         return {f"transport/{k}": v for k, v in self.transport.state_dict().items()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        prefix = "transport/"
-        self.transport.load_state_dict(
-            {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
-        )
+        self.transport.load_state_dict(substate(state, "transport/"))
 
     def close(self) -> None:
         """Waits for every exchange still in flight (none here)."""

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from adaqp.config import ConfigError, load_config
 from adaqp.data import load_dataset
+from adaqp.exchange.choice import drift_figures
 from adaqp.partitioning.build import make_partition
 from tests.distributed import run_workers
 from tests.run.test_checkpoint import _Records
@@ -78,6 +80,40 @@ def test_planner_makes_slow_slowly_moving_exchanges_stale_and_no_others(parts, t
     # Every rank made the same choices.
     for name in cases:
         assert results[0][f"{name}/stale"].tolist() == results[1][f"{name}/stale"].tolist()
+
+
+def _halves(rows: list[torch.Tensor]) -> list[list]:
+    """The policy's per-half sums of a cycle whose epochs sent ``rows``."""
+    half = len(rows) // 2
+    return [
+        [torch.stack(part).sum(0), len(part), float(sum(r.double().pow(2).sum() for r in part))]
+        for part in (rows[:half], rows[half:])
+    ]
+
+
+def test_drift_measures_how_far_rows_move_not_their_noise():
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(1000, 32, generator=g)
+    cycle = 20
+
+    def drift(rows):
+        moved, size, epochs = drift_figures(_halves(rows), cycle)
+        return (moved / size) ** 0.5 / epochs
+
+    # Dropout-like noise as large as the rows themselves, rows not moving: about 0.
+    still = [base * (torch.rand(1000, 32, generator=g) > 0.5) * 2 for _ in range(cycle)]
+    naive = float((still[1] - still[0]).norm() / still[1].norm())
+    assert naive > 0.5 and drift(still) < 0.01
+    # Rows moving about 2% per epoch, no noise: their step over the second half's mean.
+    step = torch.randn(1000, 32, generator=g) * 0.02 * base.norm() / (1000 * 32) ** 0.5
+    moving = [base + t * step for t in range(cycle)]
+    exact = float(step.norm() / torch.stack(moving[cycle // 2 :]).mean(0).norm())
+    assert drift(moving) == pytest.approx(exact, rel=0.02)
+    # Both: the noise does not hide the movement.
+    noisy = [r * (torch.rand(1000, 32, generator=g) > 0.5) * 2 for r in moving]
+    assert drift(noisy) == pytest.approx(exact, rel=0.1)
+    # A half with one epoch has no spread to measure: unknown.
+    assert drift_figures(_halves(moving[:3]), 3) == (-1.0, 0.0, 0.0)
 
 
 def test_choice_thresholds_are_checked():
