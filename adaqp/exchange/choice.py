@@ -135,7 +135,7 @@ class ChoicePolicy(AdaptivePolicy):
         rows = rows_RD.detach()
         entry[0] = rows.clone() if entry[0] is None else entry[0].add_(rows)
         entry[1] += 1
-        entry[2] += float(rows.double().pow(2).sum())
+        entry[2] += float(torch.linalg.vector_norm(rows)) ** 2  # no copy of the rows
 
     def end_epoch(
         self,

@@ -161,10 +161,14 @@ class StalePolicy(ExchangePolicy):
         if not g:
             return rows
         average = self._averages.get(key)
-        if average is None or not stale_allowed:
+        # In place: a fresh tensor of this size per exchange and epoch costs more than
+        # the arithmetic (page faults); the layer used last epoch's average already.
+        if average is None or average.shape != rows.shape:
             average = rows.clone()
+        elif not stale_allowed:
+            average.copy_(rows)
         else:
-            average = average * g + rows * (1.0 - g)
+            average.lerp_(rows, 1.0 - g)
         self._averages[key] = average
         return average
 
