@@ -120,7 +120,9 @@ class ChoicePolicy(AdaptivePolicy):
     def start(self, key: ExchangeKey, rows_RD: torch.Tensor) -> Pending:
         if not self._training:
             return self.transport.start(rows_RD, key)
-        if self.planner.tracing:
+        # A stale key keeps its last widths for when it turns fresh: tracing it (a pass
+        # over its rows every epoch) would only feed a solve whose plan it does not use.
+        if self.planner.tracing and key not in self.stale_keys:
             self.planner.trace(key, rows_RD)
         self._measure_drift(key, rows_RD)
         if key in self.stale_keys:

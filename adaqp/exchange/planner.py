@@ -291,6 +291,9 @@ class BitWidthPlanner:
         if check[0] != len(keys) or -check[1] != len(keys):
             names = [str(k) for k in keys]
             raise RuntimeError(f"rank {rank}: ranks traced different exchanges ({names})")
+        if not keys:  # nothing traced (adaqp-s: every exchange stale): the plans stay
+            self._measured = {}
+            return
         blocks = []
         for key in keys:
             counts = self.counts[key.direction]
