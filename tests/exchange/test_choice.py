@@ -16,7 +16,7 @@ from tests.run.test_checkpoint import _Records
 from tests.run.test_trainer import _config as exact_config
 from tests.run.test_trainer import rank_trainer
 
-EPOCHS = 12
+EPOCHS = 8
 CYCLE = 4
 KEYS = ["layer1/backward", "layer1/forward", "layer2/backward", "layer2/forward"]
 
