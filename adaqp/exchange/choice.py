@@ -104,7 +104,6 @@ class ChoicePolicy(AdaptivePolicy):
         # Per key and half of the cycle (0, 1): [sum of the rows sent, epochs, sum of
         # their squared norms].
         self._sums: dict[ExchangeKey, list[list]] = {}
-        self.world_size = dist.get_world_size()
         self.drift: dict[str, float] = {}
         """Per key: the relative drift per epoch measured at the last choice."""
 
@@ -120,12 +119,13 @@ class ChoicePolicy(AdaptivePolicy):
     def start(self, key: ExchangeKey, rows_RD: torch.Tensor) -> Pending:
         if not self._training:
             return self.transport.start(rows_RD, key)
+        stale = key in self.stale_keys
         # A stale key keeps its last widths for when it turns fresh: tracing it (a pass
         # over its rows every epoch) would only feed a solve whose plan it does not use.
-        if self.planner.tracing and key not in self.stale_keys:
+        if self.planner.tracing and not stale:
             self.planner.trace(key, rows_RD)
         self._measure_drift(key, rows_RD)
-        if key in self.stale_keys:
+        if stale:
             return self.stale.start(key, rows_RD)
         return ExchangePolicy.start(self, key, rows_RD)
 
@@ -158,7 +158,7 @@ class ChoicePolicy(AdaptivePolicy):
     def _choose(self, epoch: int) -> None:
         """Re-decides every key from this cycle's waits and drifts (same on all ranks)."""
         keys = sorted(self._sums, key=str)
-        # Per key: |m_c - m_c-1|² and |m_c|² summed over ranks, then the epochs between.
+        # Per key: drift_figures' three figures, summed over ranks; then the key count.
         figures = torch.tensor(
             [
                 x
@@ -169,15 +169,16 @@ class ChoicePolicy(AdaptivePolicy):
             dtype=torch.float64,
         )
         dist.all_reduce(figures)
-        if int(figures[-1]) != len(keys) * self.world_size:
-            raise RuntimeError(f"rank {dist.get_rank()}: ranks exchanged different keys")
+        world = self.planner.world
+        if int(figures[-1]) != len(keys) * world.world_size:
+            raise RuntimeError(f"rank {world.rank}: ranks exchanged different keys")
         self.drift = {}
         for i, key in enumerate(keys):
             moved, size, epochs = figures[3 * i : 3 * i + 3].tolist()
             known = size > 0 and epochs > 0 and moved >= 0
             # Per epoch: the cycle means' relative change over the epochs between them.
             self.drift[str(key)] = (
-                (moved / size) ** 0.5 * self.world_size / epochs if known else math.inf
+                (moved / size) ** 0.5 * world.world_size / epochs if known else math.inf
             )
         for tag, waits in self._waits.items():
             self.fresh_wait_s[tag] = sum(waits) / len(waits)
@@ -190,7 +191,7 @@ class ChoicePolicy(AdaptivePolicy):
                 chosen.add(key)
         for key in self.stale_keys - chosen:
             self.stale.drop(key)
-        if dist.get_rank() == 0:
+        if world.is_main:
             logger.info(
                 "epoch %d: stale exchanges %s (drift per epoch %s, fresh wait ms %s)",
                 epoch,
