@@ -304,6 +304,10 @@ class StalenessConfig:
     max_drift: float = 0.05
     """Mode adaqp-s: an exchange goes stale only if its rows moved by at most this much per
     epoch (``|x_t - x_t-1| / |x_t|`` over the rows sent)."""
+    choose_every: int = 4
+    """Mode adaqp-s: the choice between fresh and stale is made every this many epochs,
+    from their waits and the drift between their two halves (at least 4: two epochs per
+    half)."""
 
     def __post_init__(self) -> None:
         check(self.bound >= 0, "staleness.bound", f"must be non-negative, got {self.bound}")
@@ -321,6 +325,12 @@ class StalenessConfig:
             f"must be in [0, 1], got {self.min_hidden_fraction}",
         )
         check(self.max_drift >= 0, "staleness.max_drift", f"must be >= 0, got {self.max_drift}")
+        check(
+            self.choose_every >= 4,
+            "staleness.choose_every",
+            "must be at least 4 (the choice compares the mean rows of two halves of at least "
+            f"2 epochs each), got {self.choose_every}",
+        )
         check(
             0.0 <= self.smoothing < 1.0,
             "staleness.smoothing",
@@ -361,14 +371,6 @@ class Config:
     staleness: StalenessConfig = field(default_factory=StalenessConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
-
-    def __post_init__(self) -> None:
-        check(
-            self.comm.mode != "adaqp-s" or self.quant.assign_cycle >= 4,
-            "quant.assign_cycle",
-            "must be at least 4 in mode adaqp-s (its staleness choice compares the mean rows "
-            f"of each cycle's two halves), got {self.quant.assign_cycle}",
-        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,14 +1,15 @@
 """Staleness as the planner's choice (mode ``adaqp-s``): per exchange, fresh or stale.
 
 Mode ``adaqp`` never uses stale rows; ``onebit`` always does. ``adaqp-s`` runs ``adaqp``
-(planned widths, central/marginal overlap) and, every ``quant.assign_cycle`` epochs when
-the planner re-solves, chooses per exchange key between
+(planned widths, central/marginal overlap) and, every ``staleness.choose_every`` epochs
+(4: the first choice comes early, while the planner's first cycle is still running),
+chooses per exchange key between
 
 - *fresh*: the planner's widths, waited for as in ``adaqp``; and
 - *stale*: the ``[staleness]`` section's rows (``bits`` wide, at most ``bound`` epochs
   late, smoothed), as in ``onebit``.
 
-A key goes stale when both hold over the cycle just ended:
+A key goes stale when both hold over the epochs since the last choice (its cycle):
 
 - **it pays**: its fresh exchange held the ranks up (``comm_wait_by_tag``, the part of
   the exchange that overlap did not hide) for at least ``staleness.min_hidden_fraction``
@@ -21,7 +22,9 @@ A key goes stale when both hold over the cycle just ended:
   estimated from the spread within each half: differences of single epochs would
   measure that noise, which a stale row does not add to, not how far the rows move. A row one
   epoch stale is off by about the drift; early in training, while rows move fast, keys
-  stay fresh: a warm-up the planner times itself.
+  stay fresh: a warm-up the planner times itself. The sums cover at most ``DRIFT_ROWS``
+  rows per rank, evenly spaced (the same every epoch), so that measuring costs little
+  beside the exchange.
 
 While a key is stale its wait is no longer observed; the choice keeps the last measured
 one. The decision's inputs are reduced over the ranks, so every rank switches the same
@@ -47,6 +50,9 @@ from adaqp.exchange.stale import StalePolicy
 from adaqp.exchange.transport import ExchangeKey, HaloTransport
 
 logger = logging.getLogger(__name__)
+
+DRIFT_ROWS = 1024
+"""At most this many of an exchange's rows per rank enter its drift sums."""
 
 
 def drift_figures(halves: list[list], cycle: int) -> tuple[float, float, float]:
@@ -131,10 +137,10 @@ class ChoicePolicy(AdaptivePolicy):
 
     def _measure_drift(self, key: ExchangeKey, rows_RD: torch.Tensor) -> None:
         """Adds this epoch's rows (and their squared norm) to its half of the cycle's sums."""
-        cycle = self.planner.config.assign_cycle
+        cycle = self.config.choose_every
         half = int((self._epoch - 1) % cycle >= cycle // 2)
         entry = self._sums.setdefault(key, [[None, 0, 0.0], [None, 0, 0.0]])[half]
-        rows = rows_RD.detach()
+        rows = rows_RD.detach()[:: max(1, -(-len(rows_RD) // DRIFT_ROWS))]
         entry[0] = rows.clone() if entry[0] is None else entry[0].add_(rows)
         entry[1] += 1
         entry[2] += float(torch.linalg.vector_norm(rows)) ** 2  # no copy of the rows
@@ -151,7 +157,7 @@ class ChoicePolicy(AdaptivePolicy):
             if key not in self.stale_keys:
                 self._waits.setdefault(tag, []).append((wait_s_by_tag or {}).get(tag, 0.0))
         self._epoch_s.append(epoch_s)
-        if self.planner.tracing and epoch % self.planner.config.assign_cycle == 0:
+        if epoch % self.config.choose_every == 0:
             self._choose(epoch)
         return super().end_epoch(epoch, exchange_s_by_tag)
 
@@ -163,7 +169,7 @@ class ChoicePolicy(AdaptivePolicy):
             [
                 x
                 for k in keys
-                for x in drift_figures(self._sums[k], self.planner.config.assign_cycle)
+                for x in drift_figures(self._sums[k], self.config.choose_every)
             ]
             + [float(len(keys))],
             dtype=torch.float64,

@@ -31,7 +31,12 @@ def _worker(rank, world_size, init_method, part_dir: str, cases: dict):
                 "comm.mode=adaqp-s",
                 f"train.epochs={EPOCHS}",
                 "train.eval_every=1000",
-                f"quant.assign_cycle={CYCLE}",
+                # The choice runs on its own cycle: the planner never re-solves here.
+                f"staleness.choose_every={CYCLE}",
+                f"quant.assign_cycle={4 * EPOCHS}",
+                # A stale read uses last epoch's exchange whatever the timing (with
+                # "newest" a fast machine may read this epoch's, already landed).
+                "staleness.landing=fixed",
                 *extra,
             ),
         )
@@ -121,5 +126,5 @@ def test_choice_thresholds_are_checked():
         load_config(None, ["staleness.min_hidden_fraction=1.5"])
     with pytest.raises(ConfigError, match="staleness.max_drift"):
         load_config(None, ["staleness.max_drift=-1"])
-    with pytest.raises(ConfigError, match="quant.assign_cycle.*two halves"):
-        load_config(None, ["comm.mode=adaqp-s", "quant.assign_cycle=3"])
+    with pytest.raises(ConfigError, match="staleness.choose_every.*two halves"):
+        load_config(None, ["comm.mode=adaqp-s", "staleness.choose_every=3"])

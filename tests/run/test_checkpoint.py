@@ -112,7 +112,8 @@ def parts(tmp_path_factory):
         (
             # Stale from epoch 7 on (no wait needed); the checkpoint at 8 is mid-cycle.
             "comm.mode=adaqp-s",
-            "quant.assign_cycle=6",
+            "quant.assign_cycle=3",
+            "staleness.choose_every=6",
             "staleness.min_hidden_fraction=0",
             "staleness.max_drift=1e9",
             "staleness.landing=fixed",

@@ -26,11 +26,14 @@ def _worker(rank: int, world_size: int, init_method: str, tmp: str):
         overrides = [
             f"comm.mode={mode}",
             f"train.epochs={EPOCHS}",
-            # adaqp-s chooses at the end of each cycle from its two halves (2 epochs each),
-            # here with thresholds that make every exchange stale from epoch 5.
-            f"quant.assign_cycle={4 if mode == 'adaqp-s' else 2}",
+            "quant.assign_cycle=2",
+            # adaqp-s chooses every 4 epochs from their two halves, here with thresholds
+            # that make every exchange stale from epoch 5.
             "staleness.min_hidden_fraction=0",
             "staleness.max_drift=1e9",
+            # Each stale read uses the exchange started one epoch earlier, whatever the
+            # timing (with "newest", a fast machine may read this epoch's landed rows).
+            "staleness.landing=fixed",
             f"partition.dir={tmp}/parts",
             f"metrics.out={tmp}/{mode}",
         ]
