@@ -166,11 +166,7 @@ class ChoicePolicy(AdaptivePolicy):
         keys = sorted(self._sums, key=str)
         # Per key: drift_figures' three figures, summed over ranks; then the key count.
         figures = torch.tensor(
-            [
-                x
-                for k in keys
-                for x in drift_figures(self._sums[k], self.config.choose_every)
-            ]
+            [x for k in keys for x in drift_figures(self._sums[k], self.config.choose_every)]
             + [float(len(keys))],
             dtype=torch.float64,
         )
