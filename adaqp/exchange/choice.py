@@ -24,7 +24,13 @@ A key goes stale when both hold over the epochs since the last choice (its cycle
   epoch stale is off by about the drift; early in training, while rows move fast, keys
   stay fresh: a warm-up the planner times itself. The sums cover at most ``DRIFT_ROWS``
   rows per rank, evenly spaced (the same every epoch), so that measuring costs little
-  beside the exchange.
+  beside the exchange. Two halves of two epochs measure the drift noisily: the drift a
+  choice uses pools the figures of every cycle so far, each earlier cycle's weighted by
+  ``DRIFT_DECAY`` less (about the last two cycles).
+
+A stale key turns fresh again only when its drift exceeds twice ``max_drift`` (or it
+stops paying): a key near the limit does not switch back and forth, each switch
+restarting its moving average.
 
 While a key is stale its wait is no longer observed; the choice keeps the last measured
 one. The decision's inputs are reduced over the ranks, so every rank switches the same
@@ -53,6 +59,8 @@ logger = logging.getLogger(__name__)
 
 DRIFT_ROWS = 1024
 """At most this many of an exchange's rows per rank enter its drift sums."""
+DRIFT_DECAY = 0.5
+"""Weight of the pooled drift figures against one more cycle's."""
 
 
 def drift_figures(halves: list[list], cycle: int) -> tuple[float, float, float]:
@@ -77,6 +85,37 @@ def drift_figures(halves: list[list], cycle: int) -> tuple[float, float, float]:
     moved = max(0.0, float((means[1] - means[0]).pow(2).sum()) - sum(noise))
     size = max(0.0, float(means[1].pow(2).sum()) - noise[1])
     return moved, size, cycle / 2
+
+
+def pooled(previous: list[float] | None, new: list[float]) -> list[float]:
+    """The drift figures ``(D, |m_2|², epochs)`` pooled over cycles: ``D`` and the size are
+    ``new``'s plus the earlier ones' weighted by ``DRIFT_DECAY`` (their ratio a weighted
+    mean), the epochs between the halves' centres are ``new``'s (every cycle has the same
+    length); an unknown cycle (``D < 0``) adds nothing."""
+    if new[0] < 0:
+        return previous or list(new)
+    if previous is None or previous[0] < 0:
+        return list(new)
+    return [DRIFT_DECAY * previous[0] + new[0], DRIFT_DECAY * previous[1] + new[1], new[2]]
+
+
+def choose(
+    drift: dict[str, float],
+    wait_s: dict[str, float],
+    epoch_s: float,
+    stale: set[str],
+    config: StalenessConfig,
+) -> set[str]:
+    """The keys to exchange stale: those whose ``wait_s`` is at least
+    ``min_hidden_fraction`` of ``epoch_s`` and whose ``drift`` is at most ``max_drift``
+    (twice that for keys already ``stale``)."""
+    chosen = set()
+    for tag, moved in drift.items():
+        limit = config.max_drift * (2 if tag in stale else 1)
+        pays = wait_s.get(tag, 0.0) >= config.min_hidden_fraction * epoch_s
+        if pays and moved <= limit:
+            chosen.add(tag)
+    return chosen
 
 
 class ChoicePolicy(AdaptivePolicy):
@@ -110,6 +149,8 @@ class ChoicePolicy(AdaptivePolicy):
         # Per key and half of the cycle (0, 1): [sum of the rows sent, epochs, sum of
         # their squared norms].
         self._sums: dict[ExchangeKey, list[list]] = {}
+        # Per key: drift_figures summed over ranks, pooled over the cycles so far.
+        self._pooled: dict[str, list[float]] = {}
         self.drift: dict[str, float] = {}
         """Per key: the relative drift per epoch measured at the last choice."""
 
@@ -176,21 +217,22 @@ class ChoicePolicy(AdaptivePolicy):
             raise RuntimeError(f"rank {world.rank}: ranks exchanged different keys")
         self.drift = {}
         for i, key in enumerate(keys):
-            moved, size, epochs = figures[3 * i : 3 * i + 3].tolist()
+            tag = str(key)
+            self._pooled[tag] = pooled(self._pooled.get(tag), figures[3 * i : 3 * i + 3].tolist())
+            moved, size, epochs = self._pooled[tag]
             known = size > 0 and epochs > 0 and moved >= 0
-            # Per epoch: the cycle means' relative change over the epochs between them.
-            self.drift[str(key)] = (
+            # Per epoch: the halves' means' relative change over the epochs between them
+            # (epochs is summed over ranks like the rest).
+            self.drift[tag] = (
                 (moved / size) ** 0.5 * world.world_size / epochs if known else math.inf
             )
         for tag, waits in self._waits.items():
             self.fresh_wait_s[tag] = sum(waits) / len(waits)
         epoch_s = max(sum(self._epoch_s) / max(len(self._epoch_s), 1), 1e-9)
-        chosen = set()
-        for key in keys:
-            tag = str(key)
-            pays = self.fresh_wait_s.get(tag, 0.0) >= self.config.min_hidden_fraction * epoch_s
-            if pays and self.drift[tag] <= self.config.max_drift:
-                chosen.add(key)
+        tags = choose(
+            self.drift, self.fresh_wait_s, epoch_s, {str(k) for k in self.stale_keys}, self.config
+        )
+        chosen = {key for key in keys if str(key) in tags}
         for key in self.stale_keys - chosen:
             self.stale.drop(key)
         if world.is_main:
@@ -212,6 +254,8 @@ class ChoicePolicy(AdaptivePolicy):
             state[f"choice/stale/{key}"] = torch.ones(1)
         for tag, seconds in self.fresh_wait_s.items():
             state[f"choice/wait/{tag}"] = torch.tensor([seconds], dtype=torch.float64)
+        for tag, figures in self._pooled.items():
+            state[f"choice/pooled/{tag}"] = torch.tensor(figures, dtype=torch.float64)
         for key, halves in self._sums.items():
             for half, (total, count, squares) in enumerate(halves):
                 if count:
@@ -237,6 +281,8 @@ class ChoicePolicy(AdaptivePolicy):
                 self.stale_keys.add(ExchangeKey.parse(rest))
             elif kind == "wait":
                 self.fresh_wait_s[rest] = float(value[0])
+            elif kind == "pooled":
+                self._pooled[rest] = value.tolist()
             elif kind[:-1] in ("sum", "count"):
                 empty = [[None, 0, 0.0], [None, 0, 0.0]]
                 entry = self._sums.setdefault(ExchangeKey.parse(rest), empty)[int(kind[-1])]

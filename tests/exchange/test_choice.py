@@ -3,13 +3,15 @@ rows move slowly, decides again every cycle, and all ranks switch together."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
 from adaqp.config import ConfigError, load_config
 from adaqp.data import load_dataset
-from adaqp.exchange.choice import drift_figures
+from adaqp.exchange.choice import DRIFT_DECAY, choose, drift_figures, pooled
 from adaqp.partitioning.build import make_partition
 from tests.distributed import run_workers
 from tests.run.test_checkpoint import _Records
@@ -128,3 +130,26 @@ def test_choice_thresholds_are_checked():
         load_config(None, ["staleness.max_drift=-1"])
     with pytest.raises(ConfigError, match="staleness.choose_every.*two halves"):
         load_config(None, ["comm.mode=adaqp-s", "staleness.choose_every=3"])
+
+
+def test_pooled_drift_weighs_earlier_cycles_less_and_skips_unknown_ones():
+    first = pooled(None, [4.0, 100.0, 2.0])
+    assert first == [4.0, 100.0, 2.0]
+    second = pooled(first, [1.0, 100.0, 2.0])
+    assert second == [DRIFT_DECAY * 4.0 + 1.0, DRIFT_DECAY * 100.0 + 100.0, 2.0]
+    # An unknown cycle (a half too short to measure) leaves the pool as it was.
+    assert pooled(second, [-1.0, 0.0, 0.0]) == second
+    assert pooled(None, [-1.0, 0.0, 0.0]) == [-1.0, 0.0, 0.0]
+    assert pooled([-1.0, 0.0, 0.0], [1.0, 4.0, 2.0]) == [1.0, 4.0, 2.0]
+
+
+def test_choice_needs_a_wait_and_little_drift_and_a_stale_key_leaves_only_at_twice_the_limit():
+    config = load_config(None, ["staleness.min_hidden_fraction=0.1", "staleness.max_drift=0.1"])
+    epoch_s = 1.0
+    waits = {"a": 0.2, "b": 0.2, "c": 0.05, "d": 0.2, "e": 0.2}
+    drift = {"a": 0.05, "b": 0.15, "c": 0.05, "d": 0.25, "e": math.inf}
+    # Fresh keys: only a (waits and moves slowly); b moves too fast, c does not wait.
+    assert choose(drift, waits, epoch_s, set(), config.staleness) == {"a"}
+    # Stale keys: b stays stale (0.15 <= 2 x 0.1); d (0.25) and e (unknown) turn fresh;
+    # c turns fresh because it no longer pays.
+    assert choose(drift, waits, epoch_s, set(drift), config.staleness) == {"a", "b"}
