@@ -302,13 +302,12 @@ class StalenessConfig:
     """Mode adaqp-s: an exchange goes stale only if its fresh wait (what overlap did not
     hide) was at least this fraction of the epoch time."""
     max_drift: float = 0.15
-    """Mode adaqp-s: an exchange goes stale only if its rows moved by at most this much per
-    epoch (``|x_t - x_t-1| / |x_t|`` over the rows sent), and turns fresh again above twice
-    this. 0.15 keeps the first epochs' fast movement fresh (docs/staleness.md)."""
+    """Mode adaqp-s: after the first choice, an exchange goes stale only if its rows moved
+    by at most this much per epoch (``|x_t - x_t-1| / |x_t|`` over the rows sent)."""
     choose_every: int = 4
-    """Mode adaqp-s: the choice between fresh and stale is made every this many epochs,
-    from their waits and the drift between their two halves (at least 4: two epochs per
-    half)."""
+    """Mode adaqp-s: after the first choice (after epoch 1), the choice between fresh and
+    stale is made every this many epochs, from their waits and the drift between their
+    two halves (at least 4: two epochs per half)."""
 
     def __post_init__(self) -> None:
         check(self.bound >= 0, "staleness.bound", f"must be non-negative, got {self.bound}")

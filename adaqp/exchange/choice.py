@@ -1,40 +1,42 @@
 """Staleness as the planner's choice (mode ``adaqp-s``): per exchange, fresh or stale.
 
 Mode ``adaqp`` never uses stale rows; ``onebit`` always does. ``adaqp-s`` runs ``adaqp``
-(planned widths, central/marginal overlap) and, every ``staleness.choose_every`` epochs
-(4: the first choice comes early, while the planner's first cycle is still running),
-chooses per exchange key between
+(planned widths, central/marginal overlap) and chooses per exchange key between
 
 - *fresh*: the planner's widths, waited for as in ``adaqp``; and
 - *stale*: the ``[staleness]`` section's rows (``bits`` wide, at most ``bound`` epochs
   late, smoothed), as in ``onebit``.
 
-A key goes stale when both hold over the epochs since the last choice (its cycle):
+Every key starts fresh. The first choice comes after epoch 1, the later ones every
+``staleness.choose_every`` epochs (on their own cycle, not the planner's). A fresh key
+goes stale when
 
 - **it pays**: its fresh exchange held the ranks up (``comm_wait_by_tag``, the part of
   the exchange that overlap did not hide) for at least ``staleness.min_hidden_fraction``
-  of the epoch. An exchange that lands inside its overlap window gains nothing from
-  staleness and stays fresh;
-- **it is cheap**: the rows it sends moved by at most ``staleness.max_drift`` per epoch.
-  The drift compares the mean rows of the cycle's two halves, ``m_1`` and ``m_2``:
-  ``|m_2 - m_1| / |m_2|`` (over all ranks' rows) divided by the epochs between their
-  centres, less the part that the epochs' own noise (dropout, quantization) adds,
-  estimated from the spread within each half: differences of single epochs would
-  measure that noise, which a stale row does not add to, not how far the rows move. A row one
-  epoch stale is off by about the drift; early in training, while rows move fast, keys
-  stay fresh: a warm-up the planner times itself. The sums cover at most ``DRIFT_ROWS``
-  rows per rank, evenly spaced (the same every epoch), so that measuring costs little
-  beside the exchange. Two halves of two epochs measure the drift noisily: the drift a
-  choice uses pools the figures of every cycle so far, each earlier cycle's weighted by
-  ``DRIFT_DECAY`` less (about the last two cycles).
+  of the epoch, over the epochs since the last choice. An exchange that lands inside
+  its overlap window gains nothing from staleness and stays fresh;
+- and, from the second choice on, **it is cheap**: the rows it sends moved by at most
+  ``staleness.max_drift`` per epoch. The first choice goes on the wait alone: rows
+  cannot be judged after one epoch, and measured, smoothed stale rows from the start
+  cost no accuracy where a synchronous start (4 epochs) before them cost 0.7-1.3
+  points (docs/staleness.md).
 
-A stale key turns fresh again only when its drift exceeds twice ``max_drift`` (or it
-stops paying): a key near the limit does not switch back and forth, each switch
-restarting its moving average.
+A stale key stays stale: while it is stale its fresh wait is not observed, and a switch
+back would restart its moving average (a first version that switched back above a
+drift limit switched some key at 16 of 20 choices and lost accuracy).
 
-While a key is stale its wait is no longer observed; the choice keeps the last measured
-one. The decision's inputs are reduced over the ranks, so every rank switches the same
-keys at the same epoch.
+The drift compares the mean rows of the cycle's two halves, ``m_1`` and ``m_2``:
+``|m_2 - m_1| / |m_2|`` (over all ranks' rows) divided by the epochs between their
+centres, less the part that the epochs' own noise (dropout, quantization) adds,
+estimated from the spread within each half: differences of single epochs would measure
+that noise, which a stale row does not add to, not how far the rows move. The sums cover
+at most ``DRIFT_ROWS`` rows per rank, evenly spaced (the same every epoch), so that
+measuring costs little beside the exchange. Two halves of two epochs measure the drift
+noisily: a choice pools the figures of every cycle so far, each earlier cycle weighted
+by ``DRIFT_DECAY`` (about the last two cycles).
+
+The decision's inputs are reduced over the ranks, so every rank switches the same keys
+at the same epoch.
 """
 
 from __future__ import annotations
@@ -105,15 +107,15 @@ def choose(
     epoch_s: float,
     stale: set[str],
     config: StalenessConfig,
+    first: bool = False,
 ) -> set[str]:
-    """The keys to exchange stale: those whose ``wait_s`` is at least
-    ``min_hidden_fraction`` of ``epoch_s`` and whose ``drift`` is at most ``max_drift``
-    (twice that for keys already ``stale``)."""
-    chosen = set()
+    """The keys to exchange stale: those already ``stale``, and those whose ``wait_s`` is
+    at least ``min_hidden_fraction`` of ``epoch_s`` and whose ``drift`` is at most
+    ``max_drift`` (the drift is not asked at the ``first`` choice)."""
+    chosen = set(stale)
     for tag, moved in drift.items():
-        limit = config.max_drift * (2 if tag in stale else 1)
         pays = wait_s.get(tag, 0.0) >= config.min_hidden_fraction * epoch_s
-        if pays and moved <= limit:
+        if pays and (first or moved <= config.max_drift):
             chosen.add(tag)
     return chosen
 
@@ -198,7 +200,7 @@ class ChoicePolicy(AdaptivePolicy):
             if key not in self.stale_keys:
                 self._waits.setdefault(tag, []).append((wait_s_by_tag or {}).get(tag, 0.0))
         self._epoch_s.append(epoch_s)
-        if epoch % self.config.choose_every == 0:
+        if epoch == 1 or epoch % self.config.choose_every == 0:
             self._choose(epoch)
         return super().end_epoch(epoch, exchange_s_by_tag)
 
@@ -229,12 +231,9 @@ class ChoicePolicy(AdaptivePolicy):
         for tag, waits in self._waits.items():
             self.fresh_wait_s[tag] = sum(waits) / len(waits)
         epoch_s = max(sum(self._epoch_s) / max(len(self._epoch_s), 1), 1e-9)
-        tags = choose(
-            self.drift, self.fresh_wait_s, epoch_s, {str(k) for k in self.stale_keys}, self.config
-        )
+        stale = {str(k) for k in self.stale_keys}
+        tags = choose(self.drift, self.fresh_wait_s, epoch_s, stale, self.config, epoch == 1)
         chosen = {key for key in keys if str(key) in tags}
-        for key in self.stale_keys - chosen:
-            self.stale.drop(key)
         if world.is_main:
             logger.info(
                 "epoch %d: stale exchanges %s (drift per epoch %s, fresh wait ms %s)",

@@ -172,13 +172,6 @@ class StalePolicy(ExchangePolicy):
         self._averages[key] = average
         return average
 
-    def drop(self, key: ExchangeKey) -> None:
-        """Forgets ``key``'s buffers and average (it is exchanged fresh from now on)."""
-        for _, handle in self._buffers.pop(key, ()):
-            self._retire(handle)
-        self._averages.pop(key, None)
-        self._plans.pop(key, None)
-
     def _retire(self, handle: PendingExchange) -> None:
         if not handle.release_if_landed():
             self._retired.append(handle)

@@ -110,7 +110,8 @@ def parts(tmp_path_factory):
             "checkpoint.every=4",
         ),
         (
-            # Stale from epoch 7 on (no wait needed); the checkpoint at 8 is mid-cycle.
+            # Stale from epoch 2 on (no wait needed): a resume that forgot the choice
+            # would train fresh. The checkpoint at 8 is mid-cycle.
             "comm.mode=adaqp-s",
             "quant.assign_cycle=3",
             "staleness.choose_every=6",
