@@ -55,7 +55,7 @@ from adaqp.exchange.counters import EpochCounters
 from adaqp.exchange.planner import BitWidthPlanner
 from adaqp.exchange.policy import ExchangePolicy, Pending, substate
 from adaqp.exchange.stale import StalePolicy
-from adaqp.exchange.transport import ExchangeKey, HaloTransport
+from adaqp.exchange.transport import ExchangeKey, HaloTransport, PendingExchange
 
 logger = logging.getLogger(__name__)
 
@@ -155,10 +155,14 @@ class ChoicePolicy(AdaptivePolicy):
         self._pooled: dict[str, list[float]] = {}
         self.drift: dict[str, float] = {}
         """Per key: the relative drift per epoch measured at the last choice."""
+        # Per fresh key: this epoch's exchange (its rows seed the buffer of a key that
+        # turns stale).
+        self._last_fresh: dict[ExchangeKey, PendingExchange] = {}
 
     def begin_epoch(self, epoch: int, counters: EpochCounters) -> None:
         super().begin_epoch(epoch, counters)
         self.stale.begin_epoch(epoch, counters)
+        self._last_fresh = {}
 
     @contextmanager
     def training(self) -> Iterator[None]:
@@ -169,14 +173,16 @@ class ChoicePolicy(AdaptivePolicy):
         if not self._training:
             return self.transport.start(rows_RD, key)
         stale = key in self.stale_keys
-        # A stale key keeps its last widths for when it turns fresh: tracing it (a pass
-        # over its rows every epoch) would only feed a solve whose plan it does not use.
+        # A stale key stays stale: tracing it (a pass over its rows every epoch) would
+        # only feed a solve whose plan it never uses.
         if self.planner.tracing and not stale:
             self.planner.trace(key, rows_RD)
         self._measure_drift(key, rows_RD)
         if stale:
             return self.stale.start(key, rows_RD)
-        return ExchangePolicy.start(self, key, rows_RD)
+        pending = ExchangePolicy.start(self, key, rows_RD)
+        self._last_fresh[key] = pending.handle
+        return pending
 
     def _measure_drift(self, key: ExchangeKey, rows_RD: torch.Tensor) -> None:
         """Adds this epoch's rows (and their squared norm) to its half of the cycle's sums."""
@@ -234,6 +240,13 @@ class ChoicePolicy(AdaptivePolicy):
         stale = {str(k) for k in self.stale_keys}
         tags = choose(self.drift, self.fresh_wait_s, epoch_s, stale, self.config, epoch == 1)
         chosen = {key for key in keys if str(key) in tags}
+        for key in chosen - self.stale_keys:
+            # The next epoch reads this one's rows, as it would had the key been stale
+            # already: a first stale epoch that waits for its own exchange starts the
+            # moving average one epoch later and measured about a point lower.
+            handle = self._last_fresh.get(key)
+            if handle is not None:
+                self.stale.seed(key, epoch, handle.wait().clone())
         if world.is_main:
             logger.info(
                 "epoch %d: stale exchanges %s (drift per epoch %s, fresh wait ms %s)",

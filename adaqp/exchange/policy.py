@@ -55,6 +55,10 @@ class _Counted:
         self._handle = handle
         self._counters = counters
 
+    @property
+    def handle(self) -> PendingExchange:
+        return self._handle
+
     def wait(self) -> torch.Tensor:
         first = not self._handle.waited
         rows = self._handle.wait()

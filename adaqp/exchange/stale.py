@@ -172,6 +172,12 @@ class StalePolicy(ExchangePolicy):
         self._averages[key] = average
         return average
 
+    def seed(self, key: ExchangeKey, epoch: int, rows: torch.Tensor) -> None:
+        """Makes ``rows``, landed at ``epoch`` (a fresh exchange's), the buffer of ``key``
+        that the next epoch may read: a key that turns stale reads last epoch's rows at
+        once instead of waiting for its own."""
+        self._buffers.setdefault(key, deque()).append((epoch, _Landed(rows)))
+
     def _retire(self, handle: PendingExchange) -> None:
         if not handle.release_if_landed():
             self._retired.append(handle)
