@@ -171,7 +171,7 @@ def test_lost_worker_without_restarts_ends_the_run_in_seconds(tmp_path):
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_stopped_worker_ends_the_run_after_the_timeout_naming_it(tmp_path):
-    timeout_s = 10
+    timeout_s = 15
     code, output, seconds = _start_and_hit(
         tmp_path, 3, signal.SIGSTOP, "--set", f"comm.timeout_s={timeout_s}"
     )
