@@ -230,15 +230,13 @@ class QuantConfig:
     """Time limit of one MILP solve (per exchange); at the limit the better of HiGHS's
     incumbent and the greedy is kept (within 1e-3 of the optimal objective in the tests).
     The host model's solves of planner-sized exchanges often reach any limit."""
-    cost_model: str = "shared"
-    """Exchange time model: shared (all transfers' bytes add up, as if through one pipe),
-    sender (a rank's outgoing channels share its link), link (every pair has its own
-    link and the slowest sets the time), or host (hosts with full-duplex NICs: the
-    busiest host's send or receive time, copies within a host, the measured
-    (de)quantization cost, and full precision as a choice; see adaqp/assign/profile.py). shared
-    measured best on the emulated clusters (README): host equals it on uniform links and
-    is slower where hosts differ, because it spends the slack it predicts on fast hosts
-    on wider messages while the measured exchanges take 1.2-2.7x its prediction."""
+    cost_model: str = "host"
+    """Exchange time model: host (the default: hosts with full-duplex NICs, the busiest
+    host's send or receive time, copies within a host, the measured (de)quantization
+    cost, and full precision as a choice, so a fast network gets float32 rows; see
+    adaqp/assign/profile.py), shared (all transfers' bytes add up, as if through one
+    pipe), sender (a rank's outgoing channels share its link) or link (every pair has
+    its own link and the slowest sets the time). docs/cost-models.md compares them."""
     profile_every: int = 0
     """Adaptive scheme: profile the links (and, for the host model, the (de)quantization
     cost) again before every this many re-solves; 0 profiles once, at start-up."""

@@ -27,6 +27,9 @@ def _worker(rank: int, world_size: int, init_method: str, tmp: str):
             f"comm.mode={mode}",
             f"train.epochs={EPOCHS}",
             "quant.assign_cycle=2",
+            # Quantized rows in adaqp-q and adaqp: the default host model may send float32
+            # over loopback.
+            "quant.cost_model=shared",
             # adaqp-s: every exchange pays, so the first choice (after epoch 1) makes all
             # of them stale.
             "staleness.min_hidden_fraction=0",
