@@ -190,6 +190,7 @@ class RunDir:
                     remove_checkpoints(checkpoints)
                 except OSError as exc:
                     raise _unwritable(path, "cannot remove the old run's files", exc) from exc
+            _record_holder(fd)  # only now: a refused run leaves every file as it was
             run.set_status("running")
         except BaseException:
             os.close(fd)
@@ -282,7 +283,7 @@ def read_status(out_dir: str | Path) -> dict[str, Any] | None:
 
 
 def _lock(fd: int, path: Path) -> None:
-    """Takes the exclusive lock without waiting and records who holds it."""
+    """Takes the exclusive lock without waiting (``_record_holder`` then says who)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -293,6 +294,10 @@ def _lock(fd: int, path: Path) -> None:
             "cannot share an output directory, even with --overwrite: wait for it to end "
             "or choose another --out",
         ) from None
+
+
+def _record_holder(fd: int) -> None:
+    """Writes who holds the lock into the lock file, for a run that finds it taken."""
     holder = f"pid {os.getpid()} on {socket.gethostname()}, since {_now()}"
     os.ftruncate(fd, 0)
     os.pwrite(fd, holder.encode() + b"\n", 0)

@@ -56,10 +56,12 @@ def test_claim_makes_the_directory_and_marks_it_running(tmp_path):
         run.close()
 
 
-def test_finished_run_is_refused_and_left_untouched(tmp_path):
+def test_finished_run_is_refused_and_left_untouched(tmp_path, monkeypatch):
     out = tmp_path / "run"
     _finished_run(out)
     before = {p.name: p.read_text() for p in out.iterdir() if p.is_file()}
+    # A later clock: a refused claim that rewrote the lock file's holder line would show.
+    monkeypatch.setattr("adaqp.run.rundir._now", lambda: "2099-01-01T00:00:00+00:00")
     error = _refused(out)
     assert error.problem is Problem.FINISHED
     assert "finished run" in str(error) and "--overwrite" in str(error), error
