@@ -32,7 +32,7 @@ from adaqp.run.checkpoint import (
 )
 from adaqp.run.trainer import Trainer
 from adaqp.runtime import init_distributed, shutdown
-from tests.distributed import run_workers, worker_pid
+from tests.distributed import QUANTIZED, run_workers, worker_pid
 
 
 class _Records:
@@ -95,17 +95,15 @@ def parts(tmp_path_factory):
     "overrides",
     [
         ("comm.mode=vanilla", "checkpoint.every=5"),
-        # adaqp under the shared model, which quantizes on loopback too (the default
-        # host model may choose float32 here): the quantizer's generator is restored.
         (
             "comm.mode=adaqp",
-            "quant.cost_model=shared",
+            QUANTIZED,
             "quant.assign_cycle=3",
             "checkpoint.every=4",
         ),
         (
             "comm.mode=adaqp",
-            "quant.cost_model=shared",
+            QUANTIZED,
             "quant.assign_cycle=3",
             "checkpoint.every=4",
             "model.name=gat",

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from adaqp.config import MODES, load_config
-from tests.distributed import run_workers
+from tests.distributed import QUANTIZED, run_workers
 
 GAT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cora-gat.toml"
 EPOCHS = 6
@@ -27,9 +27,7 @@ def _worker(rank: int, world_size: int, init_method: str, tmp: str):
             f"comm.mode={mode}",
             f"train.epochs={EPOCHS}",
             "quant.assign_cycle=2",
-            # Quantized rows in adaqp-q and adaqp: the default host model may send float32
-            # over loopback.
-            "quant.cost_model=shared",
+            QUANTIZED,  # adaqp-q and adaqp send quantized rows
             # adaqp-s: every exchange pays, so the first choice (after epoch 1) makes all
             # of them stale.
             "staleness.min_hidden_fraction=0",

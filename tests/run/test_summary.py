@@ -11,7 +11,7 @@ import pytest
 from adaqp.config import load_config
 from adaqp.run.metrics import LEGACY_RECORD_NAMES, EpochRecord
 from adaqp.run.summary import Outcome, RunFacts, settled_records, summarize
-from tests.distributed import run_workers
+from tests.distributed import QUANTIZED, run_workers
 
 ROOT = Path(__file__).resolve().parents[2]
 CORA_CONFIG = ROOT / "configs" / "cora-gcn.toml"
@@ -134,8 +134,8 @@ def test_every_mode_writes_every_summary_and_metrics_field(tmp_path, mode):
         f"partition.dir={tmp_path / 'parts'}",
         f"metrics.out={out}",
     )
-    if mode == "adaqp-q":  # quantized rows: the default (host) model may send float32 here
-        overrides += ("quant.cost_model=shared",)
+    if mode == "adaqp-q":
+        overrides += (QUANTIZED,)
     run_workers(_mode_worker, 2, tmp_path, overrides, timeout=240)
     summary = json.loads((out / "summary.json").read_text())
     missing = SUMMARY_KEYS - set(summary)

@@ -27,7 +27,7 @@ from adaqp.partitioning.build import make_partition
 from adaqp.partitioning.format import load_part, read_metadata
 from adaqp.run.trainer import Trainer
 from adaqp.runtime import init_distributed, shutdown
-from tests.distributed import run_workers
+from tests.distributed import QUANTIZED, run_workers
 from tests.model.gat_reference import dense_gat, edge_mask
 
 EPOCHS = 5
@@ -309,8 +309,7 @@ def test_adaqp_and_onebit_on_cora_train_close_to_vanilla(tmp_path):
         mode: (
             f"comm.mode={mode}",
             "train.epochs=200",
-            # The quantized path: the default host model sends float32 over loopback.
-            "quant.cost_model=shared",
+            QUANTIZED,
             f"partition.dir={tmp_path / 'parts'}",
             f"metrics.out={tmp_path / mode}",
         )
