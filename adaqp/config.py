@@ -230,6 +230,11 @@ class QuantConfig:
     """Time limit of one MILP solve (per exchange); at the limit the better of HiGHS's
     incumbent and the greedy is kept (within 1e-3 of the optimal objective in the tests).
     The host model's solves of planner-sized exchanges often reach any limit."""
+    resolve_budget_s: float = 1.0
+    """Wall-clock budget of one re-solve, all its exchanges together (the ranks wait for
+    it between epochs): each exchange's MILP stops at the smaller of time_limit_s and an
+    equal share of what the re-solve has left, and keeps the greedy's answer where it
+    has found nothing better."""
     cost_model: str = "host"
     """Exchange time model: host (the default: hosts with full-duplex NICs, the busiest
     host's send or receive time, copies within a host, the measured (de)quantization
@@ -264,6 +269,7 @@ class QuantConfig:
         check(self.assign_cycle >= 1, "quant.assign_cycle", "must be at least 1")
         check(self.solver in ("milp", "greedy"), "quant.solver", "must be milp or greedy")
         check(self.time_limit_s > 0, "quant.time_limit_s", "must be positive")
+        check(self.resolve_budget_s > 0, "quant.resolve_budget_s", "must be positive")
         check(self.profile_every >= 0, "quant.profile_every", "must be non-negative")
         check(
             self.cost_model in ("shared", "sender", "link", "host"),

@@ -59,6 +59,20 @@ from adaqp.runtime import World
 logger = logging.getLogger(__name__)
 
 
+MIN_SOLVE_S = 0.05
+"""The least time one exchange's solve is given, even past its re-solve's budget: enough
+for the greedy (a few hundredths of a second at planner sizes), so that a spent budget
+costs plan quality by at most the greedy's gap, not a fall-back to uniform widths."""
+
+
+def budget_share(deadline: float, keys_left: int, cap_s: float) -> float:
+    """Seconds the next of ``keys_left`` exchanges may solve for: an equal share of what is
+    left until ``deadline`` (a ``time.perf_counter()`` value), at most ``cap_s``, at least
+    :data:`MIN_SOLVE_S`."""
+    left = deadline - time.perf_counter()
+    return min(cap_s, max(left / max(keys_left, 1), MIN_SOLVE_S))
+
+
 class BitWidthPlanner:
     """Owns the bit plans of a quantized mode and re-solves them every ``assign_cycle`` epochs.
 
@@ -295,7 +309,8 @@ class BitWidthPlanner:
             self._measured = {}
             return
         blocks = []
-        for key in keys:
+        deadline = time.perf_counter() + self.config.resolve_budget_s
+        for i, key in enumerate(keys):
             counts = self.counts[key.direction]
             weights = torch.from_numpy(self._weights(key))
             longest = int(counts.sum(1).max())
@@ -304,7 +319,8 @@ class BitWidthPlanner:
             gathered = [torch.zeros_like(padded) for _ in range(p)] if rank == 0 else None
             dist.gather(padded, gathered, dst=0)
             if rank == 0:
-                blocks.append(self._solve(key, counts, gathered, epoch))
+                limit = budget_share(deadline, len(keys) - i, self.config.time_limit_s)
+                blocks.append(self._solve(key, counts, gathered, epoch, limit))
         total = sum(int(self.counts[k.direction].sum()) for k in keys)
         flat = torch.cat(blocks) if rank == 0 else torch.empty(total, dtype=torch.uint8)
         if rank == 0:
@@ -336,7 +352,12 @@ class BitWidthPlanner:
         }
 
     def _solve(
-        self, key: ExchangeKey, counts: np.ndarray, gathered: list[torch.Tensor], epoch: int
+        self,
+        key: ExchangeKey,
+        counts: np.ndarray,
+        gathered: list[torch.Tensor],
+        epoch: int,
+        time_limit_s: float,
     ) -> torch.Tensor:
         """Rank 0: widths of every channel of one exchange, in (src, dst) order."""
         p = self.world.world_size
@@ -363,7 +384,7 @@ class BitWidthPlanner:
                 group_size=cfg.group_size,
                 lam=cfg.lam,
                 method=cfg.solver,
-                time_limit_s=cfg.time_limit_s,
+                time_limit_s=time_limit_s,
             )
         self.last_status[str(key)] = result.status
         if math.isfinite(result.time_s):

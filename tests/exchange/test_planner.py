@@ -17,6 +17,8 @@ from adaqp.run.trainer import Trainer
 from adaqp.runtime import init_distributed, shutdown
 from tests.distributed import NullWriter, run_workers
 
+RESOLVE_BUDGET_S = 0.4
+
 
 def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, scheme: str):
     scheme, _, cost_model = scheme.partition("/")
@@ -32,15 +34,20 @@ def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, sc
             # The host model re-profiles before every re-solve but the first.
             f"quant.profile_every={1 if cost_model == 'host' else 0}",
             "quant.group_size=10",
+            f"quant.resolve_budget_s={RESOLVE_BUDGET_S}",
             "train.epochs=6",
             "model.hidden=32",
             "model.layers=3",
             "train.eval_every=0",
         ],
     )
-    profiles = []
+    profiles, limits = [], []
     profile = planner_module.profile_links
     planner_module.profile_links = lambda world: profiles.append(1) or profile(world)
+    solve = planner_module.solve_exchange
+    planner_module.solve_exchange = lambda *a, **kw: (
+        limits.append(kw["time_limit_s"]) or solve(*a, **kw)
+    )
     world = init_distributed(config.comm, init_method, rank, world_size)
     try:
         meta = read_metadata(part_dir)
@@ -53,6 +60,7 @@ def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, sc
             "sent_ids": graph.global_ids[graph.send_idx.numpy()],
             "avg_bits": np.array(summary.avg_bits),
             "profiles": np.array(len(profiles)),
+            "limits": np.array(limits, dtype=np.float64),
         }
         planner = trainer.policy.planner
         if rank == 0 and scheme == "adaptive":
@@ -136,6 +144,11 @@ def test_every_rank_applies_the_same_assignment(scheme, cora, tmp_path):
             assert fixed[tag] >= 0 and fixed[tag] + scale > 0
             expected = fixed[tag] + scale * report["predicted"][tag]
             assert report["calibrated"][tag] == pytest.approx(expected)
+        # Rank 0 solved every exchange of the 3 re-solves, each within its share of the
+        # re-solve's budget (the first of a re-solve: an equal share of all of it).
+        limits = r0["limits"].reshape(3, len(tags))
+        assert (limits <= RESOLVE_BUDGET_S / np.arange(len(tags), 0, -1) + 1e-9).all()
+        assert [len(r["limits"]) for r in results[1:]] == [0, 0]
         # One machine: the all-to-all is as fast as the pairs, or measured bounded.
         assert report["fabric"] is None or report["fabric"] > 0
         assert all(t > 0 for t in report["predicted"].values())
@@ -175,3 +188,17 @@ def test_forward_weights_use_receiver_squared_coefficients(cora, tmp_path):
                 expected = np.sum(1.0 / ((deg[u] + 1) * (deg[v] + 1)))
                 assert r["forward_coef"][i] == pytest.approx(expected, rel=1e-5)
         assert rank != 0 or len(r["sent_ids"]) > 0
+
+
+def test_a_re_solve_shares_its_budget_among_its_exchanges(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(planner_module.time, "perf_counter", lambda: now[0])
+    deadline, limits = now[0] + 1.0, []
+    for left in (4, 3, 2, 1):  # each solve runs to its limit
+        limits.append(planner_module.budget_share(deadline, left, cap_s=1.0))
+        now[0] += limits[-1]
+    assert limits == pytest.approx([0.25] * 4) and now[0] == pytest.approx(deadline)
+    # Past the deadline every exchange still gets the least time (the greedy's); a share
+    # never exceeds the per-exchange cap.
+    assert planner_module.budget_share(deadline, 3, cap_s=1.0) == planner_module.MIN_SOLVE_S
+    assert planner_module.budget_share(now[0] + 10.0, 2, cap_s=1.0) == 1.0
