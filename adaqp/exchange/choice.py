@@ -7,14 +7,20 @@ Mode ``adaqp`` never uses stale rows; ``onebit`` always does. ``adaqp-s`` runs `
 - *stale*: the ``[staleness]`` section's rows (``bits`` wide, at most ``bound`` epochs
   late, smoothed), as in ``onebit``.
 
-Every key starts fresh. The first choice comes after epoch 1, the later ones every
-``staleness.choose_every`` epochs (on their own cycle, not the planner's). A fresh key
-goes stale when
+Epoch 1 runs every key as ``onebit`` does its first epoch: the stale rows' width,
+waited for (nothing older exists), so that a key the first choice makes stale has read
+no other rows than ``onebit``'s, and its moving average starts from them (where every
+key goes stale, ``adaqp-s`` then trains exactly as ``onebit``). The first choice comes
+after epoch 1, the later ones every ``staleness.choose_every`` epochs (on their own
+cycle, not the planner's); the keys it leaves fresh use the planner's widths from epoch
+2. A key goes stale when
 
 - **it pays**: its fresh exchange held the ranks up (``comm_wait_by_tag``, the part of
   the exchange that overlap did not hide) for at least ``staleness.min_hidden_fraction``
-  of the epoch, over the epochs since the last choice. An exchange that lands inside
-  its overlap window gains nothing from staleness and stays fresh;
+  of the epoch, over the epochs since the last choice (at the first choice: epoch 1's
+  wait at the stale width, which a wider fresh exchange would only lengthen). An
+  exchange that lands inside its overlap window gains nothing from staleness and stays
+  fresh;
 - and, from the second choice on, **it is cheap**: the rows it sends moved by at most
   ``staleness.max_drift`` per epoch. The first choice goes on the wait alone: rows
   cannot be judged after one epoch, and measured, smoothed stale rows from the start
@@ -172,7 +178,7 @@ class ChoicePolicy(AdaptivePolicy):
     def start(self, key: ExchangeKey, rows_RD: torch.Tensor) -> Pending:
         if not self._training:
             return self.transport.start(rows_RD, key)
-        stale = key in self.stale_keys
+        stale = key in self.stale_keys or self._epoch == 1  # epoch 1: onebit's
         # A stale key stays stale: tracing it (a pass over its rows every epoch) would
         # only feed a solve whose plan it never uses.
         if self.planner.tracing and not stale:
@@ -243,10 +249,14 @@ class ChoicePolicy(AdaptivePolicy):
         for key in chosen - self.stale_keys:
             # The next epoch reads this one's rows, as it would had the key been stale
             # already: a first stale epoch that waits for its own exchange starts the
-            # moving average one epoch later and measured about a point lower.
+            # moving average one epoch later and measured about a point lower. (After
+            # epoch 1 the stale rows are there already.)
             handle = self._last_fresh.get(key)
             if handle is not None:
                 self.stale.seed(key, epoch, handle.wait().clone())
+        if epoch == 1:
+            for key in set(keys) - chosen:  # fresh from epoch 2: epoch 1's rows are done
+                self.stale.forget(key)
         if world.is_main:
             logger.info(
                 "epoch %d: stale exchanges %s (drift per epoch %s, fresh wait ms %s)",

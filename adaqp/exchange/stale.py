@@ -178,6 +178,13 @@ class StalePolicy(ExchangePolicy):
         once instead of waiting for its own."""
         self._buffers.setdefault(key, deque()).append((epoch, _Landed(rows)))
 
+    def forget(self, key: ExchangeKey) -> None:
+        """Drops the buffers and the moving average of ``key`` (an exchange that goes
+        fresh): should it turn stale again, its average starts over."""
+        for _, handle in self._buffers.pop(key, ()):
+            self._retire(handle)
+        self._averages.pop(key, None)
+
     def _retire(self, handle: PendingExchange) -> None:
         if not handle.release_if_landed():
             self._retired.append(handle)

@@ -49,6 +49,8 @@ def _worker(rank, world_size, init_method, part_dir: str, cases: dict):
             result[f"{name}/stale"] = np.array(sorted(summary.stale_exchanges))
             result[f"{name}/max_staleness"] = np.array([r.max_staleness for r in records.records])
             result[f"{name}/drift"] = np.array([summary.drift_by_tag.get(k) or -1.0 for k in KEYS])
+            result[f"{name}/loss"] = np.array([r.train_loss for r in records.records])
+            result[f"{name}/avg_bits"] = np.array([r.avg_bits for r in records.records])
     return result
 
 
@@ -72,19 +74,26 @@ def test_planner_makes_exchanges_that_wait_stale_after_epoch_1_and_no_others(par
         "slow": (("staleness.min_hidden_fraction=0.02", "staleness.max_drift=0"), 0.1),
         # No exchange holds the ranks up for 90% of the epoch: all stay fresh.
         "fast": (("staleness.min_hidden_fraction=0.9",), 0.0),
+        # What "always" should reproduce.
+        "onebit": (("comm.mode=onebit",), 0.0),
     }
     results = run_workers(_worker, 2, tmp_path, parts, cases, timeout=300)
     for r in results:
-        # The choice after epoch 1 makes them stale from epoch 2, which reads epoch 1's
-        # (fresh) rows.
+        # Epoch 1 runs every exchange as onebit does (one bit, waited for); the choice
+        # after it makes them stale from epoch 2, which reads epoch 1's rows.
+        for name in ("always", "slow", "fast"):
+            assert r[f"{name}/avg_bits"][0] == 1.0, name
         for name in ("always", "slow"):
             assert r[f"{name}/stale"].tolist() == KEYS, name
             ages = r[f"{name}/max_staleness"].tolist()
             assert ages == [0] + [1] * (EPOCHS - 1), (name, ages)
             drift = r[f"{name}/drift"]
             assert np.all((drift > 0) & (drift < 1)), (name, drift)  # measured, per epoch
+        # Every exchange stale from the first choice: onebit's training, bit for bit.
+        np.testing.assert_array_equal(r["always/loss"], r["onebit/loss"])
         assert r["fast/stale"].tolist() == []
         assert r["fast/max_staleness"].tolist() == [0] * EPOCHS
+        assert (r["fast/avg_bits"][1:] > 1.0).all()  # the planner's widths from epoch 2
     # Every rank made the same choices.
     for name in cases:
         assert results[0][f"{name}/stale"].tolist() == results[1][f"{name}/stale"].tolist()
