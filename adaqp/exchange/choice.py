@@ -41,8 +41,9 @@ measuring costs little beside the exchange. Two halves of two epochs measure the
 noisily: a choice pools the figures of every cycle so far, each earlier cycle weighted
 by ``DRIFT_DECAY`` (about the last two cycles).
 
-The decision's inputs are reduced over the ranks, so every rank switches the same keys
-at the same epoch.
+The decision's inputs are reduced over the ranks (the epoch time too: each rank times
+its own), and rank 0's decision is broadcast, so every rank switches the same keys at the
+same epoch.
 """
 
 from __future__ import annotations
@@ -219,10 +220,11 @@ class ChoicePolicy(AdaptivePolicy):
     def _choose(self, epoch: int) -> None:
         """Re-decides every key from this cycle's waits and drifts (same on all ranks)."""
         keys = sorted(self._sums, key=str)
-        # Per key: drift_figures' three figures, summed over ranks; then the key count.
+        # Per key: drift_figures' three figures, summed over ranks; then the epochs' seconds
+        # and their count (each rank timed its own), and the key count.
         figures = torch.tensor(
             [x for k in keys for x in drift_figures(self._sums[k], self.config.choose_every)]
-            + [float(len(keys))],
+            + [sum(self._epoch_s), float(len(self._epoch_s)), float(len(keys))],
             dtype=torch.float64,
         )
         dist.all_reduce(figures)
@@ -242,10 +244,14 @@ class ChoicePolicy(AdaptivePolicy):
             )
         for tag, waits in self._waits.items():
             self.fresh_wait_s[tag] = sum(waits) / len(waits)
-        epoch_s = max(sum(self._epoch_s) / max(len(self._epoch_s), 1), 1e-9)
+        epoch_s = max(float(figures[-3]) / max(float(figures[-2]), 1.0), 1e-9)
         stale = {str(k) for k in self.stale_keys}
         tags = choose(self.drift, self.fresh_wait_s, epoch_s, stale, self.config, epoch == 1)
-        chosen = {key for key in keys if str(key) in tags}
+        # Rank 0's choice is every rank's: ranks that disagreed would send one exchange in
+        # two formats.
+        mask = torch.tensor([str(key) in tags for key in keys], dtype=torch.uint8)
+        dist.broadcast(mask, src=0)
+        chosen = {key for key, on in zip(keys, mask.tolist(), strict=True) if on}
         for key in chosen - self.stale_keys:
             # The next epoch reads this one's rows, as it would had the key been stale
             # already: a first stale epoch that waits for its own exchange starts the

@@ -44,6 +44,12 @@ def _worker(rank, world_size, init_method, part_dir: str, cases: dict):
         )
         with rank_trainer(config, init_method + name, rank, world_size, part_dir) as (trainer, _):
             trainer.transport.emulated_delay_s = delay if rank == 1 else 0.0
+            if name == "split" and rank == 1:  # rank 1 times its epochs 1000 times longer
+
+                def slow_clock(epoch, *args, epoch_s=0.0, end=trainer.policy.end_epoch, **kw):
+                    return end(epoch, *args, epoch_s=1000 * epoch_s, **kw)
+
+                trainer.policy.end_epoch = slow_clock
             records = _Records()
             summary = trainer.fit(records)
             result[f"{name}/stale"] = np.array(sorted(summary.stale_exchanges))
@@ -76,6 +82,9 @@ def test_planner_makes_exchanges_that_wait_stale_after_epoch_1_and_no_others(par
         "fast": (("staleness.min_hidden_fraction=0.9",), 0.0),
         # What "always" should reproduce.
         "onebit": (("comm.mode=onebit",), 0.0),
+        # The "slow" waits, but the ranks time their epochs differently (below): on its
+        # own clock rank 0 would go stale, rank 1 not. On the mean epoch neither does.
+        "split": (("staleness.min_hidden_fraction=0.02",), 0.1),
     }
     results = run_workers(_worker, 2, tmp_path, parts, cases, timeout=300)
     for r in results:
@@ -94,6 +103,7 @@ def test_planner_makes_exchanges_that_wait_stale_after_epoch_1_and_no_others(par
         assert r["fast/stale"].tolist() == []
         assert r["fast/max_staleness"].tolist() == [0] * EPOCHS
         assert (r["fast/avg_bits"][1:] > 1.0).all()  # the planner's widths from epoch 2
+        assert r["split/stale"].tolist() == []
     # Every rank made the same choices.
     for name in cases:
         assert results[0][f"{name}/stale"].tolist() == results[1][f"{name}/stale"].tolist()
