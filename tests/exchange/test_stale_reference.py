@@ -26,7 +26,6 @@ from adaqp.partitioning.build import make_partition
 from tests.distributed import run_workers
 from tests.run.test_checkpoint import _Records
 from tests.run.test_trainer import (
-    WEIGHTS_RTOL,
     _close,
     _close_weights,
     _flat_params,
@@ -38,6 +37,19 @@ from tests.run.test_trainer import _config as exact_config
 
 EPOCHS = 6
 MODELS = ("gcn", "sage", "gat")
+
+LOSS_RTOL = 1e-5
+"""Per-epoch losses, element-wise (relative to the largest): the tight check. Epoch t's
+loss is computed with the weights after t - 1 steps, so it checks every step but the
+last; the references one epoch fresher or staler miss it (asserted below)."""
+
+WEIGHTS_RTOL = 5e-3
+"""Final weights, relative L2 norm: a coarse check of the last step. Adam divides each
+element's step by the size of its own gradient, so an element whose gradient is a
+near-cancelling sum moves by up to ``lr`` per step either way with the summation order
+of another CPU. Here the distributed runs match the reference to 1-6e-7, but CI's
+machine once measured 4.3e-4 on the stale GCN at P = 2 with every loss within 1e-5;
+the references one epoch fresher or staler are 0.018-0.064 away."""
 
 
 STALE = (
@@ -230,14 +242,17 @@ def test_stale_mode_matches_the_single_process_stale_reference(world_size, model
         losses, weights = _stale_reference(cora, owner, model, initial, staleness=1)
         for r in results:
             assert r[f"{model}/staleness"].tolist() == [0] + [1] * (EPOCHS - 1)
-            _close(r[f"{model}/losses"], losses, 1e-5, f"{model} losses, P={world_size}")
-            rtol = WEIGHTS_RTOL[model]
-            _close_weights(r[f"{model}/weights"], weights, rtol, f"{model} weights, P={world_size}")
-        # The comparison can fail: one epoch fresher or staler is another run.
+            _close(r[f"{model}/losses"], losses, LOSS_RTOL, f"{model} losses, P={world_size}")
+            _close_weights(
+                r[f"{model}/weights"], weights, WEIGHTS_RTOL, f"{model} weights, P={world_size}"
+            )
+        # Both comparisons can fail: one epoch fresher or staler is another run.
         for other in (0, 2):
-            _, wrong = _stale_reference(cora, owner, model, initial, staleness=other)
+            wrong_losses, wrong = _stale_reference(cora, owner, model, initial, staleness=other)
             with pytest.raises(AssertionError):
-                _close_weights(results[0][f"{model}/weights"], wrong, rtol, f"S={other}")
+                _close(results[0][f"{model}/losses"], wrong_losses, LOSS_RTOL, f"S={other}")
+            with pytest.raises(AssertionError):
+                _close_weights(results[0][f"{model}/weights"], wrong, WEIGHTS_RTOL, f"S={other}")
 
 
 @pytest.mark.distributed
@@ -271,14 +286,16 @@ def test_compensations_match_the_reference_with_the_same_compensations(cora, tmp
     results = run_workers(_worker, 2, tmp_path, str(part_dir), extra, 0.0)
     owner = _owner(results, cora.num_nodes)
     for model in MODELS:
-        initial, rtol = results[0][f"{model}/initial"], WEIGHTS_RTOL[model]
+        initial = results[0][f"{model}/initial"]
         options = dict(warmup=2, smoothing=0.9, fresh_last=True)
         losses, weights = _stale_reference(cora, owner, model, initial, 1, **options)
         for r in results:
             # Layer 1 is stale from epoch 3 on; the last layer (2) never is.
             assert r[f"{model}/staleness"].tolist() == [0, 0] + [1] * (EPOCHS - 2)
-            _close(r[f"{model}/losses"], losses, 1e-5, f"{model} losses")
-            _close_weights(r[f"{model}/weights"], weights, rtol, f"{model} weights")
-        _, plain = _stale_reference(cora, owner, model, initial, 1)
+            _close(r[f"{model}/losses"], losses, LOSS_RTOL, f"{model} losses")
+            _close_weights(r[f"{model}/weights"], weights, WEIGHTS_RTOL, f"{model} weights")
+        plain_losses, plain = _stale_reference(cora, owner, model, initial, 1)
         with pytest.raises(AssertionError):
-            _close_weights(results[0][f"{model}/weights"], plain, rtol, "without the compensations")
+            _close(results[0][f"{model}/losses"], plain_losses, LOSS_RTOL, "without them")
+        with pytest.raises(AssertionError):
+            _close_weights(results[0][f"{model}/weights"], plain, WEIGHTS_RTOL, "without them")
