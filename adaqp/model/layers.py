@@ -241,10 +241,12 @@ class GATConv(nn.Module):
         hw = nn.functional.linear(h, self.linear.weight)
         out = propagate(hw, layer, aggregate=self._attend)
         if not self.concat:
-            out = out.view(-1, self.heads, self.out_dim).mean(1)
+            out = out.view(out.shape[0], self.heads, self.out_dim).mean(1)
         return out + self.bias
 
     def _attend(self, block: SparseAdjacency, x_MD: torch.Tensor, rows: slice) -> torch.Tensor:
-        x_MKF = x_MD.view(-1, self.heads, self.out_dim)
+        # Explicit shapes: a block may have no rows (a part without central or marginal
+        # nodes), and -1 cannot be inferred from 0 elements.
+        x_MKF = x_MD.view(x_MD.shape[0], self.heads, self.out_dim)
         out = attend(block, x_MKF, self.att_src, self.att_dst, rows, self.attn_dropout)
-        return out.view(out.shape[0], -1)
+        return out.view(out.shape[0], self.heads * self.out_dim)
