@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from adaqp.config import MODES, Config, ConfigError, load_config
+from adaqp.stop import request_stop, stop_requested
 
 logger = logging.getLogger("adaqp.train")
 
@@ -117,12 +118,6 @@ def setup_logging(rank: int) -> None:
     )
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    # torchrun stops its workers with SIGTERM (on Ctrl-C too): unwind as Ctrl-C does, so
-    # that the run's status says "interrupted".
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
 def format_bytes(n: float) -> str:
     """Bytes in the unit that keeps three significant digits: 13552 -> "13.6 kB"."""
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
@@ -174,10 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     rank = int(os.environ.get("RANK", 0))
     setup_logging(rank)
-    signal.signal(signal.SIGTERM, _interrupt)
+    # torchrun stops its workers with SIGTERM (on Ctrl-C too): it unwinds as Ctrl-C does.
     # Ctrl-C (SIGINT) interrupts even where it was inherited as ignored: a background job
     # of a non-interactive shell (a script, CI) starts with SIGINT ignored.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop, request_stop)
     args = parse_args(argv)
     try:
         config = config_from_args(args)
@@ -200,19 +196,28 @@ def main(argv: list[str] | None = None) -> int:
     except job.SHARED_ERRORS + job.RANK_ERRORS as exc:
         if args.debug:
             logger.exception("failed")
+        if stop_requested():  # a peer stopped first and broke a collective: part of the stop
+            return _interrupted(rank, stop_requested(), out, config, argv)
         if isinstance(exc, job.RANK_ERRORS):
             print(f"error: {exc}", file=sys.stderr)
         else:
             _report_shared(rank, exc)
         return 1
     except KeyboardInterrupt as exc:
-        if rank == 0:
-            hint = _interrupted_hint(out, job.checkpoint_root(config, out), argv)
-            print(f"interrupted ({str(exc) or 'SIGINT'}); {hint}", file=sys.stderr)
-        return 130
+        return _interrupted(rank, str(exc) or "SIGINT", out, config, argv)
     if rank == 0:
         print(result_line(summary, out))
     return 0
+
+
+def _interrupted(rank: int, signal_name: str, out: Path, config: Config, argv: list[str]) -> int:
+    """Rank 0 says how to go on after a stop signal; every rank's exit code is 130."""
+    if rank == 0:
+        from adaqp.run import job
+
+        hint = _interrupted_hint(out, job.checkpoint_root(config, out), argv)
+        print(f"interrupted ({signal_name}); {hint}", file=sys.stderr)
+    return 130
 
 
 def _report_shared(rank: int, exc: BaseException, wait_s: float = 10.0) -> None:

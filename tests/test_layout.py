@@ -28,6 +28,7 @@ LAYERS = [
     "adaqp.config",
     "adaqp.data",
     "adaqp.atomic",
+    "adaqp.stop",
     "adaqp.typed_toml",
     "adaqp.bits",
 ]

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from adaqp.run.summary import _hidden
-from adaqp.train import format_bytes, parse_args, result_line, resume_command
+from adaqp.train import format_bytes, main, parse_args, result_line, resume_command
 from tests.test_train import ROOT, _env, _run, _train, _wait_for
 
 
@@ -117,6 +117,34 @@ def test_default_folders_differ_per_config_file_and_the_start_is_described(tmp_p
         assert "epoch 3 took" in proc.stderr and "for the 1 epochs left" in proc.stderr
     for stem in ("first", "second"):
         assert (tmp_path / "results/runs" / f"{stem}-vanilla-p1" / "summary.json").exists()
+
+
+def test_a_collective_broken_by_a_stopping_peer_is_part_of_the_stop(tmp_path, monkeypatch, capsys):
+    """Ctrl-C reaches every rank; one blocked in an exchange sees it fail (its peer has
+    stopped) before its own KeyboardInterrupt: exit 130 and rank 0's resume hint, no
+    "error:" line. Without the signal the same error is a failure (exit 1, printed)."""
+    from adaqp import stop
+    from adaqp.exchange.transport import ExchangeError
+    from adaqp.run import job
+
+    broken = "rank 0: halo exchange layer1/forward at epoch 9 failed: Connection closed by peer"
+
+    def run(config, **_):
+        if signalled:
+            with pytest.raises(KeyboardInterrupt):
+                stop.request_stop(signal.SIGINT, None)
+        raise ExchangeError(broken)
+
+    monkeypatch.setattr(job, "run", run)
+    argv = ["--config", str(ROOT / "configs/cora-gcn.toml"), "--out", str(tmp_path / "run")]
+    for signalled, code in ((False, 1), (True, 130)):
+        monkeypatch.setattr(stop, "_stop_signals", [])
+        assert main(argv) == code
+        err = capsys.readouterr().err
+        if signalled:
+            assert "error:" not in err and err.startswith("interrupted (SIGINT); "), err
+        else:
+            assert err.strip() == f"error: {broken}", err
 
 
 @pytest.mark.slow

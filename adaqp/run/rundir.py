@@ -41,8 +41,10 @@ from typing import Any
 from adaqp.atomic import write_json
 from adaqp.run.checkpoint import DEFAULT_DIR, complete_epochs
 from adaqp.run.checkpoint import remove_all as remove_checkpoints
+from adaqp.stop import stop_requested
 
 logger = logging.getLogger(__name__)
+
 
 LOCK_FILE = "run.lock"
 STATUS_FILE = "status.json"
@@ -216,15 +218,17 @@ class RunDir:
             raise _unwritable(self.path, f"cannot write {STATUS_FILE}", exc) from exc
 
     def end(self, exc: BaseException | None = None) -> None:
-        """Marks the run "complete" (no ``exc``), "interrupted" (Ctrl-C) or "failed".
+        """Marks the run "complete" (no ``exc``), "interrupted" (Ctrl-C, or any error once a
+        stop signal has arrived: see ``stop_requested``) or "failed".
 
         Called on the way out of a failure, so it never raises over ``exc``.
         """
         if exc is None:
             self.set_status("complete")
             return
-        if isinstance(exc, KeyboardInterrupt):
-            status, message = "interrupted", f"interrupted ({str(exc) or 'SIGINT'})"
+        if isinstance(exc, KeyboardInterrupt) or stop_requested():
+            name = str(exc) if isinstance(exc, KeyboardInterrupt) else ""
+            status, message = "interrupted", f"interrupted ({name or stop_requested() or 'SIGINT'})"
         else:
             status, message = "failed", str(exc) or type(exc).__name__
         try:

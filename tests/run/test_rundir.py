@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from adaqp import stop
 from adaqp.run.checkpoint import MANIFEST
 from adaqp.run.metrics import RunWriter
 from adaqp.run.rundir import (
@@ -155,6 +157,20 @@ def test_unfinished_run_is_refused_unless_resumed_or_overwritten(tmp_path, exc):
         assert not (out / "metrics.jsonl").exists()
     finally:
         run.close()
+
+
+def test_an_error_after_a_stop_signal_ends_the_run_interrupted(tmp_path, monkeypatch):
+    """A rank asked to stop while blocked in a collective may first see the collective
+    fail (a peer that stopped earlier closed its connections): the run was interrupted."""
+    monkeypatch.setattr(stop, "_stop_signals", [])
+    out = tmp_path / "run"
+    _stopped_run(out, RuntimeError("connection closed by peer"), epochs=3)
+    assert read_status(out)["status"] == "failed"  # no signal: a failure
+    with pytest.raises(KeyboardInterrupt):
+        stop.request_stop(signal.SIGTERM, None)
+    _stopped_run(out, RuntimeError("connection closed by peer"), epochs=3)
+    recorded = read_status(out)
+    assert recorded["status"] == "interrupted" and recorded["error"] == "interrupted (SIGTERM)"
 
 
 def test_unfinished_run_with_a_checkpoint_names_resume(tmp_path):
