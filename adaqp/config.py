@@ -257,8 +257,13 @@ class QuantConfig:
             "quant.scheme",
             f"must be adaptive, uniform or random, not {self.scheme!r}",
         )
-        check(self.bits in widths, "quant.bits", f"must be one of {widths}, got {self.bits}")
-        check(self.initial_bits in widths, "quant.initial_bits", f"must be one of {widths}")
+        listed = ", ".join(map(str, widths))
+        check(self.bits in widths, "quant.bits", f"must be one of {listed}, got {self.bits}")
+        check(
+            self.initial_bits in widths,
+            "quant.initial_bits",
+            f"must be one of {listed}, got {self.initial_bits}",
+        )
         check(
             len(self.allowed_bits) > 0 and all(b in widths for b in self.allowed_bits),
             "quant.allowed_bits",

@@ -116,6 +116,12 @@ def test_bad_overrides_name_the_key(override, named):
         load_config(None, [override])
 
 
+@pytest.mark.parametrize("key", ["quant.bits", "quant.initial_bits", "staleness.bits"])
+def test_widths_are_listed_alike(key):
+    with pytest.raises(ConfigError, match=rf"{key}: must be one of 1, 2, 4, 8(, 32)?, got 3$"):
+        load_config(None, [f"{key}=3"])
+
+
 def test_bad_files(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.toml")
