@@ -45,7 +45,6 @@ from adaqp.stop import stop_requested
 
 logger = logging.getLogger(__name__)
 
-
 LOCK_FILE = "run.lock"
 STATUS_FILE = "status.json"
 SUMMARY_FILE = "summary.json"

@@ -85,9 +85,8 @@ def test_a_part_without_halo_trains_without_waiting(mode, tmp_path):
             f"comm.mode={mode}",
             f"model.name={model}",
             "model.hidden=8",
-            "train.epochs=5",
+            "train.epochs=3",
             "quant.assign_cycle=2",
-            "staleness.choose_every=4",
         )
         for model in ("gcn", "sage", "gat")
     }
