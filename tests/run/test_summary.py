@@ -136,6 +136,11 @@ def test_every_mode_writes_every_summary_and_metrics_field(tmp_path, mode):
     )
     if mode == "adaqp-q":
         overrides += (QUANTIZED,)
+    if mode == "adaqp-s":
+        # Every exchange goes stale at the first choice (after epoch 1), whatever its wait:
+        # over loopback a wait may or may not reach the default 2% of an epoch, and the
+        # exchanges left fresh would go as float32 under the host model.
+        overrides += ("staleness.min_hidden_fraction=0",)
     run_workers(_mode_worker, 2, tmp_path, overrides, timeout=240)
     summary = json.loads((out / "summary.json").read_text())
     missing = SUMMARY_KEYS - set(summary)
@@ -149,14 +154,14 @@ def test_every_mode_writes_every_summary_and_metrics_field(tmp_path, mode):
         assert line["halo_bytes"] == line["halo_bytes_per_epoch"]
     if mode in ("adaqp-q", "adaqp"):
         assert summary["plan_bits_by_pair"], summary  # the planner's report reached it
-    if mode in ("adaqp-q", "adaqp-s"):
+    if mode == "adaqp-q":
         assert summary["avg_bits"] < 32
     if mode == "adaqp":  # under the default cost model
         config = json.loads((out / "config.json").read_text())
         assert config["quant"]["cost_model"] == "host", config["quant"]
-    if mode == "adaqp-s":  # one choice (and the first solve), at the last epoch
-        assert summary["staleness_bound"] == 1
+    if mode == "adaqp-s":  # choices after epochs 1 and 4; the first made every key stale
+        assert summary["staleness_bound"] == 1 and summary["avg_bits"] == 1.0
         assert sorted(summary["drift_by_tag"]) == ["layer1/backward", "layer1/forward"]
-        assert set(summary["stale_exchanges"]) <= set(summary["drift_by_tag"])
+        assert sorted(summary["stale_exchanges"]) == sorted(summary["drift_by_tag"])
     if mode == "onebit":
         assert summary["staleness_bound"] == 1 and summary["avg_bits"] == 1.0

@@ -301,13 +301,15 @@ def _run_worker(rank: int, world_size: int, init_method: str, runs: dict[str, tu
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_adaqp_and_onebit_on_cora_train_close_to_vanilla(tmp_path):
-    """Same seed and split, 4 workers, 200 epochs of the Cora GCN config: adaqp (under
-    the shared cost model, which quantizes whatever the network) within one point of
-    Vanilla's test accuracy, one-bit bounded staleness (S = 1) within two."""
+    """Same seed and split, 4 workers, the Cora GCN config: adaqp (under the shared cost
+    model, which quantizes whatever the network) within one point of Vanilla's test
+    accuracy, one-bit bounded staleness (S = 1) within two. 50 epochs: the accuracy is
+    taken at the best validation epoch, which was epoch 3 in all three modes over the
+    config's 200 (checked with launch/train.sh, test accuracy 0.780, 0.780 and 0.784)."""
     runs = {
         mode: (
             f"comm.mode={mode}",
-            "train.epochs=200",
+            "train.epochs=50",
             QUANTIZED,
             f"partition.dir={tmp_path / 'parts'}",
             f"metrics.out={tmp_path / mode}",
