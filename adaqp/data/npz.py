@@ -13,6 +13,7 @@ provenance). :func:`save_npz` writes this format.
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -46,9 +47,18 @@ def save_npz(graph: GraphData, path: str | Path) -> None:
 def _load_npz(path: Path) -> GraphData:
     if not path.is_file():
         raise FileNotFoundError(f"npz dataset file {path} does not exist")
+    # numpy reads any file that is not a zip as a single array or a pickle: check first, so
+    # that a truncated or foreign file is named as such (and no one is told to unpickle it).
+    if not zipfile.is_zipfile(path):
+        raise ValueError(
+            f"{path} is not an .npz archive (a zip of .npy arrays, as numpy.savez and "
+            "adaqp.data.save_npz write): truncated, or another format"
+        )
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {key: z[key] for key in z.files}
+    except (zipfile.BadZipFile, EOFError, OSError) as exc:
+        raise ValueError(f"{path} is a damaged .npz archive: {exc}") from exc
     except ValueError as exc:  # e.g. object arrays, which would need pickle
         raise ValueError(f"cannot read {path} without pickle: {exc}") from exc
     for key in _ARRAYS:

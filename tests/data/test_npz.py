@@ -64,6 +64,25 @@ def test_npz_missing_key(tmp_path: Path) -> None:
         load_dataset("npz")
 
 
+def test_npz_that_is_not_an_archive_or_is_damaged_is_named_as_such(tmp_path: Path) -> None:
+    """numpy reads a file that is not a zip as an array or a pickle: a truncated archive
+    or another format must not be reported as pickled data (nor end a rank silently)."""
+    good = tmp_path / "good.npz"
+    save_npz(_small_graph(), good)
+    data = good.read_bytes()
+    (tmp_path / "truncated.npz").write_bytes(data[: len(data) // 2])
+    (tmp_path / "text.npz").write_bytes(b"indptr,indices\n0,1\n")
+    for name in ("truncated", "text"):
+        with pytest.raises(ValueError, match=rf"{name}\.npz is not an \.npz archive") as info:
+            load_dataset("npz", path=tmp_path / f"{name}.npz")
+        assert "pickle" not in str(info.value)
+    flipped = bytearray(data)
+    flipped[200:400] = bytes(b ^ 0xFF for b in flipped[200:400])  # inside the first array
+    (tmp_path / "flipped.npz").write_bytes(bytes(flipped))
+    with pytest.raises(ValueError, match=r"flipped\.npz is a damaged \.npz archive"):
+        load_dataset("npz", path=tmp_path / "flipped.npz")
+
+
 def _set(key: str, value: Any) -> Callable[[dict], None]:
     def apply(arrays: dict) -> None:
         arrays[key] = value(arrays[key]) if callable(value) else value
