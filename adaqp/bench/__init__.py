@@ -103,6 +103,26 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
         return super()._get_help_string(action)
 
 
+def seed_list(text: str) -> list[int]:
+    """``--seeds`` as argparse reads it: comma-separated integers ("0,1,2")."""
+    try:
+        seeds = [int(item) for item in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, e.g. 0,1,2; got {text!r}"
+        ) from None
+    if len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"a seed is named twice: {text!r}")
+    return seeds
+
+
+def usage_error(message: str) -> None:
+    """Ends a benchmark whose options do not fit together, as argparse would: one line on
+    stderr, exit code 2, before any work."""
+    print(f"python -m adaqp.bench: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def pyplot(figures: str) -> Any:
     """``matplotlib.pyplot`` on the Agg backend; or None, after one warning naming the
     ``figures`` skipped, where matplotlib is not installed (the caller still writes its

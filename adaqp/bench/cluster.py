@@ -30,6 +30,8 @@ from adaqp.bench import (
     STALENESS_VARIANTS,
     add_run_options,
     run_order,
+    seed_list,
+    usage_error,
 )
 from adaqp.bench.cluster_plot import plot
 from adaqp.bench.emulate import EmulatedCluster, host_links
@@ -290,7 +292,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="one-way delay per host link, e.g. 0.1ms, or one per host (default: none)",
     )
     parser.add_argument(
-        "--seeds", default="0,1,2", help="comma-separated training seeds, each running every mode"
+        "--seeds",
+        type=seed_list,
+        default="0,1,2",
+        help="comma-separated training seeds, each running every mode",
     )
     parser.add_argument("--epochs", type=int, default=100, help="training epochs per run")
     parser.add_argument(
@@ -319,10 +324,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = args.seeds
     modes = [m for m in args.modes.split(",") if m]
-    if "vanilla" not in modes or set(modes) - set(VARIANTS):
-        raise SystemExit(f"--modes must include vanilla and come from {', '.join(VARIANTS)}")
+    unknown = set(modes) - set(VARIANTS)
+    if unknown or "vanilla" not in modes:
+        named = f"unknown {', '.join(sorted(unknown))}; " if unknown else ""
+        usage_error(f"--modes: {named}must include vanilla and come from {', '.join(VARIANTS)}")
+    try:  # before any work: a typo in a link setting would otherwise end a long run
+        links = host_links(args.hosts, args.bandwidth, args.latency)
+    except ValueError as exc:
+        usage_error(str(exc))
     config, overrides = WORKLOADS[args.workload]
     overrides = (*overrides, *args.set)
     out_dir = args.out_dir / args.name
@@ -333,7 +344,7 @@ def main(args: argparse.Namespace) -> int:
         for mode in modes:
             runs[mode] = [_read_run(runs_dir / f"{mode}-seed{seed}") for seed in seeds]
     else:
-        _run_all(args, modes, seeds, config, overrides, runs_dir, part_dir, runs)
+        _run_all(args, links, modes, seeds, config, overrides, runs_dir, part_dir, runs)
     agg = _aggregate(runs, seeds, args.tta_tolerance)
     meta = {
         "name": args.name,
@@ -367,10 +378,9 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_all(args, modes, seeds, config, overrides, runs_dir, part_dir, runs) -> None:
+def _run_all(args, links, modes, seeds, config, overrides, runs_dir, part_dir, runs) -> None:
     """Runs every mode and seed on one emulated cluster, appending to ``runs``."""
     total, done = len(modes) * len(seeds), 0
-    links = host_links(args.hosts, args.bandwidth, args.latency)
     with EmulatedCluster(args.hosts, links=links) as cluster:
         for mode, seed in run_order(modes, seeds):
             run_dir = runs_dir / f"{mode}-seed{seed}"

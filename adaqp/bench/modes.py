@@ -27,7 +27,9 @@ from adaqp.bench import (
     STALENESS_VARIANTS,
     add_run_options,
     run_order,
+    seed_list,
     torchrun_train,
+    usage_error,
 )
 
 logger = logging.getLogger(__name__)
@@ -143,7 +145,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--world-size", type=int, default=4, help="workers per run (torchrun on this machine)"
     )
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
+    parser.add_argument(
+        "--seeds", type=seed_list, default="0,1,2", help="comma-separated training seeds"
+    )
     parser.add_argument("--epochs", type=int, default=200, help="training epochs per run")
     parser.add_argument(
         "--variants",
@@ -160,11 +164,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = args.seeds
     variants = [v for v in args.variants.split(",") if v]
     unknown = set(variants) - set(VARIANTS)
     if unknown or "vanilla" not in variants:
-        raise SystemExit(f"variants must include vanilla and come from {list(VARIANTS)}")
+        named = f"unknown {', '.join(sorted(unknown))}; " if unknown else ""
+        usage_error(f"--variants: {named}must include vanilla and come from {', '.join(VARIANTS)}")
     runs_dir = Path("results/runs") / f"bench-modes-{args.dataset}"
     part_dir = Path("partitions") / f"bench-{args.dataset}-p{args.world_size}"
     results: dict[str, dict[str, Any]] = {}

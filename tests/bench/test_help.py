@@ -149,3 +149,27 @@ def test_help_answers_without_importing_torch(module, runs):
     result = _help_run(module, runs)
     assert result["codes"] == [0] * len(runs)
     assert not result["torch"], f"python -m {module} --help imported torch"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ("cluster --bandwidth fast", "bandwidth: cannot read 'fast'"),
+        ("cluster --bandwidth 1gbit,2gbit --hosts 4", "bandwidth has 2 values for 4 hosts"),
+        ("cluster --latency soon", "latency: cannot read 'soon'"),
+        ("cluster --seeds a,b", "argument --seeds: expected comma-separated integers"),
+        ("cluster --modes adaqp,turbo", "--modes: unknown turbo; must include vanilla"),
+        ("modes --seeds 1,1", "argument --seeds: a seed is named twice"),
+        ("modes --variants adaqp", "--variants: must include vanilla"),
+    ],
+)
+def test_bad_options_are_one_line_and_exit_2_before_any_work(argv, message, tmp_path, capsys):
+    """A typo in a link setting used to end a cluster run with a traceback after the
+    partitioning; a bad seed list was a ValueError traceback."""
+    with pytest.raises(SystemExit) as info:
+        main([*argv.split(), "--out-dir", str(tmp_path / "out")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "error: " in err[-1] and message in err[-1], err
+    assert "Traceback" not in "\n".join(err)
+    assert not (tmp_path / "out").exists()
