@@ -93,6 +93,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--debug", action="store_true", help="show tracebacks of expected errors too"
     )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="only check the flags and the config: exit 0, or 2 with the error; starts "
+        "nothing (the launcher asks this before it starts any worker)",
+    )
     return parser.parse_args(argv)
 
 
@@ -180,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # every rank reads the same config and fails alike
         _report_shared(rank, exc)
         return 2
+    if args.check:
+        return 0
     from adaqp.run import job
 
     world_size = int(os.environ.get("WORLD_SIZE", 1))
@@ -274,4 +282,6 @@ if __name__ == "__main__":
         code = main()
     except SystemExit as exc:  # argparse: --help (0) and usage errors (2)
         code = exc.code if isinstance(exc.code, int) else 2
+    except KeyboardInterrupt:  # stopped before the run began (torchrun stops the others
+        code = 130  # when one rank fails): nothing to resume, and no traceback to show
     exit_now(code)

@@ -393,6 +393,53 @@ def _fake_launch(monkeypatch, tmp_path, mode: str, text: str) -> Path:
     return tmp_path
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ("--seed x", "argument --seed: invalid int value: 'x'"),
+        ("--resume --overwrite", "argument --overwrite: not allowed with argument --resume"),
+        ("--bogus", "unrecognized arguments: --bogus"),
+        ("--epochs -1", "train.epochs: must be at least 1, got -1"),
+        ("--set model.hiden=3", "model.hiden: unknown key"),
+    ],
+)
+def test_flags_and_configs_the_workers_would_refuse_stop_before_torchrun(
+    flags, message, monkeypatch, capfd
+):
+    """adaqp.train --check judges them first: one line, exit 2, no worker started (they
+    used to load torch first, and argparse's refusals ended with 'rank 1 ended with exit
+    code 2 without a message')."""
+    import adaqp.launcher
+
+    def launch(*_):
+        raise AssertionError("torchrun started")
+
+    monkeypatch.setattr(adaqp.launcher, "launch", launch)
+    assert main([CORA, *flags.split()]) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {message}"), err
+
+
+def test_train_check_starts_nothing(tmp_path):
+    out = tmp_path / "run"
+    argv = ["--config", CORA, "--out", str(out), "--set", f"partition.dir={tmp_path / 'p'}"]
+    ok = subprocess.run(
+        [sys.executable, "-m", "adaqp.train", *argv, "--check"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ok.returncode == 0 and not ok.stdout and not ok.stderr, ok
+    assert not out.exists() and not (tmp_path / "p").exists()
+    code = f"import sys\nfrom adaqp.train import main\nmain({[*argv, '--check']!r})\n"
+    code += "print('torch' in sys.modules)"
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120
+    )
+    assert loaded.stdout.strip() == "False", loaded  # a second, not torch's load
+
+
 def test_failure_passes_the_workers_code_and_cleans_up(monkeypatch, tmp_path, capfd):
     _fake_launch(monkeypatch, tmp_path, "fail", CONFIG_ERROR)
     assert main([CORA, "--epochs", "3"]) == 2

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from adaqp.launcher.args import DEFAULT_CONFIG, HELP, MODES, Launch, UsageError, parse
-from adaqp.launcher.run import launch
+from adaqp.launcher.run import launch, refused
 
 __all__ = ["Launch", "UsageError", "entry", "launch", "main", "parse"]
 
@@ -47,9 +47,15 @@ def main(argv: list[str] | None = None, prog: str = "python -m adaqp.launcher") 
             if script and not Path(spec.config).is_absolute():
                 what += f" (relative to {Path.cwd()}, where launch/train.sh runs)"
             raise UsageError(f"config file {spec.config} {what}")
+        problem = refused(spec)
+        if problem is not None:
+            raise UsageError(problem)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C during the check: nothing started
+        print("interrupted before any worker started", file=sys.stderr)
+        return 130
     return launch(spec, shlex.join([*words, *argv]))
 
 

@@ -99,6 +99,11 @@ class Launch:
     help: bool = False
     train_args: list[str] = field(default_factory=list)
 
+    def check(self, python: str = sys.executable) -> list[str]:
+        """The command that checks the train flags and the config without starting
+        anything (``adaqp.train --check``)."""
+        return [python, "-m", "adaqp.train", "--config", self.config, *self.train_args, "--check"]
+
     def torchrun(self, python: str = sys.executable) -> list[str]:
         """The torchrun command line (as launch/train.sh always ran it)."""
         if self.nnodes == 1:

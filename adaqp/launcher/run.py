@@ -20,6 +20,37 @@ STOP_GRACE_S = 30.0
 """After Ctrl-C, how long torchrun and the workers get to stop before they are killed."""
 
 
+CHECK_TIMEOUT_S = 120.0
+"""Bound on ``adaqp.train --check`` (it reads the config; it loads no torch)."""
+
+
+def refused(spec: Launch) -> str | None:
+    """What ``adaqp.train --check`` refuses in the train flags or the config, as one line
+    without its ``error:``, or None. Asked before torchrun starts: the workers would say
+    the same after torch has loaded on each of them. Where the check itself cannot run or
+    fails otherwise, None: the workers judge, as they always do."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "ADAQP_LAUNCH_SCRIPT")}
+    try:
+        proc = subprocess.run(
+            spec.check(),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=CHECK_TIMEOUT_S,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    if proc.returncode != 2 or not lines:
+        return None
+    last = lines[-1]
+    for prefix in ("adaqp.train: error: ", "error: "):  # argparse's, then the config's
+        if last.startswith(prefix):
+            return last[len(prefix) :]
+    return None
+
+
 def _kill_tree(pid: int) -> None:
     """SIGKILL to ``pid``'s process group and every descendant (the workers have their own
     sessions)."""
