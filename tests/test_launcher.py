@@ -297,6 +297,24 @@ def test_debug_free_filter_never_drops_other_output():
     assert _filtered(text)[0] == "error: a\nerror: b\nwarn\n"
 
 
+def test_errors_that_point_at_another_ranks_are_shown_only_without_it():
+    """A full disk on one rank: the others say 'a peer failed; see its log'. Shown: the
+    cause alone, whatever the order; the pointers only where no rank said more."""
+    cause = "error: rank 3: checkpoint at epoch 1 could not be written to c: [Errno 28] full\n"
+    pointers = [
+        f"error: rank {r}: checkpoint at epoch 1 could not be written to c (a peer failed; "
+        "see its log)\n"
+        for r in (1, 2)
+    ]
+    for text in (pointers[0] + cause + pointers[1], cause + "".join(pointers)):
+        shown, out = _filtered(text)
+        assert shown == cause and out.leftovers() == []
+    shown, out = _filtered("".join(pointers) + pointers[0])
+    assert shown == "" and out.leftovers() == pointers  # each once, at the end
+    partition = "error: rank 0 could not prepare the partition at p; see its log\n"
+    assert _filtered(partition)[1].leftovers() == [partition]
+
+
 def test_stream_passes_progress_bars_at_once_and_filters_lines():
     read_end, write_end = os.pipe()
     stream = Stream(read_end, OutputFilter())

@@ -18,6 +18,8 @@ _TORCHRUN_LOG = re.compile(
     r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):torch\.distributed\.(?:elastic|launcher|run)\b)"
 )
 _REPORT_FIELD = re.compile(r"^\s*(rank|exitcode)\s*:\s*(-?\d+)")
+# A rank's error that only reports another rank's ("... a peer failed; see its log)").
+_CONSEQUENCE = re.compile(r"see its log\)?\s*$")
 
 
 class OutputFilter:
@@ -26,13 +28,17 @@ class OutputFilter:
     A traceback is held until its last line, the exception, says whose it is: torchrun's
     ``ChildFailedError`` (then the report table after it) and ``SignalException`` are
     dropped, anything else (a worker's) is shown whole. ``failures`` holds the report's
-    (rank, exit code) pairs, the root cause first.
+    (rank, exit code) pairs, the root cause first. An ``error:`` line is shown once; one
+    that only points at another rank's ("... see its log") is held, and ``leftovers``
+    gives it back at the end where no other rank said more.
     """
 
     def __init__(self) -> None:
         self.held: list[str] | None = None
         self.report: int | None = None  # ==== lines seen inside a ChildFailedError report
         self.errors: set[str] = set()
+        # Errors that point at another rank's: shown only where no other error was.
+        self.consequences: list[str] = []
         self.tracebacks = 0  # workers' tracebacks shown
         self.failures: list[tuple[int, int]] = []
         self._found: dict[str, list[tuple[int, int]]] = {"root": [], "other": []}
@@ -64,10 +70,18 @@ class OutputFilter:
         if _TORCHRUN_LOG.match(text):
             return []
         if text.startswith("error: "):
+            if _CONSEQUENCE.search(text):
+                if line not in self.consequences:
+                    self.consequences.append(line)
+                return []
             if text in self.errors:
                 return []
             self.errors.add(text)
         return [line]
+
+    def leftovers(self) -> list[str]:
+        """At the end: the errors that point at another rank's, if no rank said more."""
+        return [] if self.errors else self.consequences
 
     def _in_report(self, line: str, text: str) -> list[str]:
         if text.startswith("===="):

@@ -152,7 +152,10 @@ def launch(spec: Launch, command: str) -> int:
         for rank, code in filter_.failures:  # ranks that ended without writing a code
             codes.setdefault(rank, code if code > 0 else 1)
         result = exit_code(codes, torchrun_code, bool(stopping))
-        if result in (1, 2) and not (stopping or spec.debug or filter_.errors):
+        leftovers = filter_.leftovers()
+        for line in leftovers:
+            sys.stderr.write(line)
+        if result in (1, 2) and not (stopping or spec.debug or filter_.errors or leftovers):
             print(f"error: {_silent_failure(filter_, written, torchrun_code)}", file=sys.stderr)
         return result
     finally:

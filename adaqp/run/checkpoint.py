@@ -255,6 +255,11 @@ class Checkpointer:
         failed = torch.tensor([float(error is not None)])
         dist.all_reduce(failed)
         if failed.item():
+            # Every rank is done writing: the incomplete step goes, so that a full disk
+            # gets back what this attempt took (it could never be resumed from).
+            if self.world.is_main:
+                with contextlib.suppress(OSError):
+                    _remove_step(_step_dir(self.root, epoch))
             raise CheckpointError(
                 f"rank {self.world.rank}: checkpoint at epoch {epoch} could not be written "
                 f"to {self.root}" + (f": {error}" if error else " (a peer failed; see its log)")

@@ -191,6 +191,44 @@ def test_interrupted_write_keeps_the_previous_checkpoint(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-000006", "epoch-000008"]
 
 
+def _full_disk_worker(rank, world_size, init_method, root: str):
+    """Saves epoch 2, then epoch 4 with rank 1's disk full; returns what each rank saw."""
+    from adaqp.run import checkpoint
+
+    world = init_distributed(load_config(None, []).comm, init_method, rank, world_size)
+    try:
+        saver = Checkpointer(Path(root), world, every=2, keep=2, fingerprint={})
+        saver.save(2, {"x": torch.ones(4)}, {})
+        write = checkpoint.write_shard
+
+        def full(root, epoch, rank, tensors):
+            if rank == 1:
+                write(root, epoch, rank, tensors)  # the shard lands, then the disk is full
+                raise OSError(28, "No space left on device")
+            return write(root, epoch, rank, tensors)
+
+        checkpoint.write_shard = full
+        try:
+            saver.save(4, {"x": torch.zeros(4)}, {})
+        except CheckpointError as exc:
+            return {"error": np.array(str(exc))}
+        return {"error": np.array("")}
+    finally:
+        shutdown()
+
+
+@pytest.mark.distributed
+def test_a_full_disk_fails_the_checkpoint_on_every_rank_and_frees_its_step(tmp_path):
+    root = tmp_path / "checkpoints"
+    results = run_workers(_full_disk_worker, 2, tmp_path, str(root))
+    errors = [str(r["error"]) for r in results]
+    assert "No space left on device" in errors[1], errors
+    assert "a peer failed; see its log" in errors[0], errors
+    # The incomplete step is gone (space back); the previous checkpoint is whole.
+    assert sorted(p.name for p in root.iterdir()) == ["epoch-000002"]
+    assert complete_epochs(root) == [2]
+
+
 def test_pruning_never_removes_foreign_files(tmp_path):
     tensors = {"x": torch.ones(1)}
     for epoch in (1, 2):
