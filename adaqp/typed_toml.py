@@ -124,9 +124,14 @@ def read_tree(path: str | Path | None, overrides: list[str] | None) -> dict[str,
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
+            what = "is not a regular file" if path.exists() else "does not exist"
+            raise ConfigError(f"config file {path} {what}")
         try:
-            tree = tomllib.loads(path.read_text())
+            tree = tomllib.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {path} is not UTF-8 text (TOML): {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     for item in overrides or []:

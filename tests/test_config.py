@@ -125,6 +125,12 @@ def test_widths_are_listed_alike(key):
 def test_bad_files(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.toml")
+    with pytest.raises(ConfigError, match="is not a regular file"):
+        load_config(tmp_path)
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"[model]\nname = '\xd0\x00'\n")
+    with pytest.raises(ConfigError, match=r"binary\.toml is not UTF-8 text"):
+        load_config(binary)
     bad = tmp_path / "bad.toml"
     bad.write_text("[model]\nhidden = = 3\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
