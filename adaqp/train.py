@@ -204,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     except job.SHARED_ERRORS + job.RANK_ERRORS as exc:
         if args.debug:
             logger.exception("failed")
-        if stop_requested():  # a peer stopped first and broke a collective: part of the stop
-            return _interrupted(rank, stop_requested(), out, config, argv)
+        if stopped := stop_requested():  # a peer stopped first and broke a collective
+            return _interrupted(rank, stopped, out, config, argv)
         if isinstance(exc, job.RANK_ERRORS):
             print(f"error: {exc}", file=sys.stderr)
         else:

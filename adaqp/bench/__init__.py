@@ -116,11 +116,20 @@ def seed_list(text: str) -> list[int]:
     return seeds
 
 
-def usage_error(message: str) -> None:
-    """Ends a benchmark whose options do not fit together, as argparse would: one line on
-    stderr, exit code 2, before any work."""
-    print(f"python -m adaqp.bench: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+class UsageError(Exception):
+    """A benchmark's options do not fit together: raised before any work, reported by
+    ``python -m adaqp.bench`` as argparse would (one line on stderr, exit code 2)."""
+
+
+def chosen_variants(flag: str, text: str, known: dict[str, Any]) -> list[str]:
+    """The comma-separated variant names of ``flag``; UsageError unless each is ``known``
+    and vanilla (every comparison's baseline) is among them."""
+    names = [name for name in text.split(",") if name]
+    unknown = set(names) - set(known)
+    if unknown or "vanilla" not in names:
+        named = f"unknown {', '.join(sorted(unknown))}; " if unknown else ""
+        raise UsageError(f"{flag}: {named}must include vanilla and come from {', '.join(known)}")
+    return names
 
 
 def pyplot(figures: str) -> Any:

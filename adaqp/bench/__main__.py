@@ -14,7 +14,7 @@ import sys
 import textwrap
 from types import ModuleType
 
-from adaqp.bench import HelpFormatter
+from adaqp.bench import HelpFormatter, UsageError
 
 BENCHMARKS: dict[str, str] = {
     "aggregate": "aggregation throughput, forward + backward: our CSR SpMM against autograd "
@@ -85,7 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(_chosen(argv)).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    return load(args.benchmark).main(args)
+    try:
+        return load(args.benchmark).main(args)
+    except UsageError as exc:  # options that argparse alone could not judge
+        print(f"python -m adaqp.bench: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -28,10 +28,11 @@ from adaqp.bench import (
     DEFAULT_OUT_DIR,
     MODE_VARIANTS,
     STALENESS_VARIANTS,
+    UsageError,
     add_run_options,
+    chosen_variants,
     run_order,
     seed_list,
-    usage_error,
 )
 from adaqp.bench.cluster_plot import plot
 from adaqp.bench.emulate import EmulatedCluster, host_links
@@ -325,15 +326,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     seeds = args.seeds
-    modes = [m for m in args.modes.split(",") if m]
-    unknown = set(modes) - set(VARIANTS)
-    if unknown or "vanilla" not in modes:
-        named = f"unknown {', '.join(sorted(unknown))}; " if unknown else ""
-        usage_error(f"--modes: {named}must include vanilla and come from {', '.join(VARIANTS)}")
+    modes = chosen_variants("--modes", args.modes, VARIANTS)
     try:  # before any work: a typo in a link setting would otherwise end a long run
         links = host_links(args.hosts, args.bandwidth, args.latency)
     except ValueError as exc:
-        usage_error(str(exc))
+        raise UsageError(str(exc)) from None
     config, overrides = WORKLOADS[args.workload]
     overrides = (*overrides, *args.set)
     out_dir = args.out_dir / args.name

@@ -26,10 +26,10 @@ from adaqp.bench import (
     MODE_VARIANTS,
     STALENESS_VARIANTS,
     add_run_options,
+    chosen_variants,
     run_order,
     seed_list,
     torchrun_train,
-    usage_error,
 )
 
 logger = logging.getLogger(__name__)
@@ -165,11 +165,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     seeds = args.seeds
-    variants = [v for v in args.variants.split(",") if v]
-    unknown = set(variants) - set(VARIANTS)
-    if unknown or "vanilla" not in variants:
-        named = f"unknown {', '.join(sorted(unknown))}; " if unknown else ""
-        usage_error(f"--variants: {named}must include vanilla and come from {', '.join(VARIANTS)}")
+    variants = chosen_variants("--variants", args.variants, VARIANTS)
     runs_dir = Path("results/runs") / f"bench-modes-{args.dataset}"
     part_dir = Path("partitions") / f"bench-{args.dataset}-p{args.world_size}"
     results: dict[str, dict[str, Any]] = {}

@@ -225,9 +225,10 @@ class RunDir:
         if exc is None:
             self.set_status("complete")
             return
-        if isinstance(exc, KeyboardInterrupt) or stop_requested():
-            name = str(exc) if isinstance(exc, KeyboardInterrupt) else ""
-            status, message = "interrupted", f"interrupted ({name or stop_requested() or 'SIGINT'})"
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        if interrupted or stop_requested():
+            name = (str(exc) if interrupted else "") or stop_requested() or "SIGINT"
+            status, message = "interrupted", f"interrupted ({name})"
         else:
             status, message = "failed", str(exc) or type(exc).__name__
         try:
