@@ -11,7 +11,8 @@ started at t - S (epoch 1's in the first S epochs), so that what a layer reads d
 depend on timing. The bound is 0 in the first ``warmup_epochs`` epochs and, with
 ``fresh_last_layer``, for the last layer's exchanges; with ``smoothing = g`` a layer
 uses the per-exchange moving average ``g * avg + (1 - g) * rows`` of the rows it
-resolves where its bound is above 0 (a synchronous read restarts the average).
+resolves where its bound is above 0 (a synchronous read restarts the average), decoded
+straight into the average where the compiled kernels run.
 Gradients returned to owners follow the same rule. S = 0 is synchronous low-bit
 training, and with ``sync_every = K`` every K-th epoch waits for its own exchanges.
 
@@ -27,7 +28,6 @@ evaluation never uses buffers (fresh, full precision).
 
 from __future__ import annotations
 
-import time
 from collections import deque
 
 import torch
@@ -35,6 +35,7 @@ import torch
 from adaqp.config import StalenessConfig
 from adaqp.exchange.policy import ExchangePolicy, Pending
 from adaqp.exchange.transport import BitPlan, ExchangeKey, HaloTransport, PendingExchange
+from adaqp.quant.mixed import blend_
 
 
 class _Buffered:
@@ -65,6 +66,9 @@ class _Landed:
 
     def wait(self) -> torch.Tensor:
         return self._rows
+
+    def blend_into(self, average: torch.Tensor, weight: float) -> torch.Tensor:
+        return blend_(average, self._rows, weight)
 
     def release(self) -> None:
         pass
@@ -142,33 +146,33 @@ class StalePolicy(ExchangePolicy):
         started, handle = entries[chosen]
         first = not handle.waited
         blocked = not handle.is_completed()
-        began = time.perf_counter()
-        rows = handle.wait()
+        rows = self._smoothed(key, handle, stale_allowed=bound > 0)
         if first:
-            self._counters.record_landing(handle, time.perf_counter() - began if blocked else 0.0)
+            self._counters.record_landing(handle, handle.wait_s if blocked else 0.0)
         self._counters.record_staleness(str(key), epoch - started)
         # Older buffers will never be chosen again: a newer one has landed.
         for _ in range(chosen):
             self._retire(entries.popleft()[1])
         self._retired = [h for h in self._retired if not h.release_if_landed()]
-        return self._smoothed(key, rows, stale_allowed=bound > 0)
+        return rows
 
-    def _smoothed(self, key: ExchangeKey, rows: torch.Tensor, stale_allowed: bool) -> torch.Tensor:
-        """``rows``, or with smoothing their moving average. The average starts at the
-        first rows and restarts at every synchronous read, whose rows are used as they are
-        (so that ``bound = 0`` is synchronous training whatever ``smoothing`` says)."""
+    def _smoothed(self, key: ExchangeKey, handle, stale_allowed: bool) -> torch.Tensor:
+        """The rows of ``handle``, or with smoothing their moving average. The average
+        starts at the first rows and restarts at every synchronous read, whose rows are
+        used as they are (so that ``bound = 0`` is synchronous training whatever
+        ``smoothing`` says)."""
         g = self.config.smoothing
         if not g:
-            return rows
+            return handle.wait()
         average = self._averages.get(key)
         # In place: a fresh tensor of this size per exchange and epoch costs more than
         # the arithmetic (page faults); the layer used last epoch's average already.
-        if average is None or average.shape != rows.shape:
-            average = rows.clone()
+        if average is None:
+            average = handle.wait().clone()
         elif not stale_allowed:
-            average.copy_(rows)
+            average.copy_(handle.wait())
         else:
-            average.lerp_(rows, 1.0 - g)
+            handle.blend_into(average, 1.0 - g)  # decoded straight into the average
         self._averages[key] = average
         return average
 

@@ -2,9 +2,10 @@
 
 The transport only moves rows. ``start(rows, key, plan)`` launches an exchange
 asynchronously and returns a handle; ``handle.wait()`` blocks until the rows land (and
-dequantizes them). The handle carries its own bytes and timings; nothing else writes
-them. Which plan a key gets, what is traced, and whether a layer waits at all is decided
-by an exchange policy (``adaqp/exchange/policy.py``), not here.
+dequantizes them), ``handle.blend_into(average, w)`` folds them into a moving average.
+The handle carries its own bytes and timings; nothing else writes them. Which plan a key
+gets, what is traced, and whether a layer waits at all is decided by an exchange policy
+(``adaqp/exchange/policy.py``), not here.
 
 A forward exchange sends the inner rows listed in ``send_idx`` (already gathered by the
 caller, ``[S, D]``) and receives the halo rows ``[H, D]``; a backward exchange returns the
@@ -37,6 +38,7 @@ import torch.distributed as dist
 
 from adaqp.bits import FULL_PRECISION_BITS
 from adaqp.quant import kernels as quant_kernels
+from adaqp.quant.mixed import blend_
 from adaqp.quant.segment import decode_segment, encode_segment, segment_bytes
 
 logger = logging.getLogger(__name__)
@@ -165,7 +167,7 @@ class PendingExchange:
         bits_histogram: dict[int, int],
         quant_s: float = 0.0,
         launch_s: float = 0.0,
-        decode: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        decode: Callable[..., torch.Tensor] | None = None,
         ready_at: float = 0.0,
     ):
         self._transport = transport
@@ -182,7 +184,8 @@ class PendingExchange:
         self._done_at: float | None = None
         self._ready_at = ready_at
         self._rows: torch.Tensor | None = None
-        self._landed: float | None = None
+        self._landed: float | None = None  # dated by the landing callback
+        self._landed_at: float | None = None  # dated once waited
         self._wait_s = self._exchange_s = self._dequant_s = 0.0
         if work is not None:
             # Dates the landing of an exchange that is waited for much later (buffered).
@@ -205,11 +208,12 @@ class PendingExchange:
 
     @property
     def waited(self) -> bool:
-        return self._rows is not None
+        """Whether the rows have been taken (by ``wait`` or ``blend_into``)."""
+        return self._landed_at is not None
 
     def is_completed(self) -> bool:
         """True once the rows have landed (``wait`` would not block)."""
-        if self._rows is not None:
+        if self._landed_at is not None:
             return True
         if time.perf_counter() < self._ready_at:
             return False
@@ -217,23 +221,42 @@ class PendingExchange:
 
     def wait(self) -> torch.Tensor:
         """Blocks until the rows land; returns them (the same tensor on every call)."""
-        if self._rows is not None:
-            return self._rows
+        if self._rows is None:
+            self._land()
+            began = time.perf_counter()
+            self._rows = self._recv if self._decode is None else self._decode(self._recv)
+            self._decoded(began)
+            self._recv = self._decode = None
+        return self._rows
+
+    def blend_into(self, average: torch.Tensor, weight: float) -> torch.Tensor:
+        """``average`` becomes ``blend_(average, rows, weight)`` with the rows ``wait``
+        returns; quantized rows not decoded yet are decoded straight into it (one pass, not
+        two). Returns ``average``."""
+        if self._rows is not None or self._decode is None:
+            return blend_(average, self.wait(), weight)
+        self._land()
+        began = time.perf_counter()
+        self._decode(self._recv, average, weight)  # the bytes stay: a wait decodes them again
+        self._decoded(began)
+        return average
+
+    def _land(self) -> None:
+        """Blocks until the payload has landed (once), timing the wait."""
+        if self._landed_at is not None:
+            return
         began = time.perf_counter()
         self._finish()
         landed = time.perf_counter()
         self._wait_s = landed - began
-        self._exchange_s = (self._landed or landed) - self._started
-        if self._decode is None:
-            self._rows = self._recv
-        else:
-            self._rows = self._decode(self._recv)
-            self._dequant_s = time.perf_counter() - landed
-        # Ready when it landed (maybe long before this wait) and was decoded.
-        ready = (self._landed or landed) + self._dequant_s
+        self._landed_at = self._landed or landed  # maybe long before this wait
+        self._exchange_s = self._landed_at - self._started
+
+    def _decoded(self, began: float) -> None:
+        """Times the decoding that started at ``began``; the rows are ready when it ends."""
+        self._dequant_s = time.perf_counter() - began if self._decode is not None else 0.0
+        ready = self._landed_at + self._dequant_s
         self._done_at = time.time() - (time.perf_counter() - ready)
-        self._recv = self._decode = None
-        return self._rows
 
     def release(self) -> None:
         """Blocks until the exchange has landed and drops its rows unread."""
@@ -376,8 +399,9 @@ class HaloTransport:
         recv = torch.empty(sum(in_bytes), dtype=torch.uint8, device=rows_RD.device)
         work = self._launch(recv, send, in_bytes, out_bytes, key)
 
-        def decode(buf: torch.Tensor) -> torch.Tensor:
-            out = torch.empty((in_rows, dim), dtype=rows_RD.dtype, device=buf.device)
+        def decode(buf: torch.Tensor, out: torch.Tensor | None = None, blend=None):
+            if out is None:
+                out = torch.empty((in_rows, dim), dtype=rows_RD.dtype, device=buf.device)
             for seg_buf, seg_bits, seg_out in zip(
                 torch.split(buf, in_bytes),
                 torch.split(plan.in_bits, in_counts),
@@ -385,7 +409,8 @@ class HaloTransport:
                 strict=True,
             ):
                 if seg_out.shape[0]:
-                    decode_segment(seg_buf, seg_bits, dim, seg_out, plan.has_full, self.kernels)
+                    args = (seg_buf, seg_bits, dim, seg_out, plan.has_full, self.kernels)
+                    decode_segment(*args, blend=blend)
             return out
 
         return PendingExchange(

@@ -31,7 +31,9 @@ good as SplitMix64's, which passes BigCrush, and is not otherwise claimed.
 
 **Reconstruction** is the torch path's expression, evaluated in the same float32 order
 (``min(m + q·Δ, M)``, no fused multiply-add; one bit: ``m`` or ``M``), so both paths decode the
-same bytes to the same floats.
+same bytes to the same floats. The decoder can also *blend* the rows into the tensor it writes
+(``out + w·(x̂ - out)``, the moving average of stale rows, :func:`adaqp.quant.mixed.blend_`):
+one pass instead of decoding into a new tensor and reading it back.
 
 Row minima and maxima are taken over the float32 bit patterns mapped to order-preserving
 integers (vectorised integer min/max): a NaN maps beyond ±Inf, so a row holding NaN or ±Inf
@@ -173,11 +175,13 @@ def quantize_parallel(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, chunks
 
 
 @njit(cache=True)
-def _dequantize_rows(payload, bits_R, offsets_R, mins, maxs, out_RD, start, stop):
-    """Reconstructs rows ``start`` to ``stop`` (see :func:`dequantize_serial`)."""
+def _dequantize_rows(payload, bits_R, offsets_R, mins, maxs, out_RD, weight, start, stop):
+    """Reconstructs rows ``start`` to ``stop`` into ``out_RD``, or blends them into it
+    (see :func:`dequantize_serial`)."""
     dim = out_RD.shape[1]
     codes = np.zeros((dim + 7) // 8 * 8 + 8, np.uint8)
     codes16, codes32, codes64 = codes.view(np.uint16), codes.view(np.uint32), codes.view(np.uint64)
+    blend = weight != _F1
     for r in range(start, stop):
         bits = bits_R[r]
         row = payload[offsets_R[r] : offsets_R[r] + (dim * bits + 7) // 8]
@@ -185,8 +189,13 @@ def _dequantize_rows(payload, bits_R, offsets_R, mins, maxs, out_RD, start, stop
         if bits == 1:  # each byte's 8 codes at once, then m or M
             for i in range(row.shape[0]):
                 codes64[i] = _SPREAD1[row[i]]
-            for j in range(dim):
-                out[j] = mx if codes[j] else mn
+            if blend:
+                for j in range(dim):
+                    a = out[j]
+                    out[j] = a + weight * ((mx if codes[j] else mn) - a)
+            else:
+                for j in range(dim):
+                    out[j] = mx if codes[j] else mn
             continue
         if bits == 2:
             for i in range(row.shape[0]):
@@ -201,24 +210,31 @@ def _dequantize_rows(payload, bits_R, offsets_R, mins, maxs, out_RD, start, stop
             for i in range(row.shape[0]):
                 codes[i] = row[i]
         step = (mx - mn) / np.float32((1 << bits) - 1)
-        for j in range(dim):
-            out[j] = min(mn + np.float32(codes[j]) * step, mx)
+        if blend:
+            for j in range(dim):
+                a = out[j]
+                out[j] = a + weight * (min(mn + np.float32(codes[j]) * step, mx) - a)
+        else:
+            for j in range(dim):
+                out[j] = min(mn + np.float32(codes[j]) * step, mx)
 
 
 @njit(cache=True, nogil=True)
-def dequantize_serial(payload, bits_R, offsets_R, mins, maxs, out_RD):
-    """Reconstructs every row of float32 ``out_RD`` from ``payload``: ``min(m + q·Δ, M)``,
-    at one bit ``m`` or ``M``; one thread."""
-    _dequantize_rows(payload, bits_R, offsets_R, mins, maxs, out_RD, 0, out_RD.shape[0])
+def dequantize_serial(payload, bits_R, offsets_R, mins, maxs, out_RD, weight):
+    """Reconstructs every row of float32 ``out_RD`` from ``payload``: ``x̂ = min(m + q·Δ, M)``,
+    at one bit ``m`` or ``M``; one thread. With float32 ``weight`` other than 1, blends
+    instead: ``out = out + weight·(x̂ - out)``, rounded after each operation (no fused
+    multiply-add), which is :func:`adaqp.quant.mixed.blend_` bit for bit."""
+    _dequantize_rows(payload, bits_R, offsets_R, mins, maxs, out_RD, weight, 0, out_RD.shape[0])
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def dequantize_parallel(payload, bits_R, offsets_R, mins, maxs, out_RD, chunks):
+def dequantize_parallel(payload, bits_R, offsets_R, mins, maxs, out_RD, weight, chunks):
     """:func:`dequantize_serial` over ``chunks`` slices of rows on numba's threads."""
     rows = out_RD.shape[0]
     for c in prange(chunks):
         start, stop = c * rows // chunks, (c + 1) * rows // chunks
-        _dequantize_rows(payload, bits_R, offsets_R, mins, maxs, out_RD, start, stop)
+        _dequantize_rows(payload, bits_R, offsets_R, mins, maxs, out_RD, weight, start, stop)
 
 
 MASK_BLOCK = 4096

@@ -158,18 +158,29 @@ def _encode(x_RD: Tensor, bits_R: np.ndarray, offsets_R, payload, generator) -> 
     return mins, maxs
 
 
-def _decode(payload, bits_R: np.ndarray, offsets_R, mins, maxs, out_RD: Tensor) -> Tensor:
-    """Runs the dequantize kernel into float32 ``out_RD`` (any strides)."""
+def _decode(
+    payload, bits_R: np.ndarray, offsets_R, mins, maxs, out_RD: Tensor, blend: float | None = None
+) -> Tensor:
+    """Runs the dequantize kernel into float32 ``out_RD`` (any strides), or with ``blend``
+    blends the rows into it (:func:`adaqp.quant.mixed.blend_`)."""
     kernels = _compiled_module()
     if out_RD.numel() == 0:
         return out_RD
-    target = out_RD if out_RD.is_contiguous() else torch.empty(out_RD.shape, dtype=torch.float32)
+    contiguous = out_RD.is_contiguous()
+    if contiguous:
+        target = out_RD
+    elif blend is None:
+        target = torch.empty(out_RD.shape, dtype=torch.float32)
+    else:
+        target = out_RD.contiguous()
     out = _numpy(target)
+    weight = np.float32(1.0 if blend is None else blend)
     count = _parallel(out_RD.numel())
     if count == 1:
-        kernels.dequantize_serial(payload, bits_R, offsets_R, mins, maxs, out)
+        kernels.dequantize_serial(payload, bits_R, offsets_R, mins, maxs, out, weight)
     else:
-        kernels.dequantize_parallel(payload, bits_R, offsets_R, mins, maxs, out, 4 * count)
+        args = (payload, bits_R, offsets_R, mins, maxs, out, weight, 4 * count)
+        kernels.dequantize_parallel(*args)
     if target is not out_RD:
         out_RD.copy_(target)
     return out_RD
@@ -209,7 +220,9 @@ def quantize_mixed(x_RD: Tensor, bits_R: Tensor, generator, out: Tensor | None) 
     return out
 
 
-def dequantize_mixed(buf: Tensor, bits_R: Tensor, dim: int, out: Tensor | None) -> Tensor:
+def dequantize_mixed(
+    buf: Tensor, bits_R: Tensor, dim: int, out: Tensor | None, blend: float | None = None
+) -> Tensor:
     """:func:`adaqp.quant.dequantize_mixed` on the compiled path (CPU ``buf``)."""
     bits = _widths(bits_R)
     rows = bits.shape[0]
@@ -228,7 +241,7 @@ def dequantize_mixed(buf: Tensor, bits_R: Tensor, dim: int, out: Tensor | None) 
     # Copies: the metadata may sit at any byte offset, and numba wants aligned arrays.
     mins = payload[: 4 * rows].copy().view(np.float32)
     maxs = payload[4 * rows : 8 * rows].copy().view(np.float32)
-    return _decode(payload, bits, offsets, mins, maxs, out)
+    return _decode(payload, bits, offsets, mins, maxs, out, blend)
 
 
 def quantize_rows(x_RD: Tensor, bits: int, generator, packed: Tensor) -> tuple[Tensor, Tensor]:

@@ -163,6 +163,7 @@ def dequantize_mixed(
     dim: int,
     out: Tensor | None = None,
     kernels: str | None = None,
+    blend: float | None = None,
 ) -> Tensor:
     """Reconstruct rows from a :func:`quantize_mixed` buffer, in their original order.
 
@@ -173,10 +174,18 @@ def dequantize_mixed(
         out: optional float32 ``[R, D]`` tensor to write into (e.g. a halo buffer slice).
         kernels: as for :func:`quantize_mixed`; both paths decode the same bytes to the same
             floats.
+        blend: a weight ``w``: ``out`` (required) keeps its values and becomes
+            ``blend_(out, rows, w)``; the compiled path does it in the decoding pass.
 
     Returns:
         float32 ``[R, D]``: ``out`` when given.
     """
+    if blend is not None:
+        if out is None:
+            raise ValueError("blend needs out: the tensor the rows are blended into")
+        if use_compiled(kernels, buf.device):
+            return compiled_dequantize_mixed(buf, bits_R, dim, out, float(blend))
+        return blend_(out, dequantize_mixed(buf, bits_R, dim, kernels=kernels), blend)
     if use_compiled(kernels, buf.device):
         return compiled_dequantize_mixed(buf, bits_R, dim, out)
     bits_R = bits_R.to(buf.device)
@@ -206,3 +215,12 @@ def dequantize_mixed(
         _decode_(group, packed, bits, minimum[index], maximum[index])
         out.index_copy_(0, index, group)
     return out
+
+
+def blend_(average: Tensor, rows: Tensor, weight: float) -> Tensor:
+    """In place: ``average + weight·(rows - average)``, each operation rounded to float32 in
+    turn (no fused multiply-add), as the compiled decoder blends (a moving average of received
+    rows with ``weight = 1 - smoothing``). Returns ``average``."""
+    step = rows.to(average.dtype) - average
+    step.mul_(float(torch.tensor(weight, dtype=torch.float32)))
+    return average.add_(step)

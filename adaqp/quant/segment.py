@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from adaqp.bits import FULL_PRECISION_BITS
-from adaqp.quant.mixed import dequantize_mixed, mixed_buffer_bytes, quantize_mixed
+from adaqp.quant.mixed import blend_, dequantize_mixed, mixed_buffer_bytes, quantize_mixed
 
 
 def segment_bytes(bits_R: Tensor, dim: int) -> int:
@@ -42,18 +42,30 @@ def encode_segment(
 
 
 def decode_segment(
-    buf: Tensor, bits_R: Tensor, dim: int, out_RD: Tensor, has_full: bool, kernels: str | None
+    buf: Tensor,
+    bits_R: Tensor,
+    dim: int,
+    out_RD: Tensor,
+    has_full: bool,
+    kernels: str | None,
+    blend: float | None = None,
 ) -> None:
-    """Inverse of :func:`encode_segment` into ``out_RD``."""
+    """Inverse of :func:`encode_segment` into ``out_RD``; with ``blend``, the rows are
+    blended into ``out_RD`` instead (:func:`~adaqp.quant.mixed.blend_`)."""
     full = bits_R == FULL_PRECISION_BITS if has_full else None
     if full is None or not full.any():
-        dequantize_mixed(buf, bits_R, dim, out=out_RD, kernels=kernels)
+        dequantize_mixed(buf, bits_R, dim, out=out_RD, kernels=kernels, blend=blend)
+        return
+    if blend is not None:  # float32 rows among them: decoded apart, then blended
+        rows = torch.empty_like(out_RD)
+        decode_segment(buf, bits_R, dim, rows, has_full, kernels)
+        blend_(out_RD, rows, blend)
         return
     quantized = mixed_buffer_bytes(bits_R[~full], dim)
     exact = torch.empty((int(full.sum()), dim), dtype=torch.float32, device=buf.device)
     exact.view(torch.uint8).reshape(-1).copy_(buf[quantized:])  # the slice may be unaligned
     if quantized == 0:
         out_RD.copy_(exact)
-        return
-    out_RD[~full] = dequantize_mixed(buf[:quantized], bits_R[~full], dim, kernels=kernels)
-    out_RD[full] = exact.to(out_RD.dtype)
+    else:
+        out_RD[~full] = dequantize_mixed(buf[:quantized], bits_R[~full], dim, kernels=kernels)
+        out_RD[full] = exact.to(out_RD.dtype)

@@ -10,6 +10,7 @@ from adaqp.config import CommConfig
 from adaqp.exchange.transport import BitPlan, ExchangeKey, HaloTransport
 from adaqp.quant import kernels as quant_kernels
 from adaqp.quant import mixed_buffer_bytes
+from adaqp.quant.mixed import blend_
 from adaqp.runtime import init_distributed, shutdown
 from tests.distributed import run_workers
 
@@ -154,3 +155,34 @@ def test_exchange_exact_or_within_one_step(bits, kernels, tmp_path):
         # And the noise is real (the check above could not pass by accident at 2 bits).
         if bits == 2:
             assert err.mean() > 0.05 * step.mean()
+
+
+def _blend_worker(rank: int, world_size: int, init_method: str, bits: int):
+    init_distributed(CommConfig(timeout_s=60), init_method, rank, world_size)
+    try:
+        send_idx, send_counts, recv_counts = _layout(rank, world_size)
+        transport = HaloTransport(rank, send_counts, recv_counts, timeout_s=60, seed=1)
+        plan = BitPlan.uniform(bits, len(send_idx), sum(recv_counts), "cpu")
+        pending = transport.start(_rows(rank)[send_idx], ExchangeKey.forward(1), plan)
+        average = torch.randn(sum(recv_counts), DIM, generator=torch.Generator().manual_seed(7))
+        before = average.clone()
+        assert pending.blend_into(average, 0.1) is average
+        assert pending.waited
+        rows = pending.wait()  # decoded again from the bytes kept
+        return {"average": average.numpy(), "before": before.numpy(), "rows": rows.numpy()}
+    finally:
+        shutdown()
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("bits", [1, 32])
+def test_blend_into_folds_the_rows_into_an_average(bits, tmp_path):
+    """``blend_into`` leaves in the average what ``blend_`` of the rows ``wait`` returns
+    would (quantized rows decoded straight into it; float32 rows as they are), and the
+    rows can still be waited for afterwards."""
+    for rank, result in enumerate(run_workers(_blend_worker, 2, tmp_path, bits)):
+        rows = torch.from_numpy(result["rows"])
+        expected = blend_(torch.from_numpy(result["before"]), rows, 0.1)
+        assert torch.equal(torch.from_numpy(result["average"]), expected)
+        if bits == 32:
+            np.testing.assert_array_equal(result["rows"], _expected_halo(rank, 2))

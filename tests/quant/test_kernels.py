@@ -24,6 +24,7 @@ from adaqp.quant import (
     unpack,
 )
 from adaqp.quant import kernels as K
+from adaqp.quant.mixed import blend_
 from tests.quant.helpers import _gen, _levels, _on_grid_rows, _parse_mixed
 
 pytestmark = pytest.mark.skipif(not K.compiled_available(), reason="numba is not importable")
@@ -252,3 +253,33 @@ def test_strided_inputs_and_outputs():
 
 def test_warm_up_loads_every_kernel():
     assert K.warm_up()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dim", [5, 64, 67])
+def test_blending_decoder_is_decode_then_blend_bit_for_bit(dim: int, threads: int):
+    """The compiled decoder's blend (one pass) writes what a plain decode followed by
+    ``blend_`` (torch, each operation rounded) writes, on one thread and on the prange
+    kernel (2**15 values or more), into contiguous and strided tensors."""
+    rows = 600 if threads > 1 else 40
+    g = _gen(dim)
+    x = torch.randn(rows, dim, generator=g) * torch.logspace(-3, 3, rows)[:, None]
+    bits_r = torch.tensor(SUPPORTED_BITS, dtype=torch.int8)[torch.randperm(rows, generator=g) % 4]
+    buf = quantize_mixed(x, bits_r, _gen(2), kernels="compiled")
+    decoded = dequantize_mixed(buf, bits_r, dim, kernels="compiled")
+    average = torch.randn(rows, dim, generator=g)
+    expected = blend_(average.clone(), decoded, 0.1)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        blended = dequantize_mixed(buf, bits_r, dim, average.clone(), "compiled", blend=0.1)
+        strided = average.t().contiguous().t()
+        dequantize_mixed(buf, bits_r, dim, strided, "compiled", blend=0.1)
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(blended, expected)
+    assert torch.equal(strided, expected)
+    on_torch = dequantize_mixed(buf, bits_r, dim, average.clone(), "torch", blend=0.1)
+    assert torch.equal(on_torch, expected)
+    with pytest.raises(ValueError, match="blend needs out"):
+        dequantize_mixed(buf, bits_r, dim, kernels="compiled", blend=0.1)

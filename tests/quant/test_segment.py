@@ -6,6 +6,7 @@ import torch
 
 from adaqp.bits import FULL_PRECISION_BITS
 from adaqp.quant import mixed_buffer_bytes
+from adaqp.quant.mixed import blend_
 from adaqp.quant.segment import decode_segment, encode_segment, segment_bytes
 from tests.quant.helpers import _gen
 
@@ -35,3 +36,22 @@ def test_segment_round_trip_on_each_path(kernel_path: str):
     buf = torch.empty(segment_bytes(quantized, 13), dtype=torch.uint8)
     encode_segment(x, quantized, _gen(2), buf, False, None)
     assert buf.numel() == mixed_buffer_bytes(quantized, 13)
+
+
+def test_blending_a_segment_equals_decoding_then_blend(kernel_path: str):
+    """``blend=w`` folds the decoded rows into ``out`` exactly as ``blend_`` does after a
+    plain decode: mixed widths with float32 rows, quantized rows alone, and on both paths."""
+    x = torch.randn(9, 13, generator=_gen(3))
+    for bits_r, has_full in (
+        (torch.tensor([32, 2, 8, 32, 1, 4, 4, 32, 2], dtype=torch.int8), True),
+        (torch.tensor([1, 2, 8, 1, 1, 4, 4, 2, 2], dtype=torch.int8), False),
+    ):
+        buf = torch.empty(segment_bytes(bits_r, 13), dtype=torch.uint8)
+        encode_segment(x, bits_r, _gen(4), buf, has_full, None)
+        rows = torch.empty(9, 13)
+        decode_segment(buf, bits_r, 13, rows, has_full, None)
+        average = torch.randn(9, 13, generator=_gen(5))
+        expected = blend_(average.clone(), rows, 0.1)
+        decode_segment(buf, bits_r, 13, average, has_full, None, blend=0.1)
+        assert torch.equal(average, expected)
+        assert not torch.equal(expected, rows)  # the test can tell a blend from a decode
