@@ -116,6 +116,20 @@ def seed_list(text: str) -> list[int]:
     return seeds
 
 
+def count_list(text: str) -> list[int]:
+    """``--world-sizes`` and the like as argparse reads them: comma-separated positive
+    integers ("1,2,4")."""
+    try:
+        counts = [int(item) for item in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated positive integers, e.g. 1,2,4; got {text!r}"
+        )
+    return counts
+
+
 class UsageError(Exception):
     """A benchmark's options do not fit together: raised before any work, reported by
     ``python -m adaqp.bench`` as argparse would (one line on stderr, exit code 2)."""

@@ -3,7 +3,8 @@ bit width, for three implementations side by side in one run: the compiled CPU k
 (``adaqp.quant.compiled``, the default on CPU), the torch path (``adaqp.quant.rows``/``mixed``,
 the reference and the path for CUDA) and the implementation the torch path replaced. Also the
 dropout mask (``adaqp.model.dropout``) against nn.Dropout, and a copy of the message's bytes
-(the machine's memory bandwidth, the limit the kernels approach). Writes
+(the machine's memory bandwidth, the limit the kernels approach), and the moving average of
+stale one-bit rows decoded straight into it against decoded then averaged. Writes
 ``results/bench/quant.json``; the figures that matter are ratios within one run:
 ``kernel_speedup_by_bits`` (torch path / compiled kernels), ``dropout_speedup`` (nn.Dropout /
 the compiled mask) and ``speedup`` (the replaced implementation / the torch path, at 2 bits).
@@ -225,6 +226,33 @@ def _time_dropout(x: Tensor, repeats: int, p: float) -> dict[str, float]:
     return report
 
 
+def _time_blend(x: Tensor, repeats: int, seed: int, bits: int = 1) -> dict[str, float]:
+    """The moving average of stale rows (``average += w·(rows - average)``) at one bit on the
+    compiled path: decoded into a new tensor then ``lerp_`` (as before the fused decoder)
+    against decoded straight into the average, interleaved."""
+    rows, dim = x.shape
+    bits_R = torch.full((rows,), bits, dtype=torch.int8)
+    buf = quantize_mixed(x, bits_R, torch.Generator().manual_seed(seed), kernels="compiled")
+    averages = {side: torch.zeros_like(x) for side in ("decode_then_lerp", "fused")}
+    sides = {
+        "decode_then_lerp": lambda avg: avg.lerp_(
+            dequantize_mixed(buf, bits_R, dim, kernels="compiled"), 0.1
+        ),
+        "fused": lambda avg: dequantize_mixed(buf, bits_R, dim, avg, "compiled", blend=0.1),
+    }
+    times = {side: [] for side in sides}
+    for rep in range(repeats + 1):
+        for side, blend in sides.items():
+            t0 = time.thread_time()
+            blend(averages[side])
+            if rep:
+                times[side].append(time.thread_time() - t0)
+    report = {f"{side}_ns_per_value": _per_value(t, x.numel()) for side, t in times.items()}
+    report["bits"] = bits
+    report["speedup"] = report["decode_then_lerp_ns_per_value"] / report["fused_ns_per_value"]
+    return report
+
+
 def run(rows: int, dim: int, repeats: int, seed: int, out: Path) -> dict:
     torch.set_num_threads(1)
     if not quant_kernels.warm_up():  # loaded from numba's cache, or compiled once
@@ -234,6 +262,7 @@ def run(rows: int, dim: int, repeats: int, seed: int, out: Path) -> dict:
     widths = _time_widths(x, repeats, seed)
     copy = _time_copy(x, repeats)
     dropout = _time_dropout(x, repeats, 0.5)
+    blend = _time_blend(x, repeats, seed)
     speedup = widths[str(_METRIC_BITS)]["speedup"]
     by_bits = {bits: w["kernel_speedup"] for bits, w in widths.items()}
     kernel_ns = {
@@ -270,6 +299,7 @@ def run(rows: int, dim: int, repeats: int, seed: int, out: Path) -> dict:
         "target_dropout_speedup": TARGET_DROPOUT_SPEEDUP,
         "meets_dropout_target": dropout["speedup"] >= TARGET_DROPOUT_SPEEDUP,
         "dropout": dropout,
+        "stale_average": blend,
         "widths": widths,
     }
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from adaqp.bench import DEFAULT_OUT_DIR, pyplot, torchrun_train
+from adaqp.bench import DEFAULT_OUT_DIR, count_list, pyplot, torchrun_train
 
 PARTITION_SCRIPT = """
 import json, resource, sys, tempfile, time
@@ -95,6 +95,7 @@ def _partition_point(num_nodes: int, num_parts: int, timeout: float) -> dict:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--world-sizes",
+        type=count_list,
         default="1,2,4,8",
         help="comma-separated worker counts P to train with (torchrun on this machine)",
     )
@@ -107,6 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, default=20, help="training epochs per P")
     parser.add_argument(
         "--partition-nodes",
+        type=count_list,
         default="5000,15000,50000,150000,500000",
         help="comma-separated graph sizes to partition (avg degree 20: 100k to 10M edges)",
     )
@@ -127,7 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     runs_dir = Path("results/runs/bench-scaling")
     training = []
-    for p in [int(v) for v in args.world_sizes.split(",")]:
+    for p in args.world_sizes:
         started = time.perf_counter()
         training.append(_training_point(p, args, runs_dir))
         t = training[-1]
@@ -137,7 +139,7 @@ def main(args: argparse.Namespace) -> int:
             flush=True,
         )
     partitioning = []
-    for n in [int(v) for v in args.partition_nodes.split(",")]:
+    for n in args.partition_nodes:
         partitioning.append(_partition_point(n, args.num_parts, args.timeout))
         q = partitioning[-1]
         print(

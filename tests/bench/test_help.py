@@ -161,11 +161,14 @@ def test_help_answers_without_importing_torch(module, runs):
         ("cluster --modes adaqp,turbo", "--modes: unknown turbo; must include vanilla"),
         ("modes --seeds 1,1", "argument --seeds: a seed is named twice"),
         ("modes --variants adaqp", "--variants: must include vanilla"),
+        ("scaling --world-sizes 1,x", "argument --world-sizes: expected comma-separated positive"),
+        ("scaling --partition-nodes 0", "argument --partition-nodes: expected comma-separated"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2_before_any_work(argv, message, tmp_path, capsys):
     """A typo in a link setting used to end a cluster run with a traceback after the
-    partitioning; a bad seed list was a ValueError traceback."""
+    partitioning; a bad seed list (or a scaling benchmark's list of sizes) was a ValueError
+    traceback."""
     with pytest.raises(SystemExit) as info:
         main([*argv.split(), "--out-dir", str(tmp_path / "out")])
     assert info.value.code == 2

@@ -28,4 +28,7 @@ def test_quant_bench_writes_its_fields(tmp_path):
         assert width["cross_decode_torch_vs_compiled_max_abs_diff"] == 0.0  # bit for bit
     assert report["memory_bandwidth"]["copy_ns_per_value"] > 0
     assert report["dropout_speedup"] > 0 and report["speedup"] > 0
+    average = report["stale_average"]
+    assert average["bits"] == 1 and average["speedup"] > 0
+    assert average["fused_ns_per_value"] > 0 and average["decode_then_lerp_ns_per_value"] > 0
     assert report["threads"] == 1
