@@ -163,6 +163,8 @@ def _aggregate(
         reached = [t for t in times if t is not None]
         out[mode] = {
             "epoch_time_s": _mean([s["epoch_time_s"] for s in summaries]),
+            # Older runs have no CPU time: NaN, shown as n/a.
+            "cpu_time_s": _mean([s.get("cpu_time_s", math.nan) for s in summaries]),
             "breakdown": {k: _mean([p[k] for p in parts]) for k in parts[0]},
             "test_acc": _mean([s["test_acc"] for s in summaries]),
             "test_acc_std": statistics.stdev([s["test_acc"] for s in summaries])
@@ -185,6 +187,8 @@ def _aggregate(
     for entry in out.values():
         entry["speedup_over_vanilla"] = base_epoch / entry["epoch_time_s"]
         entry["ratio_to_nocomm"] = entry["epoch_time_s"] / nocomm if nocomm else None
+        cpu = out.get("nocomm", {}).get("cpu_time_s")
+        entry["cpu_ratio_to_nocomm"] = entry["cpu_time_s"] / cpu if cpu else None
     return out
 
 
@@ -203,22 +207,25 @@ def _table(name: str, meta: dict[str, Any], agg: dict[str, Any]) -> str:
         "exchange (benchmark-only: its accuracy is not the graph's). Time to vanilla val: "
         "training time (evaluation excluded) until the validation accuracy reaches the same "
         f"seed's vanilla final value minus {meta['tta_tolerance']:.3f}, as a ratio to "
-        "vanilla's own time, averaged over the seeds that get there (counted).",
+        "vanilla's own time, averaged over the seeds that get there (counted). CPU ms: "
+        "CPU time of a worker's process per epoch (all its threads), which waiting and "
+        "being descheduled do not add to.",
         "",
-        "| mode | epoch ms | compute | exchange wait | (de)quant | all-reduce | halo MB/epoch "
-        "| avg bits | max staleness | test acc | speedup vs vanilla | ratio to nocomm "
-        "| time to vanilla val |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| mode | epoch ms | compute | exchange wait | (de)quant | all-reduce | CPU ms "
+        "| halo MB/epoch | avg bits | max staleness | test acc | speedup vs vanilla "
+        "| ratio to nocomm | CPU ratio to nocomm | time to vanilla val |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, a in agg.items():
         b = a["breakdown"]
         lines.append(
             f"| {mode} | {1e3 * a['epoch_time_s']:.1f} | {1e3 * b['compute_s']:.1f} "
             f"| {1e3 * b['wait_s']:.1f} | {1e3 * b['quant_s']:.1f} | {1e3 * b['allreduce_s']:.1f} "
-            f"| {a['halo_bytes_per_epoch'] / 1e6:.2f} | "
+            f"| {fmt(1e3 * a['cpu_time_s'], '{:.1f}')} | {a['halo_bytes_per_epoch'] / 1e6:.2f} | "
             f"{a['avg_bits']:.2f} | {a.get('max_staleness', 0)} "
             f"| {a['test_acc']:.4f} ± {a['test_acc_std']:.4f} "
             f"| {a['speedup_over_vanilla']:.2f}x | {fmt(a['ratio_to_nocomm'], '{:.2f}x')} "
+            f"| {fmt(a['cpu_ratio_to_nocomm'], '{:.2f}x')} "
             f"| {fmt(a['time_to_accuracy_ratio'], '{:.2f}x')} "
             f"({a['runs_reaching_vanilla_val']}/{len(meta['seeds'])} seeds) |"
         )

@@ -42,6 +42,9 @@ class EpochCounters:
     quant_time_s: float = _reduced("mean")
     dequant_time_s: float = _reduced("mean")
     allreduce_time_s: float = _reduced("mean")
+    cpu_time_s: float = _reduced("mean")
+    """CPU seconds the rank's process used in the step, all its threads (set by the
+    trainer)."""
     halo_bytes_per_epoch: int = _reduced("sum", default=0)
     """Payload plus metadata bytes sent."""
     bits_histogram: dict[int, int] = _reduced("sum", dict)

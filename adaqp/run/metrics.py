@@ -72,6 +72,10 @@ class EpochRecord:
     exchange_after_arrival_by_tag: dict[str, float] = field(default_factory=dict)
     """Per exchange: seconds from the last rank reaching it to the last rank's rows
     dequantized (the span without waiting for late peers; wall clocks must agree)."""
+    cpu_time_s: float = 0.0
+    """CPU seconds each rank's process used in the training step (all its threads: compute,
+    (de)quantization, the communication library's), mean over ranks. Unlike the times
+    above it does not grow while a process waits or is descheduled."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``metrics.jsonl`` object: every field, plus its older name where it has one."""
@@ -112,6 +116,7 @@ class EpochRecord:
             hidden_by_tag=hidden_fractions(c.comm_time_by_tag, c.comm_wait_by_tag),
             exchange_span_by_tag=dict(c.exchange_span_by_tag),
             exchange_after_arrival_by_tag=c.exchange_after_arrival_by_tag,
+            cpu_time_s=c.cpu_time_s,
             **extra,
         )
 

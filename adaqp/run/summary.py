@@ -82,6 +82,8 @@ class Summary:
     """Median per-epoch quantization time (mean over ranks)."""
     dequant_time_s: float = 0.0
     """Median per-epoch dequantization time (mean over ranks)."""
+    cpu_time_s: float = 0.0
+    """Median per-epoch CPU time of a rank's process, all its threads (mean over ranks)."""
     hidden_comm_fraction: float = 0.0
     """Share of the exchange time hidden behind central compute: 1 - wait / exchange."""
     halo_bytes_by_tag: dict[str, int] = field(default_factory=dict)
@@ -200,6 +202,7 @@ def summarize(config: Config, world_size: int, outcome: Outcome, facts: RunFacts
         metric=outcome.metric,
         quant_time_s=median("quant_time_s"),
         dequant_time_s=median("dequant_time_s"),
+        cpu_time_s=median("cpu_time_s"),
         hidden_comm_fraction=_hidden(exchange, wait),
         halo_bytes_by_tag=last.bytes_by_tag,
         bits_histogram=last.bits_histogram,

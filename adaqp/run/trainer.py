@@ -334,10 +334,11 @@ class Trainer:
                 if self.policy is not None:
                     self.policy.begin_epoch(epoch, counters)
                 self.world.synchronize()
-                t0 = time.perf_counter()
+                t0, cpu0 = time.perf_counter(), time.process_time()
                 loss = self.train_step(counters)
                 self.world.synchronize()
                 epoch_time = time.perf_counter() - t0
+                counters.cpu_time_s = time.process_time() - cpu0
                 reduced = self._reduce(counters)
                 record = EpochRecord.from_counters(
                     epoch, loss, epoch_time, reduced, wall_time_s=time.perf_counter() - started

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +40,8 @@ RECORD_KEYS = {
     "staleness_by_tag", "test_acc", "train_acc", "train_loss", "val_acc", "values_by_bits",
     "wall_time_s",
 }  # fmt: skip
+ADDED_KEYS = {"cpu_time_s"}
+"""Fields added since, in both files."""
 
 
 def _record(epoch: int, **fields) -> EpochRecord:
@@ -73,7 +76,7 @@ def _outcome(records, **fields) -> Outcome:
 def test_record_carries_its_earlier_names_and_reads_them_back():
     record = _record(3, bits_histogram={"2": 10}, solver_time_s=0.5)
     obj = record.to_json()
-    assert set(obj) == RECORD_KEYS | set(LEGACY_RECORD_NAMES)
+    assert set(obj) == RECORD_KEYS | ADDED_KEYS | set(LEGACY_RECORD_NAMES)
     assert obj["halo_bytes"] == obj["halo_bytes_per_epoch"] == 3000
     assert obj["values_by_bits"] == {"2": 10} and obj["assign_time_s"] == 0.5
     assert EpochRecord.from_json(obj) == record
@@ -143,14 +146,17 @@ def test_every_mode_writes_every_summary_and_metrics_field(tmp_path, mode):
         overrides += ("staleness.min_hidden_fraction=0",)
     run_workers(_mode_worker, 2, tmp_path, overrides, timeout=240)
     summary = json.loads((out / "summary.json").read_text())
-    missing = SUMMARY_KEYS - set(summary)
+    missing = (SUMMARY_KEYS | ADDED_KEYS) - set(summary)
     assert not missing, f"{mode}: summary.json lost {sorted(missing)}"
+    assert summary["cpu_time_s"] > 0
     assert summary["mode"] == mode and summary["epochs"] == 4
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 4
     for line in lines:
-        missing = RECORD_KEYS - set(line)
+        missing = (RECORD_KEYS | ADDED_KEYS) - set(line)
         assert not missing, f"{mode}: metrics.jsonl lost {sorted(missing)}"
+        # CPU time of the step: positive, and no more than its threads could use.
+        assert 0 < line["cpu_time_s"] <= line["epoch_time_s"] * (os.cpu_count() or 1) * 4
         assert line["halo_bytes"] == line["halo_bytes_per_epoch"]
     if mode in ("adaqp-q", "adaqp"):
         assert summary["plan_bits_by_pair"], summary  # the planner's report reached it
