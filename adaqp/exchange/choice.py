@@ -176,10 +176,19 @@ class ChoicePolicy(AdaptivePolicy):
         with super().training(), self.stale.training():
             yield
 
+    def waits(self, layer: int) -> bool:
+        keys = (ExchangeKey.forward(layer), ExchangeKey.backward(layer))
+        if not self._training or any(not self._is_stale(key) for key in keys):
+            return True
+        return self.stale.waits(layer)
+
+    def _is_stale(self, key: ExchangeKey) -> bool:
+        return key in self.stale_keys or self._epoch == 1  # epoch 1: onebit's
+
     def start(self, key: ExchangeKey, rows_RD: torch.Tensor) -> Pending:
         if not self._training:
             return self.transport.start(rows_RD, key)
-        stale = key in self.stale_keys or self._epoch == 1  # epoch 1: onebit's
+        stale = self._is_stale(key)
         # A stale key stays stale: tracing it (a pass over its rows every epoch) would
         # only feed a solve whose plan it never uses.
         if self.planner.tracing and not stale:

@@ -106,6 +106,12 @@ class ExchangePolicy:
         """The plan of a training exchange of ``dim``-wide rows; None sends float32."""
         return None
 
+    def waits(self, layer: int) -> bool:
+        """Whether an exchange of ``layer`` (forward or backward) may hold the layer up now.
+        Only then is overlapping worth splitting the layer's rows into central and marginal
+        (two smaller products and a concatenation each way)."""
+        return True
+
     def start(self, key: ExchangeKey, rows_RD: torch.Tensor) -> Pending:
         """Launches the exchange of ``rows_RD`` (the rows to send, peer by peer)."""
         if not self._training:

@@ -113,6 +113,18 @@ class StalePolicy(ExchangePolicy):
             return 0
         return config.bound
 
+    def waits(self, layer: int) -> bool:
+        """False where both of ``layer``'s exchanges read an earlier epoch's buffer now
+        (bound above 0 and one within it exists): nothing to overlap."""
+        if not self._training:
+            return True
+        epoch = self._epoch
+        for key in (ExchangeKey.forward(layer), ExchangeKey.backward(layer)):
+            oldest = epoch - self.staleness_bound_at(epoch, key)
+            if not any(oldest <= started < epoch for started, _ in self._buffers.get(key, ())):
+                return True
+        return False
+
     def plan(self, key: ExchangeKey, out_rows: int, in_rows: int, dim: int) -> BitPlan:
         plan = self._plans.get(key)
         if plan is None:

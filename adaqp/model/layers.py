@@ -10,7 +10,8 @@ Otherwise the exchange is two autograd nodes around the layer's local work:
 ``_ExchangeStart`` sends the boundary rows and ``_ExchangeLand`` waits for the halo rows.
 With ``overlap`` on, the central rows (no halo in-neighbour) are aggregated *and
 transformed* between the two, while the exchange is in flight, and the marginal rows
-after it lands. Backward mirrors it: ``_ExchangeLand``'s backward sends the halo
+after it lands (where the policy says a layer will not wait, e.g. for stale rows already
+landed, the rows are not split). Backward mirrors it: ``_ExchangeLand``'s backward sends the halo
 gradients to their owners and ``_ExchangeStart``'s waits for them, and autograd, which
 runs the nodes recorded last first, computes the central rows' gradients (transform and
 aggregation) in between. Which rows an exchange resolves to (fresh, quantized, or
@@ -147,7 +148,7 @@ class Propagation:
         # peers may still need its rows.
         flight = _InFlight(self.policy, layer)
         ticket = _ExchangeStart.apply(h_RD.index_select(0, self.graph.send_idx), flight)
-        if not self.overlap:
+        if not self.overlap or not self.policy.waits(layer):
             halo_HD = _ExchangeLand.apply(ticket, flight)
             return finish(aggregate(self.adjacency, torch.cat([h_RD, halo_HD]), every), every)
         # Central rows need no halo: aggregated and finished while the exchange travels.

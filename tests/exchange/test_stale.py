@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from adaqp.config import load_config
+from adaqp.config import StalenessConfig, load_config
 from adaqp.data import GraphData, load_dataset
 from adaqp.exchange.counters import EpochCounters
+from adaqp.exchange.stale import StalePolicy
 from adaqp.exchange.transport import BitPlan, ExchangeKey, NoCommTransport
 from adaqp.graph.local import LocalGraph
 from adaqp.partitioning.build import make_partition
@@ -191,3 +192,31 @@ def test_exchange_state_has_one_owner():
     values = handle.bits_histogram
     values[32] = 7
     assert handle.bits_histogram == {}  # a copy: the handle's own figure stays
+
+
+@pytest.mark.parametrize(
+    ("settings", "waiting_epochs"),
+    [
+        ({}, {1}),  # epoch 1 has nothing older: it waits for its own
+        ({"bound": 0}, {1, 2, 3, 4}),  # synchronous
+        ({"sync_every": 3}, {1, 3}),
+        ({"bound": 2, "landing": "fixed"}, {1}),
+    ],
+)
+def test_a_layer_splits_its_rows_only_where_an_exchange_may_wait(settings, waiting_epochs):
+    """Overlap (central rows first, marginal rows after the landing) costs two smaller
+    products and a concatenation each way; a layer that reads an earlier epoch's buffer
+    in both directions has nothing to overlap, and evaluation is always fresh."""
+    policy = StalePolicy(NoCommTransport(0, [0, 2], [0, 3]), StalenessConfig(**settings), "cpu")
+    forward, backward = ExchangeKey.forward(1), ExchangeKey.backward(1)
+    waits = set()
+    for epoch in range(1, 5):
+        policy.begin_epoch(epoch, EpochCounters())
+        with policy.training():
+            if policy.waits(1):
+                waits.add(epoch)
+            policy.start(forward, torch.ones(2, 4)).wait()
+            policy.start(backward, torch.ones(3, 4)).wait()
+        assert policy.waits(1)  # outside training: evaluation
+    policy.close()
+    assert waits == waiting_epochs

@@ -25,6 +25,10 @@ class _Recorder:
     def __init__(self, events: list[str], halo_HD: torch.Tensor, grad_SD: torch.Tensor):
         self.events, self.halo, self.grad = events, halo_HD, grad_SD
         self.sent: dict[str, torch.Tensor] = {}
+        self.may_wait = True
+
+    def waits(self, layer: int) -> bool:
+        return self.may_wait
 
     def start(self, key: ExchangeKey, rows: torch.Tensor):
         tag = str(key)
@@ -128,3 +132,23 @@ def test_central_rows_are_transformed_and_differentiated_while_the_exchange_trav
         "grad central",  # inside the window
         "wait layer1/backward",
     ]
+
+
+def test_a_layer_that_will_not_wait_does_not_split_its_rows():
+    """Where the policy reads rows already at hand (stale ones), the layer aggregates all
+    its rows at once: same result, no central/marginal split in either direction."""
+    prop, events, policy, dense, halo, _ = _setup(overlap=True)
+    policy.may_wait = False
+    weight = torch.randn(DIM, 5, requires_grad=True)
+    h = torch.randn(NUM_INNER, DIM, requires_grad=True)
+
+    def finish(agg, rows):
+        events.append(f"finish {rows.start}:{rows.stop}")
+        return agg @ weight
+
+    out = prop(h, 1, finish)
+    assert events == ["start layer1/forward", "wait layer1/forward", f"finish 0:{NUM_INNER}"]
+    torch.testing.assert_close(out, dense @ torch.cat([h.detach(), halo]) @ weight.detach())
+    events.clear()
+    out.sum().backward()
+    assert events == ["start layer1/backward", "wait layer1/backward"]
