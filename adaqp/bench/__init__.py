@@ -103,14 +103,23 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
         return super()._get_help_string(action)
 
 
+def _integers(text: str, what: str, example: str, least: int | None = None) -> list[int]:
+    """Comma-separated integers, each at least ``least``; argparse's type error naming
+    ``what`` they must be otherwise."""
+    try:
+        values = [int(item) for item in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or (least is not None and min(values) < least):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated {what}, e.g. {example}; got {text!r}"
+        )
+    return values
+
+
 def seed_list(text: str) -> list[int]:
     """``--seeds`` as argparse reads it: comma-separated integers ("0,1,2")."""
-    try:
-        seeds = [int(item) for item in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, e.g. 0,1,2; got {text!r}"
-        ) from None
+    seeds = _integers(text, "integers", "0,1,2")
     if len(set(seeds)) != len(seeds):
         raise argparse.ArgumentTypeError(f"a seed is named twice: {text!r}")
     return seeds
@@ -119,15 +128,7 @@ def seed_list(text: str) -> list[int]:
 def count_list(text: str) -> list[int]:
     """``--world-sizes`` and the like as argparse reads them: comma-separated positive
     integers ("1,2,4")."""
-    try:
-        counts = [int(item) for item in text.split(",")]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated positive integers, e.g. 1,2,4; got {text!r}"
-        )
-    return counts
+    return _integers(text, "positive integers", "1,2,4", least=1)
 
 
 class UsageError(Exception):

@@ -168,7 +168,9 @@ class StalePolicy(ExchangePolicy):
         self._retired = [h for h in self._retired if not h.release_if_landed()]
         return rows
 
-    def _smoothed(self, key: ExchangeKey, handle, stale_allowed: bool) -> torch.Tensor:
+    def _smoothed(
+        self, key: ExchangeKey, handle: PendingExchange | _Landed, stale_allowed: bool
+    ) -> torch.Tensor:
         """The rows of ``handle``, or with smoothing their moving average. The average
         starts at the first rows and restarts at every synchronous read, whose rows are
         used as they are (so that ``bound = 0`` is synchronous training whatever

@@ -399,7 +399,9 @@ class HaloTransport:
         recv = torch.empty(sum(in_bytes), dtype=torch.uint8, device=rows_RD.device)
         work = self._launch(recv, send, in_bytes, out_bytes, key)
 
-        def decode(buf: torch.Tensor, out: torch.Tensor | None = None, blend=None):
+        def decode(
+            buf: torch.Tensor, out: torch.Tensor | None = None, blend: float | None = None
+        ) -> torch.Tensor:
             if out is None:
                 out = torch.empty((in_rows, dim), dtype=rows_RD.dtype, device=buf.device)
             for seg_buf, seg_bits, seg_out in zip(

@@ -10,12 +10,12 @@ Otherwise the exchange is two autograd nodes around the layer's local work:
 ``_ExchangeStart`` sends the boundary rows and ``_ExchangeLand`` waits for the halo rows.
 With ``overlap`` on, the central rows (no halo in-neighbour) are aggregated *and
 transformed* between the two, while the exchange is in flight, and the marginal rows
-after it lands (where the policy says a layer will not wait, e.g. for stale rows already
-landed, the rows are not split). Backward mirrors it: ``_ExchangeLand``'s backward sends the halo
-gradients to their owners and ``_ExchangeStart``'s waits for them, and autograd, which
-runs the nodes recorded last first, computes the central rows' gradients (transform and
-aggregation) in between. Which rows an exchange resolves to (fresh, quantized, or
-buffered from an earlier epoch) is the exchange policy's business.
+after it lands (not where the policy says the layer will not wait, e.g. for stale rows
+already landed: the rows are not split there). Backward mirrors it: ``_ExchangeLand``'s
+backward sends the halo gradients to their owners and ``_ExchangeStart``'s waits for
+them, and autograd, which runs the nodes recorded last first, computes the central rows'
+gradients (transform and aggregation) in between. Which rows an exchange resolves to
+(fresh, quantized, or buffered from an earlier epoch) is the exchange policy's business.
 
 Shapes: I inner rows (C central first, then M marginal), H halo rows, S rows sent to
 peers, D features, O output features.

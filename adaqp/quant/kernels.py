@@ -166,13 +166,10 @@ def _decode(
     kernels = _compiled_module()
     if out_RD.numel() == 0:
         return out_RD
-    contiguous = out_RD.is_contiguous()
-    if contiguous:
+    if out_RD.is_contiguous():
         target = out_RD
-    elif blend is None:
-        target = torch.empty(out_RD.shape, dtype=torch.float32)
-    else:
-        target = out_RD.contiguous()
+    else:  # a blend reads what out_RD holds; a plain decode only writes
+        target = out_RD.contiguous() if blend is not None else torch.empty(out_RD.shape)
     out = _numpy(target)
     weight = np.float32(1.0 if blend is None else blend)
     count = _parallel(out_RD.numel())
