@@ -223,9 +223,7 @@ class PendingExchange:
         """Blocks until the rows land; returns them (the same tensor on every call)."""
         if self._rows is None:
             self._land()
-            began = time.perf_counter()
-            self._rows = self._recv if self._decode is None else self._decode(self._recv)
-            self._decoded(began)
+            self._rows = self._decoded()
             self._recv = self._decode = None
         return self._rows
 
@@ -236,9 +234,7 @@ class PendingExchange:
         if self._rows is not None or self._decode is None:
             return blend_(average, self.wait(), weight)
         self._land()
-        began = time.perf_counter()
-        self._decode(self._recv, average, weight)  # the bytes stay: a wait decodes them again
-        self._decoded(began)
+        self._decoded(average, weight)  # the bytes stay: a wait decodes them again
         return average
 
     def _land(self) -> None:
@@ -252,11 +248,14 @@ class PendingExchange:
         self._landed_at = self._landed or landed  # maybe long before this wait
         self._exchange_s = self._landed_at - self._started
 
-    def _decoded(self, began: float) -> None:
-        """Times the decoding that started at ``began``; the rows are ready when it ends."""
+    def _decoded(self, *into) -> torch.Tensor:
+        """The landed rows, decoded (and timed) where they are quantized; ``into``: an
+        average and a weight to blend them into. The rows are ready when it ends."""
+        began = time.perf_counter()
+        rows = self._recv if self._decode is None else self._decode(self._recv, *into)
         self._dequant_s = time.perf_counter() - began if self._decode is not None else 0.0
-        ready = self._landed_at + self._dequant_s
-        self._done_at = time.time() - (time.perf_counter() - ready)
+        self._done_at = time.time() - (time.perf_counter() - self._landed_at - self._dequant_s)
+        return rows
 
     def release(self) -> None:
         """Blocks until the exchange has landed and drops its rows unread."""
@@ -399,9 +398,7 @@ class HaloTransport:
         recv = torch.empty(sum(in_bytes), dtype=torch.uint8, device=rows_RD.device)
         work = self._launch(recv, send, in_bytes, out_bytes, key)
 
-        def decode(
-            buf: torch.Tensor, out: torch.Tensor | None = None, blend: float | None = None
-        ) -> torch.Tensor:
+        def decode(buf: torch.Tensor, out: torch.Tensor | None = None, blend: float | None = None):
             if out is None:
                 out = torch.empty((in_rows, dim), dtype=rows_RD.dtype, device=buf.device)
             for seg_buf, seg_bits, seg_out in zip(
