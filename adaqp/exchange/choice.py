@@ -27,7 +27,8 @@ cycle, not the planner's); the keys it leaves fresh use the planner's widths fro
   cost no accuracy where a synchronous start (4 epochs) before them cost 0.7-1.3
   points (docs/staleness.md).
 
-A stale key stays stale: while it is stale its fresh wait is not observed, and a switch
+A stale key stays stale: while it is stale its fresh wait is not observed (nor its drift
+measured: where every key is stale an epoch costs what ``onebit``'s does), and a switch
 back would restart its moving average (a first version that switched back above a
 drift limit switched some key at 16 of 20 choices and lost accuracy).
 
@@ -188,14 +189,16 @@ class ChoicePolicy(AdaptivePolicy):
     def start(self, key: ExchangeKey, rows_RD: torch.Tensor) -> Pending:
         if not self._training:
             return self.transport.start(rows_RD, key)
-        stale = self._is_stale(key)
-        # A stale key stays stale: tracing it (a pass over its rows every epoch) would
-        # only feed a solve whose plan it never uses.
-        if self.planner.tracing and not stale:
-            self.planner.trace(key, rows_RD)
-        self._measure_drift(key, rows_RD)
-        if stale:
+        # A stale key stays stale: neither traced (a pass over its rows every epoch for a
+        # solve whose plan it never uses) nor measured (the choice no longer asks its
+        # drift). Where every key is stale, an epoch costs what ``onebit``'s does.
+        if key in self.stale_keys:
             return self.stale.start(key, rows_RD)
+        self._measure_drift(key, rows_RD)
+        if self._epoch == 1:  # onebit's first epoch, measured for the first choice
+            return self.stale.start(key, rows_RD)
+        if self.planner.tracing:
+            self.planner.trace(key, rows_RD)
         pending = ExchangePolicy.start(self, key, rows_RD)
         self._last_fresh[key] = pending.handle
         return pending
@@ -231,11 +234,14 @@ class ChoicePolicy(AdaptivePolicy):
 
     def _choose(self, epoch: int) -> None:
         """Re-decides every key from this cycle's waits and drifts (same on all ranks)."""
-        keys = sorted(self._sums, key=str)
+        # A stale key has no sums (unknown figures: its pooled drift stays as last measured).
+        keys = sorted(set(self._sums) | self.stale_keys, key=str)
+        unknown = [[None, 0, 0.0], [None, 0, 0.0]]
         # Per key: drift_figures' three figures, summed over ranks; then the epochs' seconds
         # and their count (each rank timed its own), and the key count.
+        cycle = self.config.choose_every
         figures = torch.tensor(
-            [x for k in keys for x in drift_figures(self._sums[k], self.config.choose_every)]
+            [x for k in keys for x in drift_figures(self._sums.get(k, unknown), cycle)]
             + [sum(self._epoch_s), float(len(self._epoch_s)), float(len(keys))],
             dtype=torch.float64,
         )
