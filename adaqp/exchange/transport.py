@@ -16,9 +16,9 @@ or receive: a collective that one rank skipped would leave its peers waiting.
 With a ``BitPlan`` every row travels at its planned width: each peer gets one uint8
 buffer laid out by ``quant.quantize_mixed`` (float32 row min/max, then packed codes),
 followed by the plain float32 rows of any row planned at full precision (32); sender
-and receiver know the widths, so no header travels (``adaqp/quant/segment.py``). The
-quantizer's path (compiled CPU kernels or torch operators, same bytes) is chosen per
-transport. Without a plan, rows travel as
+and receiver know the widths, so no header travels (``adaqp/quant/segment.py``; the
+whole buffer: ``adaqp/exchange/message.py``). The quantizer's path (compiled CPU kernels
+or torch operators, same bytes) is chosen per transport. Without a plan, rows travel as
 float32. Every wait is bounded by ``timeout_s`` and fails naming the rank and the step.
 
 Shapes: S rows sent in forward, H halo rows, D features, R rows in one direction.
@@ -30,16 +30,17 @@ import enum
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from adaqp.bits import FULL_PRECISION_BITS
+from adaqp.exchange import message
+from adaqp.exchange.message import BitPlan
 from adaqp.quant import kernels as quant_kernels
 from adaqp.quant.mixed import blend_
-from adaqp.quant.segment import decode_segment, encode_segment, segment_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -94,55 +95,6 @@ class ExchangeKey:
 
 INPUT_CACHE_KEY = ExchangeKey(0, Direction.INPUT_CACHE)
 SETUP_KEY = ExchangeKey(0, Direction.SETUP)
-
-
-@dataclass(frozen=True)
-class BitPlan:
-    """Per-row widths of one exchange, in this rank's send and receive order."""
-
-    out_bits: torch.Tensor
-    """int8 [R_out]: width of each row this rank sends (peer segments in rank order)."""
-    in_bits: torch.Tensor
-    """int8 [R_in]: width of each row this rank receives (peer segments in rank order)."""
-    _splits: dict[int, tuple[list[int], list[int]]] = field(
-        default_factory=dict, compare=False, repr=False
-    )
-    has_full: bool = field(init=False, compare=False)
-    """Whether any row travels at full precision (32) in either direction."""
-    all_full: bool = field(init=False, compare=False)
-    """Whether every row does, both ways: the exchange is then Vanilla's (same bytes)."""
-
-    def __post_init__(self) -> None:
-        out_full = self.out_bits == FULL_PRECISION_BITS
-        in_full = self.in_bits == FULL_PRECISION_BITS
-        # Frozen: set once, here.
-        object.__setattr__(self, "has_full", bool(out_full.any()) or bool(in_full.any()))
-        object.__setattr__(self, "all_full", bool(out_full.all()) and bool(in_full.all()))
-
-    @classmethod
-    def uniform(cls, bits: int, out_rows: int, in_rows: int, device) -> BitPlan:
-        return cls(
-            torch.full((out_rows,), bits, dtype=torch.int8, device=device),
-            torch.full((in_rows,), bits, dtype=torch.int8, device=device),
-        )
-
-    def byte_splits(self, dim: int, out_counts: list[int], in_counts: list[int]):
-        """Bytes sent to and received from each peer for rows of width ``dim`` (cached)."""
-        if dim not in self._splits:
-            self._splits[dim] = (
-                _segment_bytes(self.out_bits, out_counts, dim),
-                _segment_bytes(self.in_bits, in_counts, dim),
-            )
-        return self._splits[dim]
-
-    def bits_histogram(self, dim: int) -> dict[int, int]:
-        """Values this rank sends, by width."""
-        widths, counts = torch.unique(self.out_bits, return_counts=True)
-        return {int(b): int(c) * dim for b, c in zip(widths, counts, strict=True)}
-
-
-def _segment_bytes(bits: torch.Tensor, counts: list[int], dim: int) -> list[int]:
-    return [segment_bytes(seg, dim) for seg in torch.split(bits, counts)]
 
 
 class PendingExchange:
@@ -380,37 +332,19 @@ class HaloTransport:
             )
 
         began = time.perf_counter()
-        out_bytes, in_bytes = plan.byte_splits(dim, out_counts, in_counts)
-        send = torch.empty(sum(out_bytes), dtype=torch.uint8, device=rows_RD.device)
-        for seg_rows, seg_bits, seg_out in zip(
-            torch.split(rows_RD, out_counts),
-            torch.split(plan.out_bits, out_counts),
-            torch.split(send, out_bytes),
-            strict=True,
-        ):
-            if seg_rows.shape[0]:
-                encode_segment(
-                    seg_rows, seg_bits, self.generator, seg_out, plan.has_full, self.kernels
-                )
+        sent, received = plan.layouts(dim, out_counts, in_counts)
+        send = torch.empty(sum(sent.segment_bytes), dtype=torch.uint8, device=rows_RD.device)
+        message.encode(rows_RD, sent, self.generator, send, plan.has_full, self.kernels)
         # The exchange clock starts once the payload is ready: quantization is counted
         # apart and is not communication that compute could hide.
         quantized = time.perf_counter()
-        recv = torch.empty(sum(in_bytes), dtype=torch.uint8, device=rows_RD.device)
-        work = self._launch(recv, send, in_bytes, out_bytes, key)
+        recv = torch.empty(sum(received.segment_bytes), dtype=torch.uint8, device=rows_RD.device)
+        work = self._launch(recv, send, received.segment_bytes, sent.segment_bytes, key)
 
         def decode(buf: torch.Tensor, out: torch.Tensor | None = None, blend: float | None = None):
             if out is None:
                 out = torch.empty((in_rows, dim), dtype=rows_RD.dtype, device=buf.device)
-            for seg_buf, seg_bits, seg_out in zip(
-                torch.split(buf, in_bytes),
-                torch.split(plan.in_bits, in_counts),
-                torch.split(out, in_counts),
-                strict=True,
-            ):
-                if seg_out.shape[0]:
-                    args = (seg_buf, seg_bits, dim, seg_out, plan.has_full, self.kernels)
-                    decode_segment(*args, blend=blend)
-            return out
+            return message.decode(buf, received, out, plan.has_full, self.kernels, blend)
 
         return PendingExchange(
             self,

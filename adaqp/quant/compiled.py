@@ -8,8 +8,9 @@ the threads live in :mod:`adaqp.quant.kernels`; this module holds only the numba
 
 **The random draw.** A message (one call) takes one 64-bit seed ``s``, drawn from the torch
 generator by the caller (:func:`adaqp.quant.kernels.message_seed`). Value ``(r, j)`` of an
-``[R, D]`` message (row ``r``, column ``j``) draws the 16-bit lane ``j mod 4`` (bits
-``16·(j mod 4)`` and up) of the word ``w(c) = mix64(s + (c + 1)·γ mod 2**64)`` with counter
+``[R, D]`` message (row ``r``, column ``j``; an exchange's buffer of peer segments is one
+message, its rows counted across the segments, :mod:`adaqp.exchange.message`) draws the
+16-bit lane ``j mod 4`` (bits ``16·(j mod 4)`` and up) of the word ``w(c) = mix64(s + (c + 1)·γ mod 2**64)`` with counter
 ``c = r·ceil(D / 4) + j // 4``: ``w(c)`` is output ``c + 1`` of SplitMix64 (Steele, Lea and
 Flood, 2014) seeded with ``s`` (``γ = 0x9E3779B97F4A7C15``, ``mix64`` its finaliser). Codes
 therefore depend on ``(s, r, j)`` and the value only: not on the thread count, the order rows
@@ -86,6 +87,11 @@ def _spread_bits_table():
 
 
 _SPREAD1 = _spread_bits_table()
+_GATHER1 = np.uint64(0x0102040810204080)
+"""Times a word of eight 0/1 bytes (byte ``k`` = code ``k``), its top byte has code ``k`` at
+bit ``k``: byte ``k`` reaches bit ``56 + k`` by the term ``2**(56 - 7k)`` alone, and no two
+products overlap, so nothing carries."""
+_S56 = np.uint64(56)
 _U3, _U12, _U48, _U192 = np.uint32(3), np.uint32(12), np.uint32(48), np.uint32(192)
 _U4, _U6, _U15, _U18 = np.uint32(4), np.uint32(6), np.uint32(15), np.uint32(18)
 _U240 = np.uint32(240)
@@ -105,6 +111,7 @@ def _quantize_rows(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, start, st
     words = np.zeros(groups, np.uint64)
     draws = words.view(np.uint16)  # draw j: lane j % 4 of word j // 4 (little-endian)
     c = np.zeros((dim + 7) // 8 * 8 + 8, np.uint8)  # codes; zero tail: packing reads whole bytes
+    c64 = c.view(np.uint64)
     skipped = 0
     for r in range(start, stop):
         bits = bits_R[r]
@@ -147,11 +154,9 @@ def _quantize_rows(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, start, st
             for i in range(out.shape[0]):
                 j = 4 * i
                 out[i] = c[j] | (c[j + 1] << 2) | (c[j + 2] << 4) | (c[j + 3] << 6)
-        else:
+        else:  # eight 0/1 code bytes, little-endian in a word: one multiply gathers them
             for i in range(out.shape[0]):
-                j = 8 * i
-                low = c[j] | (c[j + 1] << 1) | (c[j + 2] << 2) | (c[j + 3] << 3)
-                out[i] = low | (c[j + 4] << 4) | (c[j + 5] << 5) | (c[j + 6] << 6) | (c[j + 7] << 7)
+                out[i] = np.uint8((c64[i] * _GATHER1) >> _S56)
     return skipped
 
 
@@ -235,6 +240,34 @@ def dequantize_parallel(payload, bits_R, offsets_R, mins, maxs, out_RD, weight, 
     for c in prange(chunks):
         start, stop = c * rows // chunks, (c + 1) * rows // chunks
         _dequantize_rows(payload, bits_R, offsets_R, mins, maxs, out_RD, weight, start, stop)
+
+
+@njit(cache=True, nogil=True)
+def place_metadata(mins, maxs, seg_starts, seg_rows, payload):
+    """Writes each segment's float32 row minima, then maxima, at its start ``seg_starts[s]``
+    in ``payload`` (the metadata of a :func:`~adaqp.quant.mixed.quantize_mixed` message per
+    segment); segment ``s`` holds the next ``seg_rows[s]`` rows of ``mins``/``maxs``."""
+    lo, hi = mins.view(np.uint8), maxs.view(np.uint8)
+    first = 0
+    for s in range(seg_starts.shape[0]):
+        size, base = 4 * seg_rows[s], seg_starts[s]
+        for i in range(size):
+            payload[base + i] = lo[first + i]
+            payload[base + size + i] = hi[first + i]
+        first += size
+
+
+@njit(cache=True, nogil=True)
+def take_metadata(payload, seg_starts, seg_rows, mins, maxs):
+    """The inverse of :func:`place_metadata`: reads every segment's minima and maxima."""
+    lo, hi = mins.view(np.uint8), maxs.view(np.uint8)
+    first = 0
+    for s in range(seg_starts.shape[0]):
+        size, base = 4 * seg_rows[s], seg_starts[s]
+        for i in range(size):
+            lo[first + i] = payload[base + i]
+            hi[first + i] = payload[base + size + i]
+        first += size
 
 
 MASK_BLOCK = 4096

@@ -241,6 +241,47 @@ def dequantize_mixed(
     return _decode(payload, bits, offsets, mins, maxs, out, blend)
 
 
+def segment_layout(bits_R: Tensor, counts: list[int], dim: int) -> tuple:
+    """Where every row of a message of peer segments sits (segments in order, ``counts[s]``
+    rows each, each in the :func:`quantize_mixed` layout): ``(widths, offsets, starts,
+    rows)`` numpy arrays for :func:`quantize_segments` and :func:`dequantize_segments`;
+    ``offsets`` count from the message's first byte."""
+    widths = _widths(bits_R)
+    offsets = np.empty(widths.shape[0], np.int64)
+    starts = np.zeros(len(counts), np.int64)
+    base = first = 0
+    for s, count in enumerate(counts):
+        starts[s] = base
+        local, size = _mixed_layout(widths[first : first + count], dim)
+        offsets[first : first + count] = local + base
+        base, first = base + size, first + count
+    return widths, offsets, starts, np.asarray(counts, np.int64)
+
+
+def quantize_segments(x_RD: Tensor, layout: tuple, generator, out: Tensor) -> Tensor:
+    """Every segment of a message (``layout`` from :func:`segment_layout`) quantized into
+    uint8 ``out`` in one call, one seed for the whole message: each segment is then a
+    :func:`quantize_mixed` buffer of its rows."""
+    widths, offsets, starts, rows = layout
+    payload = _numpy(out)
+    mins, maxs = _encode(x_RD, widths, offsets, payload, generator)
+    _compiled_module().place_metadata(mins, maxs, starts, rows, payload)
+    return out
+
+
+def dequantize_segments(
+    buf: Tensor, layout: tuple, out_RD: Tensor, blend: float | None = None
+) -> Tensor:
+    """Inverse of :func:`quantize_segments` into float32 ``out_RD``, or with ``blend`` blended
+    into it, in one call."""
+    widths, offsets, starts, rows = layout
+    payload = _numpy(buf)
+    mins = np.empty(widths.shape[0], np.float32)
+    maxs = np.empty(widths.shape[0], np.float32)
+    _compiled_module().take_metadata(payload, starts, rows, mins, maxs)
+    return _decode(payload, widths, offsets, mins, maxs, out_RD, blend)
+
+
 def quantize_rows(x_RD: Tensor, bits: int, generator, packed: Tensor) -> tuple[Tensor, Tensor]:
     """:func:`adaqp.quant.quantize` on the compiled path: fills uint8 ``packed``
     ``[R, packed_row_bytes]`` and returns float32 ``(minimum, maximum)``."""
@@ -298,6 +339,9 @@ def warm_up() -> bool:
     bits = torch.tensor([1, 8], dtype=torch.int8)
     buf = quantize_mixed(x, bits, torch.Generator().manual_seed(0), None)
     dequantize_mixed(buf, bits, 8, None)
+    layout = segment_layout(bits, [1, 1], 8)
+    quantize_segments(x, layout, torch.Generator().manual_seed(0), buf)
+    dequantize_segments(buf, layout, x)
     masked_scale(x, np.uint64(0), keep_threshold(0.5), 2.0)
     if threads() > 1:  # compile only: starting numba's pool is left to the first real call
         for serial, parallel in (

@@ -1,0 +1,138 @@
+"""Tests for adaqp.exchange.message: one direction of a planned exchange as one buffer of
+peer segments, encoded and decoded in one compiled call where no row is float32."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from adaqp.bits import SUPPORTED_BITS
+from adaqp.exchange import message
+from adaqp.exchange.message import BitPlan, MessageLayout
+from adaqp.quant import kernels as K
+from adaqp.quant.mixed import blend_
+from adaqp.quant.pack import unpack
+from adaqp.quant.segment import decode_segment, encode_segment
+from tests.quant.helpers import _gen
+from tests.quant.test_kernels import _codes
+
+pytestmark = pytest.mark.skipif(not K.compiled_available(), reason="numba is not importable")
+
+COUNTS = [5, 0, 7, 3]  # a peer with nothing to receive among them
+
+
+def _widths(rows: int, seed: int) -> torch.Tensor:
+    pick = torch.randint(len(SUPPORTED_BITS), (rows,), generator=_gen(seed))
+    return torch.tensor(SUPPORTED_BITS, dtype=torch.int8)[pick]
+
+
+def _segments(layout: MessageLayout, buf: torch.Tensor):
+    """Per segment: (its first row, its rows, its bytes)."""
+    first = 0
+    for count, chunk in zip(layout.counts, torch.split(buf, layout.segment_bytes), strict=True):
+        yield first, count, chunk
+        first += count
+
+
+@pytest.mark.parametrize("dim", [1, 8, 9, 67])
+def test_one_call_writes_every_segment_as_a_message_of_its_own(dim: int):
+    rows = sum(COUNTS)
+    x = torch.randn(rows, dim, generator=_gen(1)) * 3
+    layout = MessageLayout(_widths(rows, 2), COUNTS, dim)
+    buf = torch.empty(sum(layout.segment_bytes), dtype=torch.uint8)
+    generator = _gen(3)
+    message.encode(x, layout, generator, buf, has_full=False, kernels="compiled")
+    # One seed for the whole buffer; row r of it draws as row r of one message.
+    seed = K.message_seed(_gen(3))
+    codes = _codes(x, layout.bits_R, seed)
+    decoded = message.decode(buf, layout, torch.empty(rows, dim), False, "compiled")
+    for first, count, chunk in _segments(layout, buf):
+        if count == 0:
+            assert chunk.numel() == 0
+            continue
+        own = slice(first, first + count)
+        bits_r = layout.bits_R[own]
+        # The metadata: the segment's row minima, then maxima, in its first bytes.
+        meta = chunk[: 8 * count].clone().view(torch.float32)
+        assert torch.equal(meta[:count], x[own].min(1).values)
+        assert torch.equal(meta[count:], x[own].max(1).values)
+        # Each segment decodes on its own, on either path, to the rows the one call gives.
+        for kernels in ("torch", "compiled"):
+            alone = torch.empty(count, dim)
+            decode_segment(chunk, bits_r, dim, alone, False, kernels)
+            assert torch.equal(alone, decoded[own]), kernels
+        # And its codes are the stated hash of (seed, row of the whole buffer, column).
+        offset = 8 * count
+        for bits in SUPPORTED_BITS:
+            index = (bits_r == bits).nonzero().squeeze(1)
+            if index.numel() == 0:
+                continue
+            width = -(-dim * bits // 8)
+            packed = chunk[offset : offset + index.numel() * width].view(-1, width)
+            offset += index.numel() * width
+            got = unpack(packed, bits, dim).numpy()
+            np.testing.assert_array_equal(got, codes[first + index.numpy()])
+
+
+def test_one_call_blends_as_decode_then_blend_bit_for_bit():
+    rows, dim = sum(COUNTS), 33
+    layout = MessageLayout(torch.ones(rows, dtype=torch.int8), COUNTS, dim)
+    buf = torch.empty(sum(layout.segment_bytes), dtype=torch.uint8)
+    message.encode(torch.randn(rows, dim), layout, _gen(4), buf, False, "compiled")
+    average = torch.randn(rows, dim, generator=_gen(5))
+    expected = blend_(
+        average.clone(), message.decode(buf, layout, torch.empty(rows, dim), False, "compiled"), 0.1
+    )
+    got = message.decode(buf, layout, average, False, "compiled", blend=0.1)
+    assert got is average and torch.equal(got, expected)
+
+
+def test_torch_path_and_float32_rows_encode_segment_by_segment():
+    rows, dim = sum(COUNTS), 9
+    x = torch.randn(rows, dim, generator=_gen(6))
+    widths = _widths(rows, 7)
+    widths[::3] = 32  # some rows at full precision: each segment on its own
+    layout = MessageLayout(widths, COUNTS, dim)
+    for kernels in ("torch", "compiled"):
+        buf = torch.empty(sum(layout.segment_bytes), dtype=torch.uint8)
+        message.encode(x, layout, _gen(8), buf, has_full=True, kernels=kernels)
+        expected = torch.empty(sum(layout.segment_bytes), dtype=torch.uint8)
+        generator = _gen(8)
+        for first, count, chunk in _segments(layout, expected):
+            if count:
+                own = slice(first, first + count)
+                encode_segment(x[own], widths[own], generator, chunk, True, kernels)
+        assert torch.equal(buf, expected), kernels
+        decoded = message.decode(buf, layout, torch.empty(rows, dim), True, kernels)
+        assert torch.equal(decoded[widths == 32], x[widths == 32]), kernels
+
+
+def test_one_call_does_not_depend_on_the_thread_count():
+    rows, dim = 600, 64  # 2**15 values and more take the prange kernels with 2 threads
+    counts = [200, 100, 300]
+    x = torch.randn(rows, dim, generator=_gen(9))
+    layout = MessageLayout(_widths(rows, 10), counts, dim)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            buf = torch.empty(sum(layout.segment_bytes), dtype=torch.uint8)
+            message.encode(x, layout, _gen(11), buf, False, "compiled")
+            results.append((buf, message.decode(buf, layout, torch.empty(rows, dim), False, None)))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
+
+
+def test_a_plan_computes_its_layouts_and_histogram_once():
+    plan = BitPlan(_widths(15, 12), _widths(9, 13))
+    sent, received = plan.layouts(8, [5, 10], [4, 5])
+    assert plan.layouts(8, [5, 10], [4, 5]) == (sent, received)
+    assert plan.byte_splits(8, [5, 10], [4, 5]) == (sent.segment_bytes, received.segment_bytes)
+    histogram = plan.bits_histogram(8)
+    assert sum(histogram.values()) == 15 * 8
+    histogram.clear()  # a copy: the cached one stays
+    assert sum(plan.bits_histogram(8).values()) == 15 * 8
