@@ -12,10 +12,11 @@ generator by the caller (:func:`adaqp.quant.kernels.message_seed`). Value ``(r, 
 message, its rows counted across the segments, :mod:`adaqp.exchange.message`) draws the
 16-bit lane ``j mod 4`` (bits ``16·(j mod 4)`` and up) of the word
 ``w(c) = mix64(s + (c + 1)·γ mod 2**64)`` with counter ``c = r·ceil(D / 4) + j // 4``:
-``w(c)`` is output ``c + 1`` of SplitMix64 (Steele, Lea and Flood, 2014) seeded with ``s`` (``γ = 0x9E3779B97F4A7C15``, ``mix64`` its finaliser). Codes
-therefore depend on ``(s, r, j)`` and the value only: not on the thread count, the order rows
-are visited in or how rows split into widths, and a checkpoint of the torch generator replays
-them bit for bit.
+``w(c)`` is output ``c + 1`` of SplitMix64 (Steele, Lea and Flood, 2014) seeded with ``s``
+(``γ = 0x9E3779B97F4A7C15``, ``mix64`` its finaliser). Codes therefore depend on
+``(s, r, j)`` and the value only: not on the thread count, the order rows are visited in or
+how rows split into widths, and a checkpoint of the torch generator replays them bit for
+bit.
 
 **Rounding.** ``t = min((x - m) / Δ, L)`` as in :mod:`adaqp.quant.rows` (``Δ = (M - m) / L``,
 divided by 1 where it is 0), ``ρ = rint(2**16·t)`` (exact in float32, rounded half to even), and
