@@ -252,6 +252,9 @@ class HaloTransport:
         device: where quantization buffers live.
         kernels: the quantizer's path, ``auto``, ``torch`` or ``compiled`` (None: the process
             default; see adaqp/quant/kernels.py), resolved here for ``device``.
+        send_idx: the inner row each forward row is (``[S]``), if forward rows are always
+            ``rows.index_select(0, send_idx)``: a row sent to several peers is then
+            quantized once (``adaqp/exchange/message.py``).
     """
 
     def __init__(
@@ -264,8 +267,10 @@ class HaloTransport:
         seed: int = 0,
         device: torch.device | str = "cpu",
         kernels: str | None = None,
+        send_idx: torch.Tensor | None = None,
     ):
         self.rank = rank
+        self.send_idx = send_idx
         self.send_counts = list(send_counts)
         self.recv_counts = list(recv_counts)
         self.timeout_s = timeout_s
@@ -332,7 +337,8 @@ class HaloTransport:
             )
 
         began = time.perf_counter()
-        sent, received = plan.layouts(dim, out_counts, in_counts)
+        sources = self.send_idx if key.direction is Direction.FORWARD else None
+        sent, received = plan.layouts(dim, out_counts, in_counts, sources)
         send = torch.empty(sum(sent.segment_bytes), dtype=torch.uint8, device=rows_RD.device)
         message.encode(rows_RD, sent, self.generator, send, plan.has_full, self.kernels)
         # The exchange clock starts once the payload is ready: quantization is counted

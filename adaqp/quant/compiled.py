@@ -102,7 +102,7 @@ _U240 = np.uint32(240)
 
 
 @njit(cache=True)
-def _quantize_rows(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, start, stop):
+def _quantize_rows(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, first_R, start, stop):
     """Quantizes rows ``start`` to ``stop`` (see :func:`quantize_serial`); returns how many
     were skipped as non-finite."""
     dim = x_RD.shape[1]
@@ -114,7 +114,10 @@ def _quantize_rows(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, start, st
     c = np.zeros((dim + 7) // 8 * 8 + 8, np.uint8)  # codes; zero tail: packing reads whole bytes
     c64 = c.view(np.uint64)
     skipped = 0
+    repeats = first_R.shape[0] > 0
     for r in range(start, stop):
+        if repeats and first_R[r] >= 0:
+            continue  # a copy of an earlier row: copy_repeats fills it
         bits = bits_R[r]
         out = payload[offsets_R[r] : offsets_R[r] + (dim * bits + 7) // 8]
         row, row_bits = x_RD[r], xbits[r]
@@ -162,21 +165,25 @@ def _quantize_rows(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, start, st
 
 
 @njit(cache=True, nogil=True)
-def quantize_serial(x_RD, bits_R, seed, offsets_R, payload, mins, maxs):
+def quantize_serial(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, first_R):
     """Quantizes every row of float32 ``x_RD`` at its width into ``payload`` at
     ``offsets_R``, and its float32 minimum and maximum into ``mins``/``maxs``; one thread.
-    Returns how many rows held NaN or ±Inf or a range overflowing float32 (their codes: 0)."""
-    return _quantize_rows(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, 0, x_RD.shape[0])
+    Returns how many rows held NaN or ±Inf or a range overflowing float32 (their codes: 0).
+    Rows ``r`` with ``first_R[r] >= 0`` are left to :func:`copy_repeats` (``first_R`` empty:
+    none)."""
+    rows = x_RD.shape[0]
+    return _quantize_rows(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, first_R, 0, rows)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def quantize_parallel(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, chunks):
+def quantize_parallel(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, first_R, chunks):
     """:func:`quantize_serial` over ``chunks`` slices of rows on numba's threads."""
     rows = x_RD.shape[0]
     skipped = 0
     for c in prange(chunks):
         start, stop = c * rows // chunks, (c + 1) * rows // chunks
-        skipped += _quantize_rows(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, start, stop)
+        args = (x_RD, bits_R, seed, offsets_R, payload, mins, maxs, first_R, start, stop)
+        skipped += _quantize_rows(*args)
     return skipped
 
 
@@ -241,6 +248,21 @@ def dequantize_parallel(payload, bits_R, offsets_R, mins, maxs, out_RD, weight, 
     for c in prange(chunks):
         start, stop = c * rows // chunks, (c + 1) * rows // chunks
         _dequantize_rows(payload, bits_R, offsets_R, mins, maxs, out_RD, weight, start, stop)
+
+
+@njit(cache=True, nogil=True)
+def copy_repeats(first_R, bits_R, offsets_R, payload, mins, maxs, dim):
+    """Row ``r`` with ``first_R[r] >= 0`` repeats row ``first_R[r]`` (same values, same width,
+    quantized already): its codes, minimum and maximum are copied from there. A row that is
+    sent to several peers is quantized once, and each peer gets the same codes."""
+    for r in range(first_R.shape[0]):
+        f = first_R[r]
+        if f < 0:
+            continue
+        size, src, dst = (dim * bits_R[r] + 7) // 8, offsets_R[f], offsets_R[r]
+        for i in range(size):
+            payload[dst + i] = payload[src + i]
+        mins[r], maxs[r] = mins[f], maxs[f]
 
 
 @njit(cache=True, nogil=True)

@@ -137,8 +137,14 @@ def _metadata_error(mins: np.ndarray, maxs: np.ndarray) -> ValueError:
     return ValueError("cannot quantize: a row's range max - min overflows float32")
 
 
-def _encode(x_RD: Tensor, bits_R: np.ndarray, offsets_R, payload, generator) -> tuple:
-    """Runs the quantize kernel; returns float32 ``(mins, maxs)`` numpy arrays."""
+_NO_REPEATS = np.empty(0, np.int64)
+
+
+def _encode(
+    x_RD: Tensor, bits_R: np.ndarray, offsets_R, payload, generator, first_R=_NO_REPEATS
+) -> tuple:
+    """Runs the quantize kernel; returns float32 ``(mins, maxs)`` numpy arrays. A row ``r``
+    with ``first_R[r] >= 0`` gets the codes of that earlier row, the same values."""
     kernels = _compiled_module()
     rows, dim = x_RD.shape
     mins = np.zeros(rows, np.float32)
@@ -149,10 +155,12 @@ def _encode(x_RD: Tensor, bits_R: np.ndarray, offsets_R, payload, generator) -> 
     seed = message_seed(generator)
     count = _parallel(x_RD.numel())
     if count == 1:
-        skipped = kernels.quantize_serial(x, bits_R, seed, offsets_R, payload, mins, maxs)
+        skipped = kernels.quantize_serial(x, bits_R, seed, offsets_R, payload, mins, maxs, first_R)
     else:
-        args = (x, bits_R, seed, offsets_R, payload, mins, maxs, 4 * count)
+        args = (x, bits_R, seed, offsets_R, payload, mins, maxs, first_R, 4 * count)
         skipped = kernels.quantize_parallel(*args)
+    if first_R.shape[0]:
+        kernels.copy_repeats(first_R, bits_R, offsets_R, payload, mins, maxs, dim)
     if skipped:
         raise _metadata_error(mins, maxs)
     return mins, maxs
@@ -241,11 +249,17 @@ def dequantize_mixed(
     return _decode(payload, bits, offsets, mins, maxs, out, blend)
 
 
-def segment_layout(bits_R: Tensor, counts: list[int], dim: int) -> tuple:
+def segment_layout(
+    bits_R: Tensor, counts: list[int], dim: int, sources: np.ndarray | None = None
+) -> tuple:
     """Where every row of a message of peer segments sits (segments in order, ``counts[s]``
     rows each, each in the :func:`quantize_mixed` layout): ``(widths, offsets, starts,
-    rows)`` numpy arrays for :func:`quantize_segments` and :func:`dequantize_segments`;
-    ``offsets`` count from the message's first byte."""
+    rows, first)`` numpy arrays for :func:`quantize_segments` and
+    :func:`dequantize_segments`; ``offsets`` count from the message's first byte.
+
+    ``sources``: where row values come from (equal sources, equal rows: a node sent to
+    several peers). ``first[r]`` is the earlier row of the same source and width whose codes
+    row ``r`` takes, -1 for a row quantized itself (all -1 without ``sources``: empty)."""
     widths = _widths(bits_R)
     offsets = np.empty(widths.shape[0], np.int64)
     starts = np.zeros(len(counts), np.int64)
@@ -255,16 +269,22 @@ def segment_layout(bits_R: Tensor, counts: list[int], dim: int) -> tuple:
         local, size = _mixed_layout(widths[first : first + count], dim)
         offsets[first : first + count] = local + base
         base, first = base + size, first + count
-    return widths, offsets, starts, np.asarray(counts, np.int64)
+    repeats = _NO_REPEATS
+    if sources is not None and widths.shape[0]:
+        key = np.asarray(sources, np.int64) * 64 + widths  # widths are below 64
+        _, first_of, inverse = np.unique(key, return_index=True, return_inverse=True)
+        earlier = first_of[inverse]
+        repeats = np.where(earlier == np.arange(widths.shape[0]), -1, earlier).astype(np.int64)
+    return widths, offsets, starts, np.asarray(counts, np.int64), repeats
 
 
 def quantize_segments(x_RD: Tensor, layout: tuple, generator, out: Tensor) -> Tensor:
     """Every segment of a message (``layout`` from :func:`segment_layout`) quantized into
     uint8 ``out`` in one call, one seed for the whole message: each segment is then a
     :func:`quantize_mixed` buffer of its rows."""
-    widths, offsets, starts, rows = layout
+    widths, offsets, starts, rows, first = layout
     payload = _numpy(out)
-    mins, maxs = _encode(x_RD, widths, offsets, payload, generator)
+    mins, maxs = _encode(x_RD, widths, offsets, payload, generator, first)
     _compiled_module().place_metadata(mins, maxs, starts, rows, payload)
     return out
 
@@ -274,7 +294,7 @@ def dequantize_segments(
 ) -> Tensor:
     """Inverse of :func:`quantize_segments` into float32 ``out_RD``, or with ``blend`` blended
     into it, in one call."""
-    widths, offsets, starts, rows = layout
+    widths, offsets, starts, rows, _ = layout
     payload = _numpy(buf)
     mins = np.empty(widths.shape[0], np.float32)
     maxs = np.empty(widths.shape[0], np.float32)
@@ -339,7 +359,9 @@ def warm_up() -> bool:
     bits = torch.tensor([1, 8], dtype=torch.int8)
     buf = quantize_mixed(x, bits, torch.Generator().manual_seed(0), None)
     dequantize_mixed(buf, bits, 8, None)
-    layout = segment_layout(bits, [1, 1], 8)
+    ones = torch.ones(2, dtype=torch.int8)
+    layout = segment_layout(ones, [1, 1], 8, sources=np.zeros(2, np.int64))  # a repeat
+    buf = torch.empty(18, dtype=torch.uint8)
     quantize_segments(x, layout, torch.Generator().manual_seed(0), buf)
     dequantize_segments(buf, layout, x)
     masked_scale(x, np.uint64(0), keep_threshold(0.5), 2.0)

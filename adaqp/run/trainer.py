@@ -130,6 +130,7 @@ class Trainer:
                 timeout_s=config.comm.timeout_s,
                 seed=config.quant.seed,
                 device=world.device,
+                send_idx=graph.send_idx,
             )
         if mode == "nocomm":
             logger.warning(

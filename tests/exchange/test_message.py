@@ -136,3 +136,32 @@ def test_a_plan_computes_its_layouts_and_histogram_once():
     assert sum(histogram.values()) == 15 * 8
     histogram.clear()  # a copy: the cached one stays
     assert sum(plan.bits_histogram(8).values()) == 15 * 8
+
+
+def test_a_row_sent_to_several_peers_is_quantized_once_per_width():
+    dim, counts = 19, [6, 6]
+    sources = torch.tensor([0, 1, 2, 3, 4, 5, 3, 1, 0, 9, 2, 7])  # node 2: two widths
+    widths = torch.tensor([1, 2, 4, 8, 1, 2, 8, 2, 1, 4, 2, 1], dtype=torch.int8)
+    h = torch.randn(10, dim, generator=_gen(14))
+    x = h.index_select(0, sources)
+    layout = MessageLayout(widths, counts, dim, sources)
+    buf = torch.empty(sum(layout.segment_bytes), dtype=torch.uint8)
+    message.encode(x, layout, _gen(15), buf, False, "compiled")
+    rows = message.decode(buf, layout, torch.empty(12, dim), False, "compiled")
+    codes = _codes(x, widths, K.message_seed(_gen(15)))
+    offsets = layout.compiled[1]
+    repeats = {6: 3, 7: 1, 8: 0}  # row: the earlier row of the same node and width
+    for r in range(12):
+        first = repeats.get(r, r)
+        size = -(-dim * int(widths[r]) // 8)
+        own = buf[offsets[r] : offsets[r] + size]
+        assert torch.equal(own, buf[offsets[first] : offsets[first] + size]), r
+        got = unpack(own.view(1, -1), int(widths[r]), dim).numpy()[0]
+        np.testing.assert_array_equal(got, codes[first])  # drawn as the first row
+        assert torch.equal(rows[r], rows[first]), r
+    # Node 2 at widths 4 and 2 (rows 2 and 10): each quantized on its own.
+    assert not torch.equal(rows[2], rows[10])
+    # Without sources every row draws its own codes.
+    alone = torch.empty_like(buf)
+    message.encode(x, MessageLayout(widths, counts, dim), _gen(15), alone, False, "compiled")
+    assert not torch.equal(alone, buf)
