@@ -4,7 +4,9 @@ bit width, for three implementations side by side in one run: the compiled CPU k
 the reference and the path for CUDA) and the implementation the torch path replaced. Also the
 dropout mask (``adaqp.model.dropout``) against nn.Dropout, and a copy of the message's bytes
 (the machine's memory bandwidth, the limit the kernels approach), and the moving average of
-stale one-bit rows decoded straight into it against decoded then averaged. Writes
+stale one-bit rows decoded straight into it against decoded then averaged, and one forward
+exchange's buffer of peer segments encoded and decoded a segment at a time, in one call, and
+in one call that quantizes a row sent to several peers once (``exchange_message``). Writes
 ``results/bench/quant.json``; the figures that matter are ratios within one run:
 ``kernel_speedup_by_bits`` (torch path / compiled kernels), ``dropout_speedup`` (nn.Dropout /
 the compiled mask) and ``speedup`` (the replaced implementation / the torch path, at 2 bits).
@@ -33,6 +35,8 @@ import torch
 from torch import Tensor, nn
 
 from adaqp.bench.quant_reference import reference_dequantize_mixed, reference_quantize_mixed
+from adaqp.exchange import message
+from adaqp.exchange.message import MessageLayout
 from adaqp.model.dropout import Dropout
 from adaqp.quant import (
     SUPPORTED_BITS,
@@ -42,6 +46,7 @@ from adaqp.quant import (
     row_step,
 )
 from adaqp.quant import kernels as quant_kernels
+from adaqp.quant.segment import decode_segment, encode_segment
 
 logger = logging.getLogger(__name__)
 
@@ -253,6 +258,76 @@ def _time_blend(x: Tensor, repeats: int, seed: int, bits: int = 1) -> dict[str, 
     return report
 
 
+def _exchange_sources(peers: int, rows: int, distinct: int, seed: int) -> Tensor:
+    """The inner row behind each row of a forward exchange: ``rows`` of ``distinct`` inner
+    rows for each of ``peers`` peers, so that some go to several (on the README cluster
+    workload a rank sends 6,387 rows, 3,755 of them distinct, to 3 peers)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.cat(
+        [torch.randperm(distinct, generator=g)[:rows].sort().values for _ in range(peers)]
+    )
+
+
+def _time_exchange(repeats: int, seed: int, peers: int = 3, rows: int = 2130) -> dict:
+    """One direction of a one-bit forward exchange of the README cluster workload's size,
+    encoded and decoded: a call per peer segment (as the transport did before), one call
+    for all segments, and one call that quantizes a row sent to several peers once;
+    256-wide and 8-wide rows, interleaved. Microseconds per exchange, encode + decode."""
+    sources = _exchange_sources(peers, rows, 3750, seed)
+    report: dict = {"peers": peers, "rows": len(sources), "distinct": len(sources.unique())}
+    for dim in (256, 8):
+        x = torch.randn(3750, dim, generator=torch.Generator().manual_seed(seed))[sources]
+        report[f"dim_{dim}"] = _time_exchange_sides(x, sources, [rows] * peers, repeats, seed)
+    return report
+
+
+def _time_exchange_sides(
+    x: Tensor, sources: Tensor, counts: list[int], repeats: int, seed: int
+) -> dict[str, float]:
+    dim = x.shape[1]
+    bits_R = torch.ones(len(sources), dtype=torch.int8)
+    plain = MessageLayout(bits_R, counts, dim)
+    dedup = MessageLayout(bits_R, counts, dim, sources)
+    buf = torch.empty(sum(plain.segment_bytes), dtype=torch.uint8)
+    out = torch.empty_like(x)
+    g = torch.Generator().manual_seed(seed)
+
+    def per_segment():
+        pieces = zip(
+            torch.split(x, counts),
+            torch.split(bits_R, counts),
+            torch.split(buf, plain.segment_bytes),
+            torch.split(out, counts),
+            strict=True,
+        )
+        for seg_x, seg_bits, seg_buf, seg_out in pieces:
+            encode_segment(seg_x, seg_bits, g, seg_buf, False, "compiled")
+            decode_segment(seg_buf, seg_bits, dim, seg_out, False, "compiled")
+
+    def one_call(layout: MessageLayout):
+        message.encode(x, layout, g, buf, False, "compiled")
+        message.decode(buf, layout, out, False, "compiled")
+
+    sides = {
+        "per_segment": per_segment,
+        "one_call": lambda: one_call(plain),
+        "one_call_dedup": lambda: one_call(dedup),
+    }
+    times = {side: [] for side in sides}
+    for rep in range(repeats + 1):
+        for side, step in sides.items():
+            t0 = time.thread_time()
+            step()
+            if rep:
+                times[side].append(time.thread_time() - t0)
+    us = {side: 1e6 * statistics.median(t) for side, t in times.items()}
+    return {
+        **{f"{side}_us": value for side, value in us.items()},
+        "speedup_one_call": us["per_segment"] / us["one_call"],
+        "speedup_one_call_dedup": us["per_segment"] / us["one_call_dedup"],
+    }
+
+
 def run(rows: int, dim: int, repeats: int, seed: int, out: Path) -> dict:
     torch.set_num_threads(1)
     if not quant_kernels.warm_up():  # loaded from numba's cache, or compiled once
@@ -263,6 +338,7 @@ def run(rows: int, dim: int, repeats: int, seed: int, out: Path) -> dict:
     copy = _time_copy(x, repeats)
     dropout = _time_dropout(x, repeats, 0.5)
     blend = _time_blend(x, repeats, seed)
+    exchange = _time_exchange(repeats, seed)
     speedup = widths[str(_METRIC_BITS)]["speedup"]
     by_bits = {bits: w["kernel_speedup"] for bits, w in widths.items()}
     kernel_ns = {
@@ -300,6 +376,7 @@ def run(rows: int, dim: int, repeats: int, seed: int, out: Path) -> dict:
         "meets_dropout_target": dropout["speedup"] >= TARGET_DROPOUT_SPEEDUP,
         "dropout": dropout,
         "stale_average": blend,
+        "exchange_message": exchange,
         "widths": widths,
     }
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -31,4 +31,12 @@ def test_quant_bench_writes_its_fields(tmp_path):
     average = report["stale_average"]
     assert average["bits"] == 1 and average["speedup"] > 0
     assert average["fused_ns_per_value"] > 0 and average["decode_then_lerp_ns_per_value"] > 0
+    exchange = report["exchange_message"]
+    assert exchange["rows"] == 3 * 2130 and exchange["distinct"] < exchange["rows"]
+    for dim in ("dim_256", "dim_8"):
+        sides = exchange[dim]
+        assert all(
+            sides[f"{side}_us"] > 0 for side in ("per_segment", "one_call", "one_call_dedup")
+        )
+        assert sides["speedup_one_call"] > 0 and sides["speedup_one_call_dedup"] > 0
     assert report["threads"] == 1
