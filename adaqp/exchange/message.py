@@ -47,10 +47,10 @@ class MessageLayout:
         self.dim = dim
         self.sources = sources
         self.segment_bytes = [segment_bytes(seg, dim) for seg in torch.split(bits_R, counts)]
-        self._compiled: tuple | None = None
+        self._compiled: quant_kernels.SegmentLayout | None = None
 
     @property
-    def compiled(self) -> tuple:
+    def compiled(self) -> quant_kernels.SegmentLayout:
         """The arrays of ``quant_kernels.segment_layout`` (computed on first use)."""
         if self._compiled is None:
             sources = None if self.sources is None else self.sources.cpu().numpy()

@@ -26,6 +26,7 @@ import logging
 import os
 import sys
 from functools import cache
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -249,18 +250,38 @@ def dequantize_mixed(
     return _decode(payload, bits, offsets, mins, maxs, out, blend)
 
 
+class SegmentLayout(NamedTuple):
+    """Where every row of a message of peer segments sits (:func:`segment_layout`)."""
+
+    widths: np.ndarray
+    """int8 ``[R]``: each row's width."""
+    offsets: np.ndarray
+    """int64 ``[R]``: where each row's codes start, from the message's first byte."""
+    starts: np.ndarray
+    """int64 ``[S]``: where each segment (its metadata) starts."""
+    rows: np.ndarray
+    """int64 ``[S]``: rows per segment."""
+    first: np.ndarray
+    """int64 ``[R]`` (or empty): the earlier row whose codes a row takes, else -1."""
+    size: int
+    """Bytes of the whole message."""
+    dim: int
+    """Values a row."""
+
+
 def segment_layout(
     bits_R: Tensor, counts: list[int], dim: int, sources: np.ndarray | None = None
-) -> tuple:
+) -> SegmentLayout:
     """Where every row of a message of peer segments sits (segments in order, ``counts[s]``
-    rows each, each in the :func:`quantize_mixed` layout): ``(widths, offsets, starts,
-    rows, first)`` numpy arrays for :func:`quantize_segments` and
-    :func:`dequantize_segments`; ``offsets`` count from the message's first byte.
+    rows each, each in the :func:`quantize_mixed` layout), for :func:`quantize_segments` and
+    :func:`dequantize_segments`.
 
     ``sources``: where row values come from (equal sources, equal rows: a node sent to
-    several peers). ``first[r]`` is the earlier row of the same source and width whose codes
-    row ``r`` takes, -1 for a row quantized itself (all -1 without ``sources``: empty)."""
+    several peers). ``first[r]`` is then the earlier row of the same source and width whose
+    codes row ``r`` takes, -1 for a row quantized itself (empty without ``sources``)."""
     widths = _widths(bits_R)
+    if widths.shape[0] != sum(counts):
+        raise ValueError(f"{widths.shape[0]} widths for {sum(counts)} rows in segments")
     offsets = np.empty(widths.shape[0], np.int64)
     starts = np.zeros(len(counts), np.int64)
     base = first = 0
@@ -275,31 +296,41 @@ def segment_layout(
         _, first_of, inverse = np.unique(key, return_index=True, return_inverse=True)
         earlier = first_of[inverse]
         repeats = np.where(earlier == np.arange(widths.shape[0]), -1, earlier).astype(np.int64)
-    return widths, offsets, starts, np.asarray(counts, np.int64), repeats
+    rows = np.asarray(counts, np.int64)
+    return SegmentLayout(widths, offsets, starts, rows, repeats, base, dim)
 
 
-def quantize_segments(x_RD: Tensor, layout: tuple, generator, out: Tensor) -> Tensor:
-    """Every segment of a message (``layout`` from :func:`segment_layout`) quantized into
-    uint8 ``out`` in one call, one seed for the whole message: each segment is then a
-    :func:`quantize_mixed` buffer of its rows."""
-    widths, offsets, starts, rows, first = layout
+def _check_message(layout: SegmentLayout, buf: Tensor, rows_RD: Tensor) -> None:
+    """The kernels trust their indices: a buffer or rows of another shape would be read or
+    written out of bounds."""
+    if buf.dim() != 1 or buf.dtype != torch.uint8 or buf.shape[0] != layout.size:
+        raise ValueError(f"expected a uint8 [{layout.size}] buffer, got {tuple(buf.shape)}")
+    expected = (layout.widths.shape[0], layout.dim)
+    if tuple(rows_RD.shape) != expected or rows_RD.dtype != torch.float32:
+        raise ValueError(f"expected float32 rows {expected}, got {tuple(rows_RD.shape)}")
+
+
+def quantize_segments(x_RD: Tensor, layout: SegmentLayout, generator, out: Tensor) -> Tensor:
+    """Every segment of a message quantized into uint8 ``out`` in one call, one seed for the
+    whole message: each segment is then a :func:`quantize_mixed` buffer of its rows."""
+    _check_message(layout, out, x_RD)
     payload = _numpy(out)
-    mins, maxs = _encode(x_RD, widths, offsets, payload, generator, first)
-    _compiled_module().place_metadata(mins, maxs, starts, rows, payload)
+    mins, maxs = _encode(x_RD, layout.widths, layout.offsets, payload, generator, layout.first)
+    _compiled_module().place_metadata(mins, maxs, layout.starts, layout.rows, payload)
     return out
 
 
 def dequantize_segments(
-    buf: Tensor, layout: tuple, out_RD: Tensor, blend: float | None = None
+    buf: Tensor, layout: SegmentLayout, out_RD: Tensor, blend: float | None = None
 ) -> Tensor:
     """Inverse of :func:`quantize_segments` into float32 ``out_RD``, or with ``blend`` blended
     into it, in one call."""
-    widths, offsets, starts, rows, _ = layout
+    _check_message(layout, buf, out_RD)
     payload = _numpy(buf)
-    mins = np.empty(widths.shape[0], np.float32)
-    maxs = np.empty(widths.shape[0], np.float32)
-    _compiled_module().take_metadata(payload, starts, rows, mins, maxs)
-    return _decode(payload, widths, offsets, mins, maxs, out_RD, blend)
+    mins = np.empty(layout.widths.shape[0], np.float32)
+    maxs = np.empty(layout.widths.shape[0], np.float32)
+    _compiled_module().take_metadata(payload, layout.starts, layout.rows, mins, maxs)
+    return _decode(payload, layout.widths, layout.offsets, mins, maxs, out_RD, blend)
 
 
 def quantize_rows(x_RD: Tensor, bits: int, generator, packed: Tensor) -> tuple[Tensor, Tensor]:

@@ -149,7 +149,7 @@ def test_a_row_sent_to_several_peers_is_quantized_once_per_width():
     message.encode(x, layout, _gen(15), buf, False, "compiled")
     rows = message.decode(buf, layout, torch.empty(12, dim), False, "compiled")
     codes = _codes(x, widths, K.message_seed(_gen(15)))
-    offsets = layout.compiled[1]
+    offsets = layout.compiled.offsets
     repeats = {6: 3, 7: 1, 8: 0}  # row: the earlier row of the same node and width
     for r in range(12):
         first = repeats.get(r, r)
@@ -165,3 +165,17 @@ def test_a_row_sent_to_several_peers_is_quantized_once_per_width():
     alone = torch.empty_like(buf)
     message.encode(x, MessageLayout(widths, counts, dim), _gen(15), alone, False, "compiled")
     assert not torch.equal(alone, buf)
+
+
+def test_a_buffer_or_rows_of_another_shape_are_refused_not_written_past():
+    layout = MessageLayout(torch.ones(12, dtype=torch.int8), [6, 6], 16)
+    size = sum(layout.segment_bytes)
+    x = torch.randn(12, 16)
+    with pytest.raises(ValueError, match=f"uint8 \\[{size}\\] buffer"):
+        message.encode(x, layout, _gen(0), torch.empty(size - 1, dtype=torch.uint8), False, None)
+    buf = torch.empty(size, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="float32 rows"):
+        message.encode(torch.randn(11, 16), layout, _gen(0), buf, False, None)
+    message.encode(x, layout, _gen(0), buf, False, None)
+    with pytest.raises(ValueError, match="float32 rows"):
+        message.decode(buf, layout, torch.empty(12, 15), False, None)
