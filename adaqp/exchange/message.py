@@ -49,6 +49,17 @@ class MessageLayout:
         self.segment_bytes = [segment_bytes(seg, dim) for seg in torch.split(bits_R, counts)]
         self._compiled: quant_kernels.SegmentLayout | None = None
 
+    def segments(self, rows_RD: torch.Tensor, buf: torch.Tensor):
+        """``(rows, widths, bytes)`` of each segment with rows, in rank order."""
+        for seg_rows, seg_bits, seg_buf in zip(
+            torch.split(rows_RD, self.counts),
+            torch.split(self.bits_R, self.counts),
+            torch.split(buf, self.segment_bytes),
+            strict=True,
+        ):
+            if seg_rows.shape[0]:
+                yield seg_rows, seg_bits, seg_buf
+
     @property
     def compiled(self) -> quant_kernels.SegmentLayout:
         """The arrays of ``quant_kernels.segment_layout`` (computed on first use)."""
@@ -77,14 +88,8 @@ def encode(
         rows = rows_RD if rows_RD.dtype == torch.float32 else rows_RD.to(torch.float32)
         quant_kernels.quantize_segments(rows, layout.compiled, generator, out)
         return
-    for seg_rows, seg_bits, seg_out in zip(
-        torch.split(rows_RD, layout.counts),
-        torch.split(layout.bits_R, layout.counts),
-        torch.split(out, layout.segment_bytes),
-        strict=True,
-    ):
-        if seg_rows.shape[0]:
-            encode_segment(seg_rows, seg_bits, generator, seg_out, has_full, kernels)
+    for seg_rows, seg_bits, seg_out in layout.segments(rows_RD, out):
+        encode_segment(seg_rows, seg_bits, generator, seg_out, has_full, kernels)
 
 
 def decode(
@@ -99,14 +104,8 @@ def decode(
     blended into ``out_RD`` instead (``adaqp.quant.mixed.blend_``). Returns ``out_RD``."""
     if _one_call(has_full, kernels, buf.device):
         return quant_kernels.dequantize_segments(buf, layout.compiled, out_RD, blend)
-    for seg_buf, seg_bits, seg_out in zip(
-        torch.split(buf, layout.segment_bytes),
-        torch.split(layout.bits_R, layout.counts),
-        torch.split(out_RD, layout.counts),
-        strict=True,
-    ):
-        if seg_out.shape[0]:
-            decode_segment(seg_buf, seg_bits, layout.dim, seg_out, has_full, kernels, blend)
+    for seg_out, seg_bits, seg_buf in layout.segments(out_RD, buf):
+        decode_segment(seg_buf, seg_bits, layout.dim, seg_out, has_full, kernels, blend)
     return out_RD
 
 

@@ -266,30 +266,20 @@ def copy_repeats(first_R, bits_R, offsets_R, payload, mins, maxs, dim):
 
 
 @njit(cache=True, nogil=True)
-def place_metadata(mins, maxs, seg_starts, seg_rows, payload):
-    """Writes each segment's float32 row minima, then maxima, at its start ``seg_starts[s]``
-    in ``payload`` (the metadata of a :func:`~adaqp.quant.mixed.quantize_mixed` message per
-    segment); segment ``s`` holds the next ``seg_rows[s]`` rows of ``mins``/``maxs``."""
+def copy_metadata(payload, seg_starts, seg_rows, mins, maxs, to_payload):
+    """Each segment's float32 row minima, then maxima, at its start ``seg_starts[s]`` in
+    ``payload`` (the metadata of a :func:`~adaqp.quant.mixed.quantize_mixed` message per
+    segment; segment ``s`` holds the next ``seg_rows[s]`` rows of ``mins``/``maxs``): written
+    there from ``mins``/``maxs`` when ``to_payload``, else read from there into them."""
     lo, hi = mins.view(np.uint8), maxs.view(np.uint8)
     first = 0
     for s in range(seg_starts.shape[0]):
         size, base = 4 * seg_rows[s], seg_starts[s]
         for i in range(size):
-            payload[base + i] = lo[first + i]
-            payload[base + size + i] = hi[first + i]
-        first += size
-
-
-@njit(cache=True, nogil=True)
-def take_metadata(payload, seg_starts, seg_rows, mins, maxs):
-    """The inverse of :func:`place_metadata`: reads every segment's minima and maxima."""
-    lo, hi = mins.view(np.uint8), maxs.view(np.uint8)
-    first = 0
-    for s in range(seg_starts.shape[0]):
-        size, base = 4 * seg_rows[s], seg_starts[s]
-        for i in range(size):
-            lo[first + i] = payload[base + i]
-            hi[first + i] = payload[base + size + i]
+            if to_payload:
+                payload[base + i], payload[base + size + i] = lo[first + i], hi[first + i]
+            else:
+                lo[first + i], hi[first + i] = payload[base + i], payload[base + size + i]
         first += size
 
 

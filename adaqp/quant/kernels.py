@@ -316,7 +316,7 @@ def quantize_segments(x_RD: Tensor, layout: SegmentLayout, generator, out: Tenso
     _check_message(layout, out, x_RD)
     payload = _numpy(out)
     mins, maxs = _encode(x_RD, layout.widths, layout.offsets, payload, generator, layout.first)
-    _compiled_module().place_metadata(mins, maxs, layout.starts, layout.rows, payload)
+    _compiled_module().copy_metadata(payload, layout.starts, layout.rows, mins, maxs, True)
     return out
 
 
@@ -329,7 +329,7 @@ def dequantize_segments(
     payload = _numpy(buf)
     mins = np.empty(layout.widths.shape[0], np.float32)
     maxs = np.empty(layout.widths.shape[0], np.float32)
-    _compiled_module().take_metadata(payload, layout.starts, layout.rows, mins, maxs)
+    _compiled_module().copy_metadata(payload, layout.starts, layout.rows, mins, maxs, False)
     return _decode(payload, layout.widths, layout.offsets, mins, maxs, out_RD, blend)
 
 
