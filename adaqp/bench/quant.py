@@ -231,6 +231,19 @@ def _time_dropout(x: Tensor, repeats: int, p: float) -> dict[str, float]:
     return report
 
 
+def _interleaved(sides: dict[str, Callable[[], object]], repeats: int) -> dict[str, list]:
+    """Thread CPU seconds of each side's call, the sides taking turns in every repeat after a
+    dropped warm-up round."""
+    times = {side: [] for side in sides}
+    for rep in range(repeats + 1):
+        for side, step in sides.items():
+            t0 = time.thread_time()
+            step()
+            if rep:
+                times[side].append(time.thread_time() - t0)
+    return times
+
+
 def _time_blend(x: Tensor, repeats: int, seed: int, bits: int = 1) -> dict[str, float]:
     """The moving average of stale rows (``average += w·(rows - average)``) at one bit on the
     compiled path: decoded into a new tensor then ``lerp_`` (as before the fused decoder)
@@ -238,20 +251,14 @@ def _time_blend(x: Tensor, repeats: int, seed: int, bits: int = 1) -> dict[str, 
     rows, dim = x.shape
     bits_R = torch.full((rows,), bits, dtype=torch.int8)
     buf = quantize_mixed(x, bits_R, torch.Generator().manual_seed(seed), kernels="compiled")
-    averages = {side: torch.zeros_like(x) for side in ("decode_then_lerp", "fused")}
+    lerped, fused = torch.zeros_like(x), torch.zeros_like(x)
     sides = {
-        "decode_then_lerp": lambda avg: avg.lerp_(
+        "decode_then_lerp": lambda: lerped.lerp_(
             dequantize_mixed(buf, bits_R, dim, kernels="compiled"), 0.1
         ),
-        "fused": lambda avg: dequantize_mixed(buf, bits_R, dim, avg, "compiled", blend=0.1),
+        "fused": lambda: dequantize_mixed(buf, bits_R, dim, fused, "compiled", blend=0.1),
     }
-    times = {side: [] for side in sides}
-    for rep in range(repeats + 1):
-        for side, blend in sides.items():
-            t0 = time.thread_time()
-            blend(averages[side])
-            if rep:
-                times[side].append(time.thread_time() - t0)
+    times = _interleaved(sides, repeats)
     report = {f"{side}_ns_per_value": _per_value(t, x.numel()) for side, t in times.items()}
     report["bits"] = bits
     report["speedup"] = report["decode_then_lerp_ns_per_value"] / report["fused_ns_per_value"]
@@ -293,15 +300,9 @@ def _time_exchange_sides(
     g = torch.Generator().manual_seed(seed)
 
     def per_segment():
-        pieces = zip(
-            torch.split(x, counts),
-            torch.split(bits_R, counts),
-            torch.split(buf, plain.segment_bytes),
-            torch.split(out, counts),
-            strict=True,
-        )
-        for seg_x, seg_bits, seg_buf, seg_out in pieces:
+        for seg_x, seg_bits, seg_buf in plain.segments(x, buf):
             encode_segment(seg_x, seg_bits, g, seg_buf, False, "compiled")
+        for seg_out, seg_bits, seg_buf in plain.segments(out, buf):
             decode_segment(seg_buf, seg_bits, dim, seg_out, False, "compiled")
 
     def one_call(layout: MessageLayout):
@@ -313,13 +314,7 @@ def _time_exchange_sides(
         "one_call": lambda: one_call(plain),
         "one_call_dedup": lambda: one_call(dedup),
     }
-    times = {side: [] for side in sides}
-    for rep in range(repeats + 1):
-        for side, step in sides.items():
-            t0 = time.thread_time()
-            step()
-            if rep:
-                times[side].append(time.thread_time() - t0)
+    times = _interleaved(sides, repeats)
     us = {side: 1e6 * statistics.median(t) for side, t in times.items()}
     return {
         **{f"{side}_us": value for side, value in us.items()},

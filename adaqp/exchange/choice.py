@@ -73,6 +73,12 @@ DRIFT_DECAY = 0.5
 """Weight of the pooled drift figures against one more cycle's."""
 
 
+def _no_sums() -> list[list]:
+    """A key's cycle sums before any epoch: per half, [sum of the rows sent, epochs, sum of
+    their squared norms]."""
+    return [[None, 0, 0.0], [None, 0, 0.0]]
+
+
 def drift_figures(halves: list[list], cycle: int) -> tuple[float, float, float]:
     """``(D, |m_2|², epochs)`` of one exchange over one cycle, summable over ranks.
 
@@ -207,7 +213,7 @@ class ChoicePolicy(AdaptivePolicy):
         """Adds this epoch's rows (and their squared norm) to its half of the cycle's sums."""
         cycle = self.config.choose_every
         half = int((self._epoch - 1) % cycle >= cycle // 2)
-        entry = self._sums.setdefault(key, [[None, 0, 0.0], [None, 0, 0.0]])[half]
+        entry = self._sums.setdefault(key, _no_sums())[half]
         rows = rows_RD.detach()[:: max(1, -(-len(rows_RD) // DRIFT_ROWS))]
         # One gathering copy: the sum and the norm then stream (2.3x faster than both
         # reading the strided rows).
@@ -236,12 +242,11 @@ class ChoicePolicy(AdaptivePolicy):
         """Re-decides every key from this cycle's waits and drifts (same on all ranks)."""
         # A stale key has no sums (unknown figures: its pooled drift stays as last measured).
         keys = sorted(set(self._sums) | self.stale_keys, key=str)
-        unknown = [[None, 0, 0.0], [None, 0, 0.0]]
         # Per key: drift_figures' three figures, summed over ranks; then the epochs' seconds
         # and their count (each rank timed its own), and the key count.
         cycle = self.config.choose_every
         figures = torch.tensor(
-            [x for k in keys for x in drift_figures(self._sums.get(k, unknown), cycle)]
+            [x for k in keys for x in drift_figures(self._sums.get(k) or _no_sums(), cycle)]
             + [sum(self._epoch_s), float(len(self._epoch_s)), float(len(keys))],
             dtype=torch.float64,
         )
@@ -330,8 +335,7 @@ class ChoicePolicy(AdaptivePolicy):
             elif kind == "pooled":
                 self._pooled[rest] = value.tolist()
             elif kind[:-1] in ("sum", "count"):
-                empty = [[None, 0, 0.0], [None, 0, 0.0]]
-                entry = self._sums.setdefault(ExchangeKey.parse(rest), empty)[int(kind[-1])]
+                entry = self._sums.setdefault(ExchangeKey.parse(rest), _no_sums())[int(kind[-1])]
                 if kind.startswith("sum"):
                     entry[0] = value.to(device)
                 else:

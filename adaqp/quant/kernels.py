@@ -296,6 +296,8 @@ def segment_layout(
         _, first_of, inverse = np.unique(key, return_index=True, return_inverse=True)
         earlier = first_of[inverse]
         repeats = np.where(earlier == np.arange(widths.shape[0]), -1, earlier).astype(np.int64)
+        if not (repeats >= 0).any():  # nothing repeated (one peer): no per-row check at all
+            repeats = _NO_REPEATS
     rows = np.asarray(counts, np.int64)
     return SegmentLayout(widths, offsets, starts, rows, repeats, base, dim)
 
