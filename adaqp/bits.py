@@ -10,4 +10,12 @@ BIT_WIDTHS: tuple[int, ...] = (*SUPPORTED_BITS, FULL_PRECISION_BITS)
 """Every width a value can travel at (32: float32)."""
 
 DEFAULT_ALLOWED_BITS: tuple[int, ...] = (2, 4, 8)
-"""The widths the adaptive planner chooses among unless ``quant.allowed_bits`` says otherwise."""
+"""The widths the bit-width solvers choose among unless told otherwise, and the adaptive
+planner's for GAT (``planner_bits``)."""
+
+
+def planner_bits(model: str) -> tuple[int, ...]:
+    """The widths the adaptive planner chooses among where ``quant.allowed_bits`` is left
+    empty: one bit too for GCN and SAGE, not for GAT, whose attention scores also read a
+    row's error, which the planner's variance weights do not count (docs/gat.md)."""
+    return DEFAULT_ALLOWED_BITS if model == "gat" else (1, *DEFAULT_ALLOWED_BITS)

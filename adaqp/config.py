@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adaqp.bits import DEFAULT_ALLOWED_BITS, SUPPORTED_BITS
+from adaqp.bits import SUPPORTED_BITS, planner_bits
 from adaqp.data import SyntheticSpec
 from adaqp.typed_toml import ConfigError as ConfigError  # raised for every bad key here
 from adaqp.typed_toml import build, check, read_tree
@@ -216,14 +216,18 @@ class QuantConfig:
     """Width of every message in the uniform scheme."""
     initial_bits: int = 8
     """Width used during the first assignment cycle of adaptive/random, while tracing."""
-    allowed_bits: tuple[int, ...] = DEFAULT_ALLOWED_BITS
-    """Widths the adaptive and random schemes may choose from."""
+    allowed_bits: tuple[int, ...] = ()
+    """Widths the adaptive and random schemes may choose from; empty: the model's default,
+    1, 2, 4 and 8 bits (2, 4 and 8 for gat: adaqp/bits.py, planner_bits)."""
     group_size: int = 100
     """Messages per group that share one width (per channel, sorted by weight)."""
     lam: float = 0.5
     """Trade-off: 1 minimises variance only, 0 minimises predicted exchange time only."""
     assign_cycle: int = 20
-    """Re-solve the bit widths every this many epochs."""
+    """Re-solve the bit widths every this many epochs (after the first cycle)."""
+    first_cycle: int = 5
+    """Epochs of the first cycle, traced at ``initial_bits`` before the first solve (at
+    most ``assign_cycle``): solves follow epochs first_cycle, first_cycle + assign_cycle..."""
     solver: str = "milp"
     """Adaptive solver: milp (exact, SciPy HiGHS) or greedy."""
     time_limit_s: float = 1.0
@@ -265,13 +269,14 @@ class QuantConfig:
             f"must be one of {listed}, got {self.initial_bits}",
         )
         check(
-            len(self.allowed_bits) > 0 and all(b in widths for b in self.allowed_bits),
+            all(b in widths for b in self.allowed_bits),
             "quant.allowed_bits",
-            f"must be a non-empty list drawn from {widths}",
+            f"must be drawn from {widths}",
         )
         check(self.group_size >= 1, "quant.group_size", "must be at least 1")
         check(0.0 <= self.lam <= 1.0, "quant.lam", f"must be in [0, 1], got {self.lam}")
         check(self.assign_cycle >= 1, "quant.assign_cycle", "must be at least 1")
+        check(self.first_cycle >= 1, "quant.first_cycle", "must be at least 1")
         check(self.solver in ("milp", "greedy"), "quant.solver", "must be milp or greedy")
         check(self.time_limit_s > 0, "quant.time_limit_s", "must be positive")
         check(self.resolve_budget_s > 0, "quant.resolve_budget_s", "must be positive")
@@ -380,6 +385,11 @@ class Config:
     staleness: StalenessConfig = field(default_factory=StalenessConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    def __post_init__(self) -> None:
+        if not self.quant.allowed_bits:  # stated in the config the run records
+            quant = dataclasses.replace(self.quant, allowed_bits=planner_bits(self.model.name))
+            object.__setattr__(self, "quant", quant)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -29,6 +29,17 @@ def test_defaults_and_overrides():
     assert config.comm.mode == "vanilla"
 
 
+def test_planner_widths_default_by_model():
+    # One bit too for GCN and SAGE; not for GAT (docs/gat.md). What a config states stays.
+    assert load_config(None, []).quant.allowed_bits == (1, 2, 4, 8)
+    assert load_config(None, ["model.name=sage"]).quant.allowed_bits == (1, 2, 4, 8)
+    assert load_config(None, ["model.name=gat"]).quant.allowed_bits == (2, 4, 8)
+    stated = ["model.name=gat", "quant.allowed_bits=[1,8]"]
+    assert load_config(None, stated).quant.allowed_bits == (1, 8)
+    with pytest.raises(ConfigError, match=r"quant\.allowed_bits: must be drawn from"):
+        load_config(None, ["quant.allowed_bits=[3]"])
+
+
 def test_nested_synthetic_override():
     config = load_config(None, ["data.dataset=synthetic", "data.synthetic.num_nodes=1234"])
     assert config.data.synthetic.num_nodes == 1234

@@ -8,12 +8,13 @@ receiver's squared aggregation coefficients over the rows that read v (forward; 
 once from receivers to senders), or 1 for gradients (the owner adds them unscaled);
 the squared range is traced on the sender during each assignment cycle.
 
-At the end of every ``assign_cycle`` epochs the ranks send their weights to rank 0,
-which solves every exchange with ``adaqp.assign`` (a pure function) against the
-alpha-beta link model profiled at start-up (``adaqp.assign.profile``), and broadcasts all
-per-message widths in one buffer. Every rank installs the same plans before the next
-epoch, so all ranks switch together. The first cycle runs at ``initial_bits`` while
-tracing (under the host cost model at full precision where that is predicted no slower).
+After the first cycle (``first_cycle`` epochs) and every ``assign_cycle`` epochs after it
+the ranks send their weights to rank 0, which solves every exchange with ``adaqp.assign``
+(a pure function) against the alpha-beta link model profiled at start-up
+(``adaqp.assign.profile``), and broadcasts all per-message widths in one buffer. Every
+rank installs the same plans before the next epoch, so all ranks switch together. The
+first cycle runs at ``initial_bits`` while tracing (under the host cost model at full
+precision where that is predicted no slower).
 Which cost model prices the plans, and what that means for profiling, solving and
 reporting, is decided once, by the run's ``adaqp.assign.CostModelKind`` (``cost_kind``).
 
@@ -73,8 +74,19 @@ def budget_share(deadline: float, keys_left: int, cap_s: float) -> float:
     return min(cap_s, max(left / max(keys_left, 1), MIN_SOLVE_S))
 
 
+def solves_before(epoch: int, config: QuantConfig) -> int | None:
+    """How many solves ran before the one after ``epoch``, or None where none runs after
+    it: the first follows epoch ``first_cycle`` (at most ``assign_cycle``), the later ones
+    every ``assign_cycle`` epochs."""
+    first = min(config.first_cycle, config.assign_cycle)
+    if epoch < first or (epoch - first) % config.assign_cycle:
+        return None
+    return (epoch - first) // config.assign_cycle
+
+
 class BitWidthPlanner:
-    """Owns the bit plans of a quantized mode and re-solves them every ``assign_cycle`` epochs.
+    """Owns the bit plans of a quantized mode and re-solves them after the first cycle and
+    every ``assign_cycle`` epochs after it.
 
     Args:
         config: the quant section.
@@ -218,7 +230,8 @@ class BitWidthPlanner:
         """Accumulates the squared row ranges of one outgoing block."""
         if rows_RD.shape[1] == 0:
             return
-        squared = ((rows_RD.amax(1) - rows_RD.amin(1)).double() ** 2).detach().cpu()
+        low, high = torch.aminmax(rows_RD.detach(), dim=1)  # one pass over the rows
+        squared = ((high - low).double() ** 2).cpu()
         entry = self._traces.get(key)
         if entry is None:
             self._traces[key] = [squared, 1, rows_RD.shape[1]]
@@ -273,17 +286,17 @@ class BitWidthPlanner:
             self.host_model = host_model(self.link_model, self.hosts, quant, dequant, fabric)
 
     def end_epoch(self, epoch: int, exchange_s_by_tag: dict[str, float] | None = None) -> float:
-        """Re-solves after every ``assign_cycle``-th epoch; returns the seconds it took.
+        """Re-solves where ``solves_before`` says; returns the seconds it took.
 
         ``exchange_s_by_tag``: this epoch's measured exchange times (the same on every
         rank), which calibrate the cost model's figures at the next re-solve."""
         if self.cost_kind.plans_by_pair and self.world.is_main:  # what _calibrate reads
             for tag, seconds in (exchange_s_by_tag or {}).items():
                 self._measured.setdefault(tag, []).append(seconds)
-        if not self.tracing or epoch % self.config.assign_cycle:
+        earlier = solves_before(epoch, self.config)
+        if not self.tracing or earlier is None:
             return 0.0
         start = time.perf_counter()
-        earlier = epoch // self.config.assign_cycle - 1  # re-solves before this one
         every = self.config.profile_every
         if self.cost_kind.plans_by_pair and every and earlier and earlier % every == 0:
             self._profile()
@@ -334,7 +347,7 @@ class BitWidthPlanner:
     def _calibrate(self, epoch: int) -> None:
         """Rank 0: adds the plans that ran since the last re-solve to the calibration's
         history, refits it, and states this re-solve's plans through it."""
-        previous = epoch - self.config.assign_cycle  # absent after a resume: no fit yet
+        previous = epoch - self.config.assign_cycle  # none before the first, or after a resume
         before = self.solutions.get(previous, {}).get("predicted_s", {})
         measured = {t: float(np.median(self._measured[t])) for t in before if self._measured.get(t)}
         if measured:

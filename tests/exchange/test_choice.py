@@ -36,6 +36,7 @@ def _worker(rank, world_size, init_method, part_dir: str, cases: dict):
                 # The choice runs on its own cycle: the planner never re-solves here.
                 f"staleness.choose_every={CYCLE}",
                 f"quant.assign_cycle={4 * EPOCHS}",
+                f"quant.first_cycle={4 * EPOCHS}",
                 # A stale read uses last epoch's exchange whatever the timing (with
                 # "newest" a fast machine may read this epoch's, already landed).
                 "staleness.landing=fixed",

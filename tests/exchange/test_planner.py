@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from adaqp.config import load_config
+from adaqp.config import ConfigError, QuantConfig, load_config
 from adaqp.data import load_dataset
 from adaqp.exchange import planner as planner_module
 from adaqp.graph.local import LocalGraph
@@ -157,10 +157,10 @@ def test_every_rank_applies_the_same_assignment(scheme, cora, tmp_path):
             sent = np.concatenate([_segments(r0, t, "/out")[dst] for t in tags])
             assert report["pair_bits_final"][f"0->{dst}"] == pytest.approx(sent.mean())
     if scheme.endswith("/host"):  # full precision is a choice of the host model
-        assert widths <= {2, 4, 8, 32}
+        assert widths <= {1, 2, 4, 8, 32}
         assert widths != {8}, "the re-solve should move some messages off the initial 8 bits"
         return
-    assert widths <= {2, 4, 8}
+    assert widths <= {1, 2, 4, 8}  # the planner's default widths for GCN
     assert len(widths) > 1, "the re-solve should move some messages off the initial 8 bits"
     assert all(float(r["avg_bits"]) < 8 for r in results)
 
@@ -202,3 +202,18 @@ def test_a_re_solve_shares_its_budget_among_its_exchanges(monkeypatch):
     # never exceeds the per-exchange cap.
     assert planner_module.budget_share(deadline, 3, cap_s=1.0) == planner_module.MIN_SOLVE_S
     assert planner_module.budget_share(now[0] + 10.0, 2, cap_s=1.0) == 1.0
+
+
+def test_the_first_solve_comes_after_the_first_cycle():
+    def solved(first_cycle: int, assign_cycle: int, epochs: int = 70) -> dict[int, int]:
+        config = QuantConfig(first_cycle=first_cycle, assign_cycle=assign_cycle)
+        after = {e: planner_module.solves_before(e, config) for e in range(1, epochs + 1)}
+        return {e: n for e, n in after.items() if n is not None}
+
+    # The defaults: traced for 5 epochs at the first width, then every 20.
+    assert solved(5, 20) == {5: 0, 25: 1, 45: 2, 65: 3}
+    # A first cycle as long as the others (or longer): every assign_cycle from the start.
+    assert solved(20, 20) == solved(30, 20) == {20: 0, 40: 1, 60: 2}
+    assert solved(5, 2, epochs=7) == {2: 0, 4: 1, 6: 2}
+    with pytest.raises(ConfigError, match="quant.first_cycle"):
+        QuantConfig(first_cycle=0)
