@@ -1,7 +1,8 @@
 """Aggregation throughput: our CSR SpMM (precomputed transpose) vs autograd through
 ``torch.sparse.mm``, forward + backward, on a synthetic graph. Writes ``--out`` (by default
 ``results/local/bench/aggregate.json``; ``--out results/bench/aggregate.json`` updates the
-committed reading); the figure that matters is the ratio within one run.
+committed reading); the figure that matters is the ratio within one run, whose arms take
+turns repeat by repeat after a warm-up round of both.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from adaqp.bench import DEFAULT_OUT_DIR
@@ -21,20 +23,29 @@ logger = logging.getLogger(__name__)
 TARGET_RATIO = 1.8
 
 
-def _time_fwd_bwd(step, repeats: int) -> dict[str, float]:
-    fwd, bwd = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out, backward = step()
-        t1 = time.perf_counter()
-        backward(out)
-        t2 = time.perf_counter()
-        fwd.append(t1 - t0)
-        bwd.append(t2 - t1)
+def _time_fwd_bwd(steps: dict[str, Callable], repeats: int) -> dict[str, dict[str, float]]:
+    """Median forward, backward and total seconds of each step, the steps taking turns in
+    every repeat after a dropped warm-up round (so that no arm pays the warm-up or runs
+    under other conditions than the other)."""
+    fwd: dict[str, list[float]] = {name: [] for name in steps}
+    bwd: dict[str, list[float]] = {name: [] for name in steps}
+    for rep in range(repeats + 1):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            out, backward = step()
+            t1 = time.perf_counter()
+            backward(out)
+            t2 = time.perf_counter()
+            if rep:
+                fwd[name].append(t1 - t0)
+                bwd[name].append(t2 - t1)
     return {
-        "forward_s": statistics.median(fwd),
-        "backward_s": statistics.median(bwd),
-        "total_s": statistics.median(f + b for f, b in zip(fwd, bwd, strict=True)),
+        name: {
+            "forward_s": statistics.median(fwd[name]),
+            "backward_s": statistics.median(bwd[name]),
+            "total_s": statistics.median(f + b for f, b in zip(fwd[name], bwd[name], strict=True)),
+        }
+        for name in steps
     }
 
 
@@ -80,11 +91,9 @@ def run(num_nodes: int, avg_degree: float, dim: int, repeats: int, threads: int,
     max_diff = float((a_leaf.grad - b_leaf.grad).abs().max())
     del a_leaf, a_out, b_leaf, b_out
 
-    results = {}
-    for name, step in (("ours", ours_step), ("autograd_sparse_mm", autograd_step)):
-        timing = _time_fwd_bwd(step, repeats)
+    results = _time_fwd_bwd({"ours": ours_step, "autograd_sparse_mm": autograd_step}, repeats)
+    for name, timing in results.items():
         timing["edges_per_s"] = graph.num_edges / timing["total_s"]
-        results[name] = timing
         logger.info(
             "%s: fwd %.2fs bwd %.2fs -> %.2f M edges/s",
             name,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 
 import pytest
 
@@ -165,3 +166,24 @@ def test_run_order_rotates_the_modes_seed_by_seed():
     assert [order[3 * i][0] for i in range(4)] == ["vanilla", "adaqp", "nocomm", "vanilla"]
     for mode in modes:  # each mode's runs in seed order (the aggregate pairs them by index)
         assert [s for m, s in order if m == mode] == seeds
+
+
+def test_aggregate_arms_take_turns_after_a_dropped_warm_up():
+    from adaqp.bench.aggregate import _time_fwd_bwd
+
+    calls = []
+
+    def arm(name: str, first_s: float = 0.0):
+        def step():
+            calls.append(name)
+            if first_s and calls.count(name) == 1:
+                time.sleep(first_s)  # a warm-up that must not count
+            return None, lambda out: calls.append(f"{name} backward")
+
+        return step
+
+    timings = _time_fwd_bwd({"ours": arm("ours", first_s=0.5), "other": arm("other")}, 3)
+    round_ = ["ours", "ours backward", "other", "other backward"]
+    assert calls == round_ * 4  # one warm-up round, then 3 in turn
+    assert set(timings) == {"ours", "other"}
+    assert timings["ours"]["forward_s"] < 0.25 and timings["ours"]["total_s"] < 0.25
