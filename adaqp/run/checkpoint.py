@@ -166,6 +166,9 @@ def check_fits(
     saved = manifest["fingerprint"]
     diffs = [
         f"{key}: checkpoint {saved.get(key)!r}, this run {fingerprint.get(key)!r}"
+        if key in saved
+        else f"{key}: not in the checkpoint (written before the setting existed), this run "
+        f"{fingerprint.get(key)!r}"
         for key in sorted(set(saved) | set(fingerprint))
         if saved.get(key) != fingerprint.get(key)
     ]
