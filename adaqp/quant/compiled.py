@@ -210,6 +210,11 @@ def _dequantize_rows(payload, bits_R, offsets_R, mins, maxs, out_RD, weight, sta
                 for j in range(dim):
                     out[j] = mx if codes[j] else mn
             continue
+        step = (mx - mn) / np.float32((1 << bits) - 1)
+        if bits == 8 and not blend:  # a code per byte: read in place, no unpacking pass
+            for j in range(dim):
+                out[j] = min(mn + np.float32(row[j]) * step, mx)
+            continue
         if bits == 2:
             for i in range(row.shape[0]):
                 b = np.uint32(row[i])
@@ -222,7 +227,6 @@ def _dequantize_rows(payload, bits_R, offsets_R, mins, maxs, out_RD, weight, sta
         else:
             for i in range(row.shape[0]):
                 codes[i] = row[i]
-        step = (mx - mn) / np.float32((1 << bits) - 1)
         if blend:
             for j in range(dim):
                 a = out[j]
