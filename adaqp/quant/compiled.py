@@ -210,11 +210,6 @@ def _dequantize_rows(payload, bits_R, offsets_R, mins, maxs, out_RD, weight, sta
                 for j in range(dim):
                     out[j] = mx if codes[j] else mn
             continue
-        step = (mx - mn) / np.float32((1 << bits) - 1)
-        if bits == 8 and not blend:  # a code per byte: read in place, no unpacking pass
-            for j in range(dim):
-                out[j] = min(mn + np.float32(row[j]) * step, mx)
-            continue
         if bits == 2:
             for i in range(row.shape[0]):
                 b = np.uint32(row[i])
@@ -224,16 +219,15 @@ def _dequantize_rows(payload, bits_R, offsets_R, mins, maxs, out_RD, weight, sta
             for i in range(row.shape[0]):
                 b = np.uint32(row[i])
                 codes16[i] = np.uint16((b & _U15) | ((b & _U240) << _U4))
-        else:
-            for i in range(row.shape[0]):
-                codes[i] = row[i]
+        src = row if bits == 8 else codes  # 8 bits: a code per byte, read in place
+        step = (mx - mn) / np.float32((1 << bits) - 1)
         if blend:
             for j in range(dim):
                 a = out[j]
-                out[j] = a + weight * (min(mn + np.float32(codes[j]) * step, mx) - a)
+                out[j] = a + weight * (min(mn + np.float32(src[j]) * step, mx) - a)
         else:
             for j in range(dim):
-                out[j] = min(mn + np.float32(codes[j]) * step, mx)
+                out[j] = min(mn + np.float32(src[j]) * step, mx)
 
 
 @njit(cache=True, nogil=True)
