@@ -2,34 +2,46 @@
 
 One fused pass per row writes exactly what :func:`~adaqp.quant.mixed.quantize_mixed` writes
 (the wire format of :mod:`adaqp.quant.pack` and :mod:`adaqp.quant.mixed`, byte for byte given
-the same codes), with the rounding rule of :mod:`adaqp.quant.rows` and a counter-based
-random draw in place of the torch generator's stream. Python wrappers, the choice of path and
-the threads live in :mod:`adaqp.quant.kernels`; this module holds only the numba code.
+the same codes), with the rounding rule of :mod:`adaqp.quant.rows` (a multiply where it
+divides) and a counter-based random draw in place of the torch generator's stream. Python
+wrappers, the choice of path and the threads live in :mod:`adaqp.quant.kernels`; this module
+holds only the numba code.
 
 **The random draw.** A message (one call) takes one 64-bit seed ``s``, drawn from the torch
-generator by the caller (:func:`adaqp.quant.kernels.message_seed`). Value ``(r, j)`` of an
-``[R, D]`` message (row ``r``, column ``j``; an exchange's buffer of peer segments is one
-message, its rows counted across the segments, :mod:`adaqp.exchange.message`) draws the
-16-bit lane ``j mod 4`` (bits ``16·(j mod 4)`` and up) of the word
-``w(c) = mix64(s + (c + 1)·γ mod 2**64)`` with counter ``c = r·ceil(D / 4) + j // 4``:
-``w(c)`` is output ``c + 1`` of SplitMix64 (Steele, Lea and Flood, 2014) seeded with ``s``
-(``γ = 0x9E3779B97F4A7C15``, ``mix64`` its finaliser). Codes therefore depend on
-``(s, r, j)`` and the value only: not on the thread count, the order rows are visited in or
-how rows split into widths, and a checkpoint of the torch generator replays them bit for
-bit.
+generator by the caller (:func:`adaqp.quant.kernels.message_seed`). Row ``r`` of an ``[R, D]``
+message (an exchange's buffer of peer segments is one message, its rows counted across the
+segments, :mod:`adaqp.exchange.message`) takes the key ``K_r = mix64(s + (r + 1)·γ mod
+2**64)``, output ``r + 1`` of SplitMix64 (Steele, Lea and Flood, 2014) seeded with ``s``
+(``γ = 0x9E3779B97F4A7C15``, ``mix64`` its finaliser), split into 32-bit halves ``a_r`` (low)
+and ``b_r`` (high). Value ``(r, j)`` draws the 16-bit lane ``j mod 2`` (bits ``16·(j mod 2)``
+and up) of the word ``h(a_r + (j // 2)·0x9E3779B9 mod 2**32)``, where ``h`` is lowbias32
+(Wellons' hash-prospector function: xor-shift 16, multiply by ``0x7FEB352D``, xor-shift 15,
+multiply by ``0x846CA68B``, xor-shift 16) with ``b_r`` xored in after its first multiply.
+Codes therefore depend on ``(s, r, j)`` and the value only: not on the thread count, the order
+rows are visited in or how rows split into widths, and a checkpoint of the torch generator
+replays them bit for bit. (A 32-bit word hash vectorises in eight lanes of native 32-bit
+multiplies; SplitMix64 per word, as before, cost three times as much and a quarter of the
+quantizer's time.)
 
-**Rounding.** ``t = min((x - m) / Δ, L)`` as in :mod:`adaqp.quant.rows` (``Δ = (M - m) / L``,
-divided by 1 where it is 0), ``ρ = rint(2**16·t)`` (exact in float32, rounded half to even), and
-``q = (ρ + u) >> 16`` with ``u`` the value's 16-bit draw; ``q <= L`` as ``t <= L``.
+**Rounding.** ``Δ = (M - m) / L`` (1 where it is 0) as in :mod:`adaqp.quant.rows`, the scaled
+value ``σ = min((x - m)·(2**16 / Δ), 2**16·L)`` (float32; where ``2**16 / Δ`` overflows,
+``(x - m) / Δ·2**16``), ``ρ = rint(σ)`` (rounded half to even), and ``q = (ρ + u) >> 16``
+with ``u`` the value's 16-bit draw; ``q <= L`` as ``σ <= 2**16·L``. ``σ`` is ``2**16·t``
+for the torch path's ``t = (x - m) / Δ`` up to float32 rounding of the reciprocal and the
+product (a multiply instead of a divide per value).
 
-**Unbiasedness.** For a seed uniform on ``[0, 2**64)``, ``s + (c + 1)·γ`` is uniform for every
-counter, ``mix64`` is a bijection of 64-bit words and a 16-bit lane of a uniform word is
-uniform: each ``u`` is *exactly* uniform on ``{0, ..., 2**16 - 1}``, so ``E[q] = ρ / 2**16``
-exactly and ``|E[q] - t| <= 2**-17``. Hence ``|E[x̂] - x| <= Δ / 2**17`` beyond float32
-rounding of ``t`` and of ``m + q·Δ`` (half the torch path's ``Δ / 2**16``), and
-``Var[x̂] = Δ²·f(1 - f) <= Δ²/4`` with ``f`` the fractional part of ``ρ / 2**16``. Distinct
-values use distinct counters (or distinct lanes of one word); their joint independence is as
-good as SplitMix64's, which passes BigCrush, and is not otherwise claimed.
+**Unbiasedness.** For a seed uniform on ``[0, 2**64)``, ``s + (r + 1)·γ`` is uniform, ``mix64``
+is a bijection of 64-bit words, so ``K_r`` is uniform and its halves are independent and
+uniform; given ``b_r``, ``a_r + k·0x9E3779B9`` is uniform on 32-bit words and the keyed ``h``
+is a bijection of them (each step is), so every word is uniform and a 16-bit lane of a
+uniform word is uniform: each ``u`` is *exactly* uniform on ``{0, ..., 2**16 - 1}``, so
+``E[q] = ρ / 2**16`` exactly and ``|E[q] - σ / 2**16| <= 2**-17``. Hence ``|E[x̂] - x| <= Δ /
+2**17`` beyond float32 rounding of ``σ`` and of ``m + q·Δ`` (half the torch path's ``Δ /
+2**16``), and ``Var[x̂] = Δ²·f(1 - f) <= Δ²/4`` with ``f`` the fractional part of ``ρ /
+2**16``. Distinct values of a row use distinct words (or lanes of one word); rows use
+independent keys. Joint independence beyond that is as good as the hash's and is not
+otherwise claimed; the tests check the lanes' uniformity and the correlation of neighbouring
+draws.
 
 **Reconstruction** is the torch path's expression, evaluated in the same float32 order
 (``min(m + q·Δ, M)``, no fused multiply-add; one bit: ``m`` or ``M``), so both paths decode the
@@ -41,9 +53,9 @@ Row minima and maxima are taken over the float32 bit patterns mapped to order-pr
 integers (vectorised integer min/max): a NaN maps beyond ±Inf, so a row holding NaN or ±Inf
 gets a non-finite ``M - m``; such a row is skipped (codes 0) and the caller raises.
 
-**Dropout's mask** (:func:`masked_scale_serial`, used by :mod:`adaqp.model.dropout`) draws the
-same way, 32 bits a value: value ``i`` (flat index) takes lane ``i mod 2`` of output
-``i // 2 + 1`` and is kept when the draw is at least ``round(p·2**32)``, so ``P(keep)`` is
+**Dropout's mask** (:func:`masked_scale_serial`, used by :mod:`adaqp.model.dropout`) draws
+from SplitMix64 itself, 32 bits a value: value ``i`` (flat index) takes lane ``i mod 2`` of
+output ``i // 2 + 1`` and is kept when the draw is at least ``round(p·2**32)``, so ``P(keep)`` is
 within ``2**-33`` of ``1 - p`` (the draw exactly uniform, as above).
 
 Entry points (``*_serial``, ``*_parallel``) release the GIL; the ``*_parallel`` ones split
@@ -67,8 +79,12 @@ _IMIN = np.int32(-0x80000000)
 _SCALE16 = np.float32(65536.0)
 _F1 = np.float32(1.0)
 
-DRAWS_PER_WORD = 4
-"""16-bit draws per 64-bit hash word."""
+DRAWS_PER_WORD = 2
+"""16-bit draws per 32-bit hash word."""
+
+_G32 = np.uint32(0x9E3779B9)
+_H1, _H2 = np.uint32(0x7FEB352D), np.uint32(0x846CA68B)
+_U16 = np.uint32(16)
 
 
 @njit(cache=True)
@@ -109,8 +125,12 @@ def _quantize_rows(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, first_R, 
     xbits = x_RD.view(np.int32)
     mins_i, maxs_i = mins.view(np.int32), maxs.view(np.int32)
     groups = (dim + DRAWS_PER_WORD - 1) // DRAWS_PER_WORD
-    words = np.zeros(groups, np.uint64)
-    draws = words.view(np.uint16)  # draw j: lane j % 4 of word j // 4 (little-endian)
+    words = np.zeros(groups, np.uint32)
+    draws = words.view(np.uint16)  # draw j: lane j % 2 of word j // 2 (little-endian)
+    # The row key passes through memory: read back as two uint32, the hash loop below is
+    # vectorised in 32-bit lanes (from the 64-bit key itself, LLVM widens it to 64-bit lanes).
+    row_key = np.zeros(2, np.uint32)
+    row_key64 = row_key.view(np.uint64)
     c = np.zeros((dim + 7) // 8 * 8 + 8, np.uint8)  # codes; zero tail: packing reads whole bytes
     c64 = c.view(np.uint64)
     skipped = 0
@@ -139,14 +159,26 @@ def _quantize_rows(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, first_R, 
             continue
         levels = np.float32((1 << bits) - 1)
         step = span / levels
-        safe = step if step > 0 else _F1
-        state = seed + (np.uint64(r) * np.uint64(groups) + _ONE64) * _GAMMA
-        for k in range(groups):
-            words[k] = mix64(state + np.uint64(k) * _GAMMA)
-        for j in range(dim):
-            t = min((row[j] - mn) / safe, levels)
-            rho = np.int32(np.rint(t * _SCALE16))
-            c[j] = np.uint8(np.int32(np.int32(rho + np.int32(draws[j])) >> _I16))
+        scale = _SCALE16 / (step if step > 0 else _F1)
+        top = levels * _SCALE16
+        row_key64[0] = mix64(seed + (np.uint64(r) + _ONE64) * _GAMMA)
+        low, high = row_key[0], row_key[1]  # little-endian: the low half first
+        for k in range(groups):  # the keyed lowbias32 of the module's docstring
+            z = np.uint32(low + np.uint32(np.uint32(k) * _G32))
+            z ^= z >> _U16
+            z = np.uint32(z * _H1) ^ high
+            z ^= z >> _U15
+            z = np.uint32(z * _H2)
+            z ^= z >> _U16
+            words[k] = z
+        if np.isfinite(scale):
+            for j in range(dim):
+                rho = np.int32(np.rint(min((row[j] - mn) * scale, top)))
+                c[j] = np.uint8(np.int32(np.int32(rho + np.int32(draws[j])) >> _I16))
+        else:  # a step below 2**16 / float32 max: its reciprocal overflows, a quotient does not
+            for j in range(dim):
+                rho = np.int32(np.rint(min((row[j] - mn) / step * _SCALE16, top)))
+                c[j] = np.uint8(np.int32(np.int32(rho + np.int32(draws[j])) >> _I16))
         # Code j in byte j // (8 // bits) at bit (j % (8 // bits))·bits, as pack() does.
         if bits == 8:
             for i in range(out.shape[0]):
@@ -158,7 +190,7 @@ def _quantize_rows(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, first_R, 
             for i in range(out.shape[0]):
                 j = 4 * i
                 out[i] = c[j] | (c[j + 1] << 2) | (c[j + 2] << 4) | (c[j + 3] << 6)
-        else:  # eight 0/1 code bytes, little-endian in a word: one multiply gathers them
+        elif bits == 1:  # eight 0/1 code bytes, little-endian in a word: one multiply gathers them
             for i in range(out.shape[0]):
                 out[i] = np.uint8((c64[i] * _GATHER1) >> _S56)
     return skipped

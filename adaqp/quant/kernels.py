@@ -38,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 _ENV = "ADAQP_KERNELS"
 _default = os.environ.get(_ENV) or "auto"
+DRAWS = "splitmix64 row keys, keyed lowbias32 words"
+"""Names the compiled path's random draws (:mod:`adaqp.quant.compiled`): a checkpoint records
+it, so that a run does not resume with other draws than it started with."""
 _PARALLEL_MIN_VALUES = 1 << 15
 """Messages with fewer values run on one thread: starting the pool costs more."""
 

@@ -31,6 +31,7 @@ import torch
 
 from adaqp.atomic import write_atomic
 from adaqp.partitioning.format import sha256_file
+from adaqp.quant import kernels as quant_kernels
 
 logger = logging.getLogger(__name__)
 
@@ -232,11 +233,13 @@ class Checkpointer:
     @classmethod
     def for_run(cls, config, world, out_dir: Path, meta: dict[str, Any]) -> Checkpointer:
         """The checkpoints of a run: ``checkpoint.dir`` or ``<out>/checkpoints``, matched
-        against the config's fingerprint and the partition's metadata checksum."""
+        against the config's fingerprint, the partition's metadata checksum and the compiled
+        quantizer's draws."""
         section = config.checkpoint
         fingerprint = {
             **config.fingerprint(),
             "partition.metadata_sha256": meta.get("metadata_sha256", ""),
+            "quant.compiled_draws": quant_kernels.DRAWS,
         }
         root = checkpoint_root(config, out_dir)
         return cls(root, world, section.every, section.keep, fingerprint)

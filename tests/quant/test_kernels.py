@@ -42,33 +42,50 @@ def _mix64(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+def _lowbias32_keyed(z: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """lowbias32 with ``high`` xored in after its first multiply (uint32 arrays)."""
+    z = z ^ (z >> np.uint32(16))
+    z = (z * np.uint32(0x7FEB352D)) ^ high
+    z = z ^ (z >> np.uint32(15))
+    z = z * np.uint32(0x846CA68B)
+    return z ^ (z >> np.uint32(16))
+
+
 def _draws(seed: np.uint64, rows: int, dim: int) -> np.ndarray:
-    """uint32 ``[R, D]`` 16-bit draws as adaqp/quant/compiled.py states them: value (r, j)
-    takes lane j % 4 of the SplitMix64 output number r·ceil(D / 4) + j // 4 + 1."""
-    groups = -(-dim // 4)
-    r, j = np.meshgrid(np.arange(rows, dtype=np.uint64), np.arange(dim, dtype=np.uint64))
-    r, j = r.T, j.T
-    counter = r * np.uint64(groups) + j // np.uint64(4)
+    """uint32 ``[R, D]`` 16-bit draws as adaqp/quant/compiled.py states them: row r's key is
+    SplitMix64 output r + 1, value (r, j) takes lane j % 2 of the keyed lowbias32 of
+    low32(key) + (j // 2)·0x9E3779B9, keyed by high32(key)."""
+    r = np.arange(rows, dtype=np.uint64)[:, None]
+    j = np.arange(dim, dtype=np.uint32)[None, :]
     with np.errstate(over="ignore"):
-        words = _mix64(seed + (counter + np.uint64(1)) * _GAMMA)
-    return ((words >> (np.uint64(16) * (j % np.uint64(4)))) & np.uint64(0xFFFF)).astype(np.uint32)
+        key = _mix64(seed + (r + np.uint64(1)) * _GAMMA)
+        low = (key & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+        high = (key >> np.uint64(32)).astype(np.uint32)
+        words = _lowbias32_keyed(low + (j // np.uint32(2)) * np.uint32(0x9E3779B9), high)
+    return (words >> (np.uint32(16) * (j % np.uint32(2)))) & np.uint32(0xFFFF)
 
 
-def _round(t: np.ndarray, draws: np.ndarray) -> np.ndarray:
-    """The stated rounding: ``(rint(2**16·t) + u) >> 16`` (float32 ``t`` already clamped)."""
-    rho = np.rint(t * np.float32(2**16)).astype(np.int64)
+def _round(scaled: np.ndarray, draws: np.ndarray) -> np.ndarray:
+    """The stated rounding: ``(rint(s) + u) >> 16`` with ``s = 2**16·t`` (float32, clamped)."""
+    rho = np.rint(scaled).astype(np.int64)
     return (rho + draws.astype(np.int64)) >> 16
 
 
 def _codes(x: torch.Tensor, bits_r: torch.Tensor, seed: np.uint64) -> np.ndarray:
-    """The codes the compiled path must send for rows ``x`` at widths ``bits_r``."""
+    """The codes the compiled path must send for rows ``x`` at widths ``bits_r``:
+    ``s = min((x - m)·(2**16 / Δ), 2**16·L)``, or ``(x - m) / Δ·2**16`` where ``2**16 / Δ``
+    overflows."""
     x = x.numpy()
     levels = (2 ** bits_r.numpy().astype(np.int64) - 1).astype(np.float32)[:, None]
     m, big = x.min(1, keepdims=True), x.max(1, keepdims=True)
     step = (big - m) / levels
     safe = np.where(step > 0, step, np.float32(1))
-    t = np.minimum((x - m) / safe, levels)
-    return _round(t, _draws(seed, *x.shape))
+    with np.errstate(over="ignore"):
+        scale = np.float32(2**16) / safe
+    product = (x - m) * np.where(np.isfinite(scale), scale, np.float32(0))
+    quotient = (x - m) / safe * np.float32(2**16)
+    scaled = np.where(np.isfinite(scale), product, quotient)
+    return _round(np.minimum(scaled, levels * np.float32(2**16)), _draws(seed, *x.shape))
 
 
 def _seed_of(generator_seed: int) -> np.uint64:
@@ -163,16 +180,37 @@ def test_codes_are_the_stated_hash_of_seed_row_and_column(dim: int):
             np.testing.assert_array_equal(got, expected[rows])
 
 
-def test_draws_are_uniform_16_bit_lanes():
-    # The lanes of SplitMix64 outputs: every 16-bit value about equally often (chi-square),
-    # and every bit set half the time, across rows, columns and lanes.
-    u = _draws(np.uint64(2024), 256, 1024).ravel()
-    counts = np.bincount(u >> 8, minlength=256)  # top byte: 256 cells of ~1024
-    expected = u.size / 256
+def _chi2_below_bound(cells: np.ndarray, count: int) -> bool:
+    counts = np.bincount(cells, minlength=count)
+    expected = cells.size / count
     chi2 = ((counts - expected) ** 2 / expected).sum()
-    assert chi2 < 255 + 5 * np.sqrt(2 * 255)
+    return bool(chi2 < count - 1 + 5 * np.sqrt(2 * (count - 1)))
+
+
+def test_draws_are_uniform_16_bit_lanes():
+    # Every 16-bit value about equally often (chi-square on the top byte), and every bit set
+    # half the time, across rows, columns and lanes.
+    u = _draws(np.uint64(2024), 256, 1024).ravel()
+    assert _chi2_below_bound(u >> 8, 256)
     ones = np.array([((u >> k) & 1).mean() for k in range(16)])
     assert np.abs(ones - 0.5).max() < 5 * 0.5 / np.sqrt(u.size)
+
+
+@pytest.mark.parametrize("seed", [0, 2024])
+def test_neighbouring_draws_are_uncorrelated(seed: int):
+    # The two lanes of a word, neighbouring words of a row, the same column of neighbouring
+    # rows: each pair's joint distribution uniform (chi-square over 16 x 16 cells of their
+    # top 4 bits) and their correlation within 5 standard errors of 0.
+    u = _draws(np.uint64(seed), 512, 512).astype(np.int64)
+    pairs = {
+        "lanes of a word": (u[:, 0::2], u[:, 1::2]),
+        "neighbouring words": (u[:, 0:-2:2], u[:, 2::2]),
+        "neighbouring rows": (u[:-1], u[1:]),
+    }
+    for name, (a, b) in pairs.items():
+        a, b = a.ravel(), b.ravel()
+        assert _chi2_below_bound((a >> 12) * 16 + (b >> 12), 256), name
+        assert abs(np.corrcoef(a, b)[0, 1]) < 5 / np.sqrt(a.size), name
 
 
 @pytest.mark.parametrize("bits", SUPPORTED_BITS)
@@ -190,7 +228,7 @@ def test_rounding_expectation_is_exact_and_the_bias_bound_tight(bits: int):
     )
     t = (k + frac).float().numpy()
     every = np.arange(2**16, dtype=np.uint32)[:, None]
-    mean = _round(t[None, :], every).mean(0)
+    mean = _round(t[None, :] * np.float32(2**16), every).mean(0)
     expected = np.rint(t.astype(np.float64) * 2**16) / 2**16
     np.testing.assert_array_equal(mean, expected)
     bias = np.abs(mean - t.astype(np.float64))
@@ -199,8 +237,27 @@ def test_rounding_expectation_is_exact_and_the_bias_bound_tight(bits: int):
     # match the statement above for the kernel's own draws.
     x = torch.from_numpy(np.concatenate([[0.0, levels], t]).astype(np.float32))[None]
     q = quantize(x, bits, _gen(9), kernels="compiled")
-    expected_codes = _round(x.numpy(), _draws(_seed_of(9), 1, x.shape[1]))
+    expected_codes = _round(x.numpy() * np.float32(2**16), _draws(_seed_of(9), 1, x.shape[1]))
     np.testing.assert_array_equal(unpack(q.packed, bits, x.shape[1]).numpy(), expected_codes)
+
+
+def test_a_step_whose_reciprocal_overflows_rounds_by_the_quotient():
+    # A normal Δ below 2**16 / float32 max: the codes still span 0..L.
+    g = _gen(8)
+    x = torch.rand(30, 40, generator=g) * torch.logspace(-35, -34.5, 30)[:, None]
+    bits_r = torch.tensor(SUPPORTED_BITS, dtype=torch.int8).repeat(8)[:30]
+    buf = quantize_mixed(x, bits_r, _gen(3), kernels="compiled")
+    expected = _codes(x, bits_r, _seed_of(3))
+    levels = 2 ** bits_r.numpy().astype(np.int64) - 1
+    for bits, group in _parse_mixed(buf, bits_r, 40).items():
+        rows = (bits_r == bits).numpy()
+        got = unpack(group.packed, bits, 40).numpy()
+        np.testing.assert_array_equal(got, expected[rows])
+        low, high = x[rows].argmin(1), x[rows].argmax(1)
+        assert (got[np.arange(rows.sum()), low] == 0).all()
+        assert (got[np.arange(rows.sum()), high] == levels[rows]).all()
+    out = dequantize_mixed(buf, bits_r, 40, kernels="compiled")
+    assert bool((out >= x.amin(1, keepdim=True)).all() and (out <= x.amax(1, keepdim=True)).all())
 
 
 def test_one_draw_per_message_from_the_generator():

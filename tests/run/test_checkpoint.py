@@ -20,6 +20,7 @@ from adaqp.data import load_dataset
 from adaqp.graph.local import LocalGraph
 from adaqp.partitioning.build import make_partition
 from adaqp.partitioning.format import load_part, read_metadata
+from adaqp.quant import kernels as quant_kernels
 from adaqp.run.checkpoint import (
     Checkpointer,
     CheckpointError,
@@ -166,6 +167,13 @@ def test_unfitting_or_damaged_checkpoints_are_refused(tmp_path):
     newer = {**fingerprint, "quant.first_cycle": 5}  # a setting added after the checkpoint
     with pytest.raises(CheckpointError, match="quant.first_cycle: not in the checkpoint"):
         check_fits(manifest, 1, newer, tmp_path)
+
+    # The compiled quantizer's draws are part of what a run resumes with.
+    ckpt = Checkpointer.for_run(load_config(None, []), None, tmp_path, {"metadata_sha256": "x"})
+    assert ckpt.fingerprint["quant.compiled_draws"] == quant_kernels.DRAWS
+    other = {**ckpt.fingerprint, "quant.compiled_draws": "splitmix64 words"}
+    with pytest.raises(CheckpointError, match="quant.compiled_draws: checkpoint 'splitmix64"):
+        check_fits({**manifest, "fingerprint": other}, 1, ckpt.fingerprint, tmp_path)
 
     shard = tmp_path / "epoch-000003" / "rank-00000.npz"
     data = bytearray(shard.read_bytes())
