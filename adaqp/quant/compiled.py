@@ -129,6 +129,7 @@ def _quantize_rows(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, first_R, 
     draws = words.view(np.uint16)  # draw j: lane j % 2 of word j // 2 (little-endian)
     # The row key passes through memory: read back as two uint32, the hash loop below is
     # vectorised in 32-bit lanes (from the 64-bit key itself, LLVM widens it to 64-bit lanes).
+    # Its names are its own: numba gives a name one type per function (``key`` is int32).
     row_key = np.zeros(2, np.uint32)
     row_key64 = row_key.view(np.uint64)
     c = np.zeros((dim + 7) // 8 * 8 + 8, np.uint8)  # codes; zero tail: packing reads whole bytes
