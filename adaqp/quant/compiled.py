@@ -39,9 +39,9 @@ uniform word is uniform: each ``u`` is *exactly* uniform on ``{0, ..., 2**16 - 1
 2**17`` beyond float32 rounding of ``σ`` and of ``m + q·Δ`` (half the torch path's ``Δ /
 2**16``), and ``Var[x̂] = Δ²·f(1 - f) <= Δ²/4`` with ``f`` the fractional part of ``ρ /
 2**16``. Distinct values of a row use distinct words (or lanes of one word); rows use
-successive SplitMix64 outputs as keys. Joint independence beyond that is as good as the hash's and is not
-otherwise claimed; the tests check the lanes' uniformity and the correlation of neighbouring
-draws.
+successive SplitMix64 outputs as keys. Joint independence beyond that is as good as the
+hash's and is not otherwise claimed; the tests check the lanes' uniformity and the
+correlation of neighbouring draws.
 
 **Reconstruction** is the torch path's expression, evaluated in the same float32 order
 (``min(m + q·Δ, M)``, no fused multiply-add; one bit: ``m`` or ``M``), so both paths decode the
