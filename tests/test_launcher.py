@@ -295,6 +295,10 @@ def test_debug_free_filter_never_drops_other_output():
     assert _filtered("Traceback (most recent call last):\n  File 'x'\n")[0].count("File") == 1
     text = "error: a\nerror: b\nerror: a\nwarn\n"
     assert _filtered(text)[0] == "error: a\nerror: b\nwarn\n"
+    # Each rank refuses a checkpoint naming its keys: the error and its keys shown once.
+    refusal = "error: checkpoint c does not fit this run:\n  a: 1, this run 2\n  b: x\n"
+    assert _filtered(refusal * 3)[0] == refusal
+    assert _filtered(refusal + "10:00 [rank 1] log\n  b: x\n")[0].endswith("log\n  b: x\n")
 
 
 def test_errors_that_point_at_another_ranks_are_shown_only_without_it():

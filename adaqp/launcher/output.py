@@ -30,7 +30,8 @@ class OutputFilter:
     dropped, anything else (a worker's) is shown whole. ``failures`` holds the report's
     (rank, exit code) pairs, the root cause first. An ``error:`` line is shown once; one
     that only points at another rank's ("... see its log") is held, and ``leftovers``
-    gives it back at the end where no other rank said more.
+    gives it back at the end where no other rank said more. A repeated error's indented
+    lines (the keys of a checkpoint that does not fit, say) go with it.
     """
 
     def __init__(self) -> None:
@@ -43,6 +44,7 @@ class OutputFilter:
         self.failures: list[tuple[int, int]] = []
         self._found: dict[str, list[tuple[int, int]]] = {"root": [], "other": []}
         self._section, self._rank = "other", -1
+        self._repeat = False  # inside a repeated error's indented lines
 
     @property
     def idle(self) -> bool:
@@ -50,6 +52,10 @@ class OutputFilter:
 
     def feed(self, line: str) -> list[str]:
         text = line.rstrip("\r\n")
+        if self._repeat:
+            if text.startswith("  "):
+                return []
+            self._repeat = False
         if self.report is not None:
             return self._in_report(line, text)
         if self.held is not None:
@@ -75,6 +81,7 @@ class OutputFilter:
                     self.consequences.append(line)
                 return []
             if text in self.errors:
+                self._repeat = True
                 return []
             self.errors.add(text)
         return [line]
