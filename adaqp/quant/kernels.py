@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 _ENV = "ADAQP_KERNELS"
 _default = os.environ.get(_ENV) or "auto"
-DRAWS = "splitmix64 row keys, keyed lowbias32 words"
+COMPILED_DRAWS = "splitmix64 row keys, keyed lowbias32 words"
 """Names the compiled path's random draws (:mod:`adaqp.quant.compiled`): a checkpoint records
 it, so that a run does not resume with other draws than it started with."""
 _PARALLEL_MIN_VALUES = 1 << 15

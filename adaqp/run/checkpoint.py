@@ -239,7 +239,7 @@ class Checkpointer:
         fingerprint = {
             **config.fingerprint(),
             "partition.metadata_sha256": meta.get("metadata_sha256", ""),
-            "quant.compiled_draws": quant_kernels.DRAWS,
+            "quant.compiled_draws": quant_kernels.COMPILED_DRAWS,
         }
         root = checkpoint_root(config, out_dir)
         return cls(root, world, section.every, section.keep, fingerprint)

@@ -170,7 +170,7 @@ def test_unfitting_or_damaged_checkpoints_are_refused(tmp_path):
 
     # The compiled quantizer's draws are part of what a run resumes with.
     ckpt = Checkpointer.for_run(load_config(None, []), None, tmp_path, {"metadata_sha256": "x"})
-    assert ckpt.fingerprint["quant.compiled_draws"] == quant_kernels.DRAWS
+    assert ckpt.fingerprint["quant.compiled_draws"] == quant_kernels.COMPILED_DRAWS
     other = {**ckpt.fingerprint, "quant.compiled_draws": "splitmix64 words"}
     with pytest.raises(CheckpointError, match="quant.compiled_draws: checkpoint 'splitmix64"):
         check_fits({**manifest, "fingerprint": other}, 1, ckpt.fingerprint, tmp_path)
