@@ -38,7 +38,8 @@ halo exchange (halo rows are zeros) to measure the compute-only epoch time."""
 
 QUANTIZED_MODES = ("adaqp-q", "adaqp", "adaqp-s")
 """Modes whose widths the adaptive planner chooses."""
-OVERLAP_MODES = ("adaqp-p", "adaqp", "adaqp-s")
+OVERLAP_MODES = ("adaqp-p", "adaqp", "adaqp-s", "onebit")
+"""Modes that may aggregate central rows while the exchange is in flight (``comm.overlap``)."""
 STALE_MODES = ("onebit", "adaqp-s")
 """Modes that may use halo rows (and gradients) from earlier epochs: [staleness]."""
 KERNELS = ("auto", "torch", "compiled")  # quantizer and dropout mask: adaqp/quant/kernels.py
@@ -194,6 +195,10 @@ class CommConfig:
     input dropout each worker then draws its own mask for those rows."""
     transform_first: bool = True
     """GCN: exchange h·W instead of h when that narrows the rows (exact)."""
+    overlap: str = "auto"
+    """Central/marginal overlap in OVERLAP_MODES: auto (on, except where every rank shares
+    one host's CPU cores with more threads than cores: an exchange there is a copy by those
+    cores and a wait is a peer computing, so splitting a layer only adds work), on or off."""
     overlap_allreduce: bool = True
     """Start each layer's gradient all-reduce as soon as backward has finished that layer
     (DDP-style buckets); false: one flat all-reduce after backward."""
@@ -206,6 +211,7 @@ class CommConfig:
         check(self.device in ("auto", "cpu", "cuda"), "comm.device", "must be auto, cpu or cuda")
         check(self.timeout_s > 0, "comm.timeout_s", "must be positive")
         check(self.threads >= 0, "comm.threads", "must be non-negative")
+        _check_choice(self.overlap, ("auto", "on", "off"), "comm.overlap")
 
 
 @dataclass(frozen=True)

@@ -52,10 +52,43 @@ class World:
         if self.device.type == "cuda" and "device" in state:
             torch.cuda.set_rng_state(state["device"], self.device)
 
+    def shares_cores(self) -> bool:
+        """Whether every rank runs on this host's CPU and their threads outnumber its cores
+        (``torch.get_num_threads()`` each, as ``init_distributed`` set them)."""
+        if self.device.type != "cpu" or self.local_world_size < self.world_size:
+            return False
+        return self.local_world_size * torch.get_num_threads() > usable_cores()
+
     def synchronize(self) -> None:
         """Waits for queued device work, so wall-clock timings mean something."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def overlaps(setting: str, world: World) -> bool:
+    """Whether an overlap mode splits its layers into central and marginal rows under
+    ``comm.overlap = setting`` (see ``CommConfig.overlap``)."""
+    if setting != "auto":
+        return setting == "on"
+    if world.shares_cores():
+        if world.is_main:
+            logger.info(
+                "overlap off: %d ranks x %d threads share %d cores of one host, where an "
+                'exchange is a copy by those cores (comm.overlap = "on" splits anyway)',
+                world.local_world_size,
+                torch.get_num_threads(),
+                usable_cores(),
+            )
+        return False
+    return True
 
 
 def _free_port() -> int:

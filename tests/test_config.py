@@ -118,6 +118,7 @@ def test_large_synthetic_configs_say_what_they_need_first(path):
         ("staleness.warmup_epochs=-1", "staleness.warmup_epochs"),
         ("staleness.smoothing=1", "staleness.smoothing"),
         ("comm.mode=turbo", "comm.mode"),
+        ("comm.overlap=yes", "comm.overlap"),
         ("data.synthetic.num_nodes=-5", "data.synthetic"),
         ("train.epochs", "train.epochs"),
     ],

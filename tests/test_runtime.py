@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from adaqp.config import CommConfig
-from adaqp.runtime import World, init_distributed, shutdown, unresponsive_peers
+from adaqp.runtime import World, init_distributed, overlaps, shutdown, unresponsive_peers
 from tests.distributed import run_workers
 
 _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -144,3 +144,29 @@ def test_unresponsive_peers_names_the_rank_that_did_not_report(tmp_path):
     assert results[0]["first"].tolist() == [1]
     assert results[0]["second"].tolist() == []
     assert results[1]["second"].tolist() == []
+
+
+def _world(world_size: int, local_world_size: int, device: str = "cpu") -> World:
+    return World(0, world_size, 0, local_world_size, torch.device(device), "gloo")
+
+
+@pytest.mark.parametrize(
+    ("world", "threads", "cores", "split"),
+    [
+        (_world(4, 4), 1, 2, False),  # four ranks on two cores: a wait is a peer computing
+        (_world(4, 4), 2, 6, False),  # eight threads on six cores
+        (_world(4, 4), 2, 8, True),  # a core for every thread: a wait leaves one idle
+        (_world(2, 2), 1, 2, True),
+        (_world(4, 1), 1, 1, True),  # one rank per host: the exchange crosses a network
+        (_world(4, 2), 4, 2, True),  # two hosts: the same
+        (_world(4, 4, "cuda"), 1, 2, True),  # device copies do not take the cores
+    ],
+)
+def test_auto_overlap_is_off_only_where_the_ranks_share_one_hosts_cores(
+    world, threads, cores, split, monkeypatch
+):
+    monkeypatch.setattr("adaqp.runtime.usable_cores", lambda: cores)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    assert world.shares_cores() is not split
+    assert overlaps("auto", world) is split
+    assert overlaps("on", world) and not overlaps("off", world)

@@ -55,6 +55,7 @@ from adaqp.config import QuantConfig
 from adaqp.exchange.transport import SETUP_KEY, BitPlan, Direction, ExchangeKey, HaloTransport
 from adaqp.graph.aggregate import SparseAdjacency
 from adaqp.graph.local import LocalGraph
+from adaqp.quant.kernels import squared_ranges
 from adaqp.runtime import World
 
 logger = logging.getLogger(__name__)
@@ -230,9 +231,7 @@ class BitWidthPlanner:
         """Accumulates the squared row ranges of one outgoing block."""
         if rows_RD.shape[1] == 0:
             return
-        # Two reductions: torch.aminmax over rows measured 15x slower than amax + amin.
-        rows_RD = rows_RD.detach()
-        squared = ((rows_RD.amax(1) - rows_RD.amin(1)).double() ** 2).cpu()
+        squared = squared_ranges(rows_RD).cpu()
         entry = self._traces.get(key)
         if entry is None:
             self._traces[key] = [squared, 1, rows_RD.shape[1]]

@@ -220,6 +220,29 @@ def quantize_parallel(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, first_
     return skipped
 
 
+@njit(cache=True, nogil=True)
+def squared_ranges(x_RD, out_R):
+    """``out_R[r] = (max - min)²`` of row ``r`` of float32 ``x_RD``, the difference taken in
+    float32 and squared in float64 (float64 ``out_R``); NaN where the row holds one. One
+    pass of the integer min/max of :func:`_quantize_rows`."""
+    dim = x_RD.shape[1]
+    xbits = x_RD.view(np.int32)
+    ends = np.zeros(2, np.int32)
+    ends_f = ends.view(np.float32)
+    for r in range(x_RD.shape[0]):
+        row_bits = xbits[r]
+        lo, hi = _IMAX, _IMIN
+        for j in range(dim):
+            b = row_bits[j]
+            key = np.int32(b ^ np.int32(np.int32(b >> _I31) & _IMAX))
+            lo = np.int32(min(lo, key))
+            hi = np.int32(max(hi, key))
+        ends[0] = lo ^ ((lo >> _I31) & _IMAX)
+        ends[1] = hi ^ ((hi >> _I31) & _IMAX)
+        span = np.float64(np.float32(ends_f[1] - ends_f[0]))
+        out_R[r] = span * span if dim else 0.0
+
+
 @njit(cache=True)
 def _dequantize_rows(payload, bits_R, offsets_R, mins, maxs, out_RD, weight, start, stop):
     """Reconstructs rows ``start`` to ``stop`` into ``out_RD``, or blends them into it

@@ -361,6 +361,19 @@ def dequantize_rows(
     return _decode(payload, widths, offsets, mins, maxs, out)
 
 
+def squared_ranges(x_RD: Tensor) -> Tensor:
+    """float64 ``[R]``: each row's ``(max - min)²``, the difference in float32 (the planner's
+    trace of the rows it sends); compiled on float32 CPU rows, else torch operators."""
+    x_RD = x_RD.detach()
+    if x_RD.dtype == torch.float32 and use_compiled(None, x_RD.device):
+        out = torch.empty(x_RD.shape[0], dtype=torch.float64)
+        _compiled_module().squared_ranges(_numpy(x_RD.contiguous()), _numpy(out))
+        return out
+    if x_RD.shape[1] == 0:
+        return torch.zeros(x_RD.shape[0], dtype=torch.float64, device=x_RD.device)
+    return (x_RD.amax(1) - x_RD.amin(1)).double() ** 2
+
+
 def keep_threshold(p: float) -> int:
     """The 32-bit draw a value needs to be kept by dropout with probability ``p`` of a zero:
     ``round(p·2**32)``, so ``P(keep) = 1 - threshold / 2**32`` is within ``2**-33`` of
@@ -401,6 +414,7 @@ def warm_up() -> bool:
     quantize_segments(x, layout, torch.Generator().manual_seed(0), buf)
     dequantize_segments(buf, layout, x)
     masked_scale(x, np.uint64(0), keep_threshold(0.5), 2.0)
+    squared_ranges(x)
     if threads() > 1:  # compile only: starting numba's pool is left to the first real call
         for serial, parallel in (
             (kernels.quantize_serial, kernels.quantize_parallel),

@@ -43,6 +43,8 @@ class Outcome:
     cache_input_halo: bool
     edge_cut: int
     metric: str
+    overlap: bool = False
+    """Whether layers were split into central and marginal rows (``comm.overlap``)."""
     plan_report: dict[str, Any] = field(default_factory=dict)
     """The exchange policy's figures of its last plans (``ExchangePolicy.report``)."""
 
@@ -96,6 +98,8 @@ class Summary:
     """Bytes sent once at start-up to cache the layer-0 halo inputs."""
     cache_input_halo: bool = False
     transform_first: bool = False
+    overlap: bool = False
+    """Whether layers aggregated their central rows while the exchange was in flight."""
     quant_scheme: str = ""
     """Bit-width scheme of quantized modes (adaptive, uniform, random); empty otherwise."""
     peak_memory_mb: float = 0.0
@@ -210,6 +214,7 @@ def summarize(config: Config, world_size: int, outcome: Outcome, facts: RunFacts
         input_cache_bytes=outcome.input_cache_bytes,
         cache_input_halo=outcome.cache_input_halo,
         transform_first=config.comm.transform_first,
+        overlap=outcome.overlap,
         quant_scheme=config.quant.scheme if mode in QUANTIZED_MODES else "",
         peak_memory_mb=outcome.peak_memory_mb,
         staleness_bound=config.staleness.bound if mode in STALE_MODES else 0,

@@ -47,7 +47,7 @@ from adaqp.run.checkpoint import Checkpointer
 from adaqp.run.gradsync import GradientBuckets, GradientSyncError, gnn_layer_groups
 from adaqp.run.metrics import EpochRecord, RunWriter
 from adaqp.run.summary import Outcome, RunFacts, Summary, last_solve, summarize
-from adaqp.runtime import World, unresponsive_peers
+from adaqp.runtime import World, overlaps, unresponsive_peers
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class Trainer:
             graph,
             adjacency,
             self.policy,
-            overlap=mode in OVERLAP_MODES or mode == "onebit",
+            overlap=mode in OVERLAP_MODES and overlaps(config.comm.overlap, world),
             cached_input=self.cache_input,
         )
         self.optimizer = torch.optim.Adam(
@@ -398,6 +398,7 @@ class Trainer:
             peak_memory_mb=float(peak) / 2**20,
             input_cache_bytes=self.input_cache_bytes,
             cache_input_halo=self.cache_input,
+            overlap=self.propagation.overlap,
             edge_cut=int(self.meta.get("edge_cut", 0)),
             metric=self.meta["dataset"].get("info", {}).get("metric", "acc"),
             plan_report=self.policy.report(last_solve(records)) if self.policy else {},

@@ -340,3 +340,31 @@ def test_blending_decoder_is_decode_then_blend_bit_for_bit(dim: int, threads: in
     assert torch.equal(on_torch, expected)
     with pytest.raises(ValueError, match="blend needs out"):
         dequantize_mixed(buf, bits_r, dim, kernels="compiled", blend=0.1)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 7, 64, 67])
+def test_squared_ranges_equal_the_torch_paths_bit_for_bit(dim: int):
+    """The planner's trace: each row's (max - min)² on both paths, with negative rows, a
+    constant row, signed zeros, infinities and a NaN (propagated, as amax/amin do)."""
+    x = torch.randn(9, dim, generator=_gen(dim)) * 1e3
+    if dim:
+        x[1] = 2.5
+        x[2, 0], x[3, 0] = -0.0, 0.0
+        x[4, -1] = float("inf")
+        x[5, 0] = float("-inf")
+        x[6, dim // 2] = float("nan")
+    previous = K.set_kernels("torch")
+    try:
+        reference = K.squared_ranges(x)
+    finally:
+        K.set_kernels("compiled")
+    try:
+        compiled = K.squared_ranges(x)
+        strided = K.squared_ranges(x[::2])
+    finally:
+        K.set_kernels(previous)
+    assert compiled.dtype == torch.float64 and compiled.shape == (9,)
+    torch.testing.assert_close(compiled, reference, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(strided, reference[::2], rtol=0, atol=0, equal_nan=True)
+    if dim:
+        assert compiled[1] == 0 and torch.isnan(compiled[6])

@@ -4,6 +4,7 @@ are refused, and an interrupted write leaves the previous checkpoint usable."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from adaqp.assign import LinkModel
 from adaqp.bench import torchrun_command
 from adaqp.config import load_config
 from adaqp.data import load_dataset
@@ -44,13 +46,33 @@ class _Records:
         self.records.append(record)
 
 
+def _pin_timings() -> None:
+    """This worker's planner gets fixed link and (de)quantization figures instead of timing
+    them: two runs compared bit for bit must not part at a width chosen from a busy moment."""
+    import adaqp.exchange.planner as planner
+
+    def links(world, *args, **kwargs):
+        p = world.world_size
+        return LinkModel(np.full((p, p), 20e-6), np.full((p, p), 1e9))
+
+    def quantization(widths, *args, **kwargs):
+        return dict.fromkeys(widths, 1e-9), dict.fromkeys(widths, 1e-9)
+
+    planner.profile_links = links
+    planner.time_quantization = quantization
+    planner.profile_fabric = lambda *args, **kwargs: math.inf
+
+
 def _worker(rank, world_size, init_method, part_dir, ckpt_dir, overrides, stop_at, total):
     """Trains to ``stop_at`` (checkpointing there), then a fresh trainer resumes to
-    ``total``; with ``stop_at == 0`` trains to ``total`` in one go."""
+    ``total``; with ``stop_at == 0`` trains to ``total`` in one go. Timings that steer the
+    planner are pinned and its solver is the greedy (no time limit): runs repeat bitwise."""
+    _pin_timings()
     base = [
         "data.dataset=cora",
         "model.hidden=16",
         "model.dropout=0.5",
+        "quant.solver=greedy",
         f"partition.dir={part_dir}",
         f"checkpoint.dir={ckpt_dir}",
         *overrides,
@@ -333,7 +355,7 @@ def test_resume_from_the_command_line_extends_the_run(tmp_path):
 def test_same_seed_gives_the_same_run_twice(mode, parts, tmp_path):
     """Determinism: two runs with one seed and world size end bitwise equal (adaqp's
     widths too: its re-solve at epoch 3 sees the same traces)."""
-    overrides = (f"comm.mode={mode}", "quant.assign_cycle=3", "checkpoint.every=0")
+    overrides = (f"comm.mode={mode}", QUANTIZED, "quant.assign_cycle=3", "checkpoint.every=0")
     runs = [
         run_workers(_worker, 2, tmp_path, parts, str(tmp_path / f"c{i}"), overrides, 0, 6)
         for i in range(2)
@@ -341,3 +363,5 @@ def test_same_seed_gives_the_same_run_twice(mode, parts, tmp_path):
     for a, b in zip(*runs, strict=True):
         np.testing.assert_array_equal(a["weights"], b["weights"])
         assert float(a["loss"]) == float(b["loss"])
+    if mode == "adaqp":  # the widths were solved and quantized
+        assert 1 < float(runs[0][0]["avg_bits"]) < 8

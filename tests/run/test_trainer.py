@@ -227,9 +227,11 @@ EXACT_VARIANTS = {
         "comm.cache_input_halo=false",
         "comm.transform_first=false",
     ),
-    "adaqp-p": ("comm.mode=adaqp-p",),
+    # Overlap forced on: "auto" turns it off where the ranks outnumber the cores.
+    "adaqp-p": ("comm.mode=adaqp-p", "comm.overlap=on"),
     "adaqp-p-no-savings": (
         "comm.mode=adaqp-p",
+        "comm.overlap=on",
         "comm.cache_input_halo=false",
         "comm.transform_first=false",
     ),
