@@ -117,6 +117,24 @@ _U240 = np.uint32(240)
 # more (reference counting) than the work on a short row, and views are made once per call.
 
 
+@njit(cache=True, inline="always")
+def _key_range(row_bits):
+    """Order-preserving int32 keys of a row's smallest and largest float32 (its bits as
+    int32): a vectorised integer min/max. ``_unkey`` turns a key back into float32 bits."""
+    lo, hi = _IMAX, _IMIN
+    for j in range(row_bits.shape[0]):
+        b = row_bits[j]
+        key = np.int32(b ^ np.int32(np.int32(b >> _I31) & _IMAX))
+        lo = np.int32(min(lo, key))
+        hi = np.int32(max(hi, key))
+    return lo, hi
+
+
+@njit(cache=True, inline="always")
+def _unkey(key):
+    return key ^ ((key >> _I31) & _IMAX)
+
+
 @njit(cache=True)
 def _quantize_rows(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, first_R, start, stop):
     """Quantizes rows ``start`` to ``stop`` (see :func:`quantize_serial`); returns how many
@@ -129,7 +147,7 @@ def _quantize_rows(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, first_R, 
     draws = words.view(np.uint16)  # draw j: lane j % 2 of word j // 2 (little-endian)
     # The row key passes through memory: read back as two uint32, the hash loop below is
     # vectorised in 32-bit lanes (from the 64-bit key itself, LLVM widens it to 64-bit lanes).
-    # Its names are its own: numba gives a name one type per function (``key`` is int32).
+    # Its names are its own: numba gives a name one type per function.
     row_key = np.zeros(2, np.uint32)
     row_key64 = row_key.view(np.uint64)
     c = np.zeros((dim + 7) // 8 * 8 + 8, np.uint8)  # codes; zero tail: packing reads whole bytes
@@ -141,16 +159,9 @@ def _quantize_rows(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, first_R, 
             continue  # a copy of an earlier row: copy_repeats fills it
         bits = bits_R[r]
         out = payload[offsets_R[r] : offsets_R[r] + (dim * bits + 7) // 8]
-        row, row_bits = x_RD[r], xbits[r]
-        # Minimum and maximum over order-preserving integer keys (vectorised integer min/max).
-        lo, hi = _IMAX, _IMIN
-        for j in range(dim):
-            b = row_bits[j]
-            key = np.int32(b ^ np.int32(np.int32(b >> _I31) & _IMAX))
-            lo = np.int32(min(lo, key))
-            hi = np.int32(max(hi, key))
-        mins_i[r] = lo ^ ((lo >> _I31) & _IMAX)
-        maxs_i[r] = hi ^ ((hi >> _I31) & _IMAX)
+        row = x_RD[r]
+        lo, hi = _key_range(xbits[r])
+        mins_i[r], maxs_i[r] = _unkey(lo), _unkey(hi)
         mn, mx = mins[r], maxs[r]
         span = mx - mn
         if not np.isfinite(span):  # NaN or ±Inf in the row, or a range overflowing float32
@@ -224,21 +235,14 @@ def quantize_parallel(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, first_
 def squared_ranges(x_RD, out_R):
     """``out_R[r] = (max - min)²`` of row ``r`` of float32 ``x_RD``, the difference taken in
     float32 and squared in float64 (float64 ``out_R``); NaN where the row holds one. One
-    pass of the integer min/max of :func:`_quantize_rows`."""
+    pass of :func:`_key_range`, as the quantizer takes its rows' minima and maxima."""
     dim = x_RD.shape[1]
     xbits = x_RD.view(np.int32)
     ends = np.zeros(2, np.int32)
     ends_f = ends.view(np.float32)
     for r in range(x_RD.shape[0]):
-        row_bits = xbits[r]
-        lo, hi = _IMAX, _IMIN
-        for j in range(dim):
-            b = row_bits[j]
-            key = np.int32(b ^ np.int32(np.int32(b >> _I31) & _IMAX))
-            lo = np.int32(min(lo, key))
-            hi = np.int32(max(hi, key))
-        ends[0] = lo ^ ((lo >> _I31) & _IMAX)
-        ends[1] = hi ^ ((hi >> _I31) & _IMAX)
+        lo, hi = _key_range(xbits[r])
+        ends[0], ends[1] = _unkey(lo), _unkey(hi)
         span = np.float64(np.float32(ends_f[1] - ends_f[0]))
         out_R[r] = span * span if dim else 0.0
 
