@@ -278,22 +278,12 @@ def _host_relaxation(p: _HostProblem, time_limit_s: float) -> np.ndarray | None:
 
 
 def _host_brute(p: _HostProblem, max_combos: int) -> np.ndarray:
-    """:func:`_brute` under the host model."""
-    G, K = p.w.size, p.bits.size
-    if max_combos < K**G:
-        raise ValueError(f"brute force over {K}**{G} combinations exceeds {max_combos}")
-    radix = K ** np.arange(G - 1, -1, -1, dtype=np.int64)
-    best_obj, best_idx = math.inf, 0
-    for start in range(0, K**G, 1 << 14):
-        idx = np.arange(start, min(start + (1 << 14), K**G), dtype=np.int64)
-        k = (idx[:, None] // radix[None, :]) % K  # [chunk, G]
-        use = np.zeros((idx.size, p.model.num_resources))
-        for g in range(G):
+    """Exhaustive search (:meth:`_Groups.exhaustive`) under the host model."""
+
+    def times(k: np.ndarray) -> np.ndarray:
+        use = np.zeros((k.shape[0], p.model.num_resources))
+        for g in range(p.w.size):
             use += p.unit[g, k[:, g]]
-        t = p.alpha + p.model._host_times(use).max(axis=1)
-        v = (p.w[None, :] * p.f[k]).sum(axis=1)
-        obj = p.wv * (v - p.v_min) + p.wt * (t - p.t_min)
-        i = int(np.argmin(obj))
-        if obj[i] < best_obj:
-            best_obj, best_idx = float(obj[i]), int(idx[i])
-    return (best_idx // radix) % K
+        return p.alpha + p.model._host_times(use).max(axis=1)
+
+    return p.exhaustive(max_combos, 1 << 14, times)

@@ -10,7 +10,6 @@ Under the shared and sender cost models the channels are merged first
 
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
@@ -129,21 +128,11 @@ def _milp(p: _Problem, time_limit_s: float) -> tuple[np.ndarray | None, str]:
 
 
 def _brute(p: _Problem, max_combos: int) -> np.ndarray:
-    """Exhaustive search in lexicographic order (first group most significant); first minimum."""
-    G, K = p.w.size, p.bits.size
-    if max_combos < K**G:
-        raise ValueError(f"brute force over {K}**{G} combinations exceeds {max_combos}")
-    radix = K ** np.arange(G - 1, -1, -1, dtype=np.int64)
-    best_obj, best_idx = math.inf, 0
-    for start in range(0, K**G, 1 << 16):
-        idx = np.arange(start, min(start + (1 << 16), K**G), dtype=np.int64)
-        k = (idx[:, None] // radix[None, :]) % K  # [chunk, G]
-        v = (p.w[None, :] * p.f[k]).sum(axis=1)
-        nbytes = np.zeros((idx.size, p.num_channels))
+    """Exhaustive search (:meth:`_Groups.exhaustive`) under the link model."""
+
+    def times(k: np.ndarray) -> np.ndarray:
+        nbytes = np.zeros((k.shape[0], p.num_channels))
         np.add.at(nbytes.T, p.chan, (p.n[None, :] * p.r[k]).T)
-        t = np.where(p.nonempty, p.alpha + nbytes / p.beta, 0.0).max(axis=1, initial=0.0)
-        obj = p.wv * (v - p.v_min) + p.wt * (t - p.t_min)
-        i = int(np.argmin(obj))
-        if obj[i] < best_obj:
-            best_obj, best_idx = float(obj[i]), int(idx[i])
-    return (best_idx // radix) % K
+        return np.where(p.nonempty, p.alpha + nbytes / p.beta, 0.0).max(axis=1, initial=0.0)
+
+    return p.exhaustive(max_combos, 1 << 16, times)

@@ -28,7 +28,7 @@ model), and the canonical order of a channel's group widths (``_sort_full_groups
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -190,6 +190,11 @@ class _Groups:
     """
 
     bits: np.ndarray
+    f: np.ndarray  # [K] variance factor per unit weight
+    wv: float
+    wt: float
+    v_min: float
+    t_min: float
 
     def __init__(self, channels: Sequence[Channel], group_size: int) -> None:
         self.nonempty = np.array([c.num_messages > 0 for c in channels], dtype=bool)
@@ -215,6 +220,27 @@ class _Groups:
         """Objective weights per unit of V and T; zero when that range is empty."""
         self.wv = lam / (self.v_max - self.v_min) if self.v_max > self.v_min else 0.0
         self.wt = (1.0 - lam) / (self.t_max - self.t_min) if self.t_max > self.t_min else 0.0
+
+    def exhaustive(
+        self, max_combos: int, chunk: int, times: Callable[[np.ndarray], np.ndarray]
+    ) -> np.ndarray:
+        """Exhaustive search in lexicographic order (first group most significant); the first
+        minimum. ``times(k)``: float64 ``[N]`` predicted times of the widths ``k`` ``[N, G]``;
+        ``chunk`` combinations are scored at a time."""
+        G, K = self.w.size, self.bits.size
+        if max_combos < K**G:
+            raise ValueError(f"brute force over {K}**{G} combinations exceeds {max_combos}")
+        radix = K ** np.arange(G - 1, -1, -1, dtype=np.int64)
+        best_obj, best_idx = math.inf, 0
+        for start in range(0, K**G, chunk):
+            idx = np.arange(start, min(start + chunk, K**G), dtype=np.int64)
+            k = (idx[:, None] // radix[None, :]) % K  # [chunk, G]
+            v = (self.w[None, :] * self.f[k]).sum(axis=1)
+            obj = self.wv * (v - self.v_min) + self.wt * (times(k) - self.t_min)
+            i = int(np.argmin(obj))
+            if obj[i] < best_obj:
+                best_obj, best_idx = float(obj[i]), int(idx[i])
+        return (best_idx // radix) % K
 
     def message_bits(self, k: np.ndarray) -> tuple[np.ndarray, ...]:
         """Group widths ``k`` ``[G]`` -> per channel int8 ``[n_c]`` in original message order."""

@@ -291,7 +291,10 @@ class ChoicePolicy(AdaptivePolicy):
                 "epoch %d: stale exchanges %s (drift per epoch %s, fresh wait ms %s)",
                 epoch,
                 sorted(map(str, chosen)) or "none",
-                {t: round(d, 4) for t, d in self.drift.items()},
+                {
+                    t: round(d, 4) if math.isfinite(d) else "unmeasured"
+                    for t, d in self.drift.items()
+                },
                 {t: round(1e3 * w, 1) for t, w in self.fresh_wait_s.items()},
             )
         self.stale_keys = chosen
