@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -180,6 +181,9 @@ def test_stopped_worker_ends_the_run_after_the_timeout_naming_it(tmp_path):
     # room for a busy machine.
     assert seconds < timeout_s + 60, f"took {seconds:.0f}s to end after a worker stopped"
     assert "rank(s) 2 did not report the failure" in output, output[-4000:]
+    # A gradient all-reduce that timed out numbers its step by the epoch the error names.
+    for epoch, step in re.findall(r"failed at epoch (\d+): .* at step (\d+)", output):
+        assert epoch == step, output[-4000:]
 
 
 def _citeseer_worker(rank, world_size, init_method, part_dir: str):

@@ -195,8 +195,10 @@ class GradientBuckets:
         """True between ``start()`` and ``finish()``."""
         return self._armed
 
-    def start(self) -> None:
-        """Arms the hooks for one backward pass. Raises if the last step did not finish."""
+    def start(self, step: int | None = None) -> None:
+        """Arms the hooks for one backward pass. Raises if the last step did not finish.
+        ``step``: the number errors give this step (the trainer passes its epoch); by
+        default one more than the last."""
         if self._handles is None:
             raise RuntimeError("GradientBuckets.start() after remove()")
         if self._armed:
@@ -206,6 +208,8 @@ class GradientBuckets:
             )
         for bucket in self._buckets:
             bucket.reset()
+        if step is not None:
+            self._step = step
         self._next = 0
         self._armed = True
 

@@ -203,12 +203,13 @@ class Trainer:
             )
         return F.cross_entropy(logits[mask], self.graph.labels[mask], reduction="sum")
 
-    def train_step(self, counters: EpochCounters | None = None) -> float:
-        """One full-graph optimiser step; returns the global mean training loss."""
+    def train_step(self, counters: EpochCounters | None = None, epoch: int | None = None) -> float:
+        """One full-graph optimiser step; returns the global mean training loss. ``epoch``
+        numbers the step in errors."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         # Each layer's gradient all-reduce starts as soon as backward has finished it.
-        self.buckets.start()
+        self.buckets.start(epoch)
         if self.policy is None:
             loss_sum = self.local_loss_sum(self.logits())
             (loss_sum / self.num_train).backward()
@@ -336,7 +337,7 @@ class Trainer:
                     self.policy.begin_epoch(epoch, counters)
                 self.world.synchronize()
                 t0, cpu0 = time.perf_counter(), time.process_time()
-                loss = self.train_step(counters)
+                loss = self.train_step(counters, epoch)
                 self.world.synchronize()
                 epoch_time = time.perf_counter() - t0
                 counters.cpu_time_s = time.process_time() - cpu0

@@ -222,7 +222,7 @@ def _dead_peer_worker(rank: int, world_size: int, init_method: str):
     if rank == 1:
         time.sleep(6)  # well past the 2 s bound on rank 0's wait
         raise RuntimeError("rank 1 skips the step")
-    buckets.start()
+    buckets.start(step=7)  # the trainer numbers steps by epoch
     model.loss(rank).backward()
     buckets.finish()
 
@@ -231,7 +231,7 @@ def _dead_peer_worker(rank: int, world_size: int, init_method: str):
 def test_dead_peer_names_rank_and_bucket(tmp_path):
     tracebacks = expect_worker_failure(_dead_peer_worker, 2, tmp_path, timeout=90)
     assert "GradientSyncError" in tracebacks[0], tracebacks[0]
-    assert "rank 0: gradient bucket 2 of 3 at step 0" in tracebacks[0], tracebacks[0]
+    assert "rank 0: gradient bucket 2 of 3 at step 7" in tracebacks[0], tracebacks[0]
 
 
 def test_hooks_inert_and_state_errors_without_a_process_group():
