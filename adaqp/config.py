@@ -3,17 +3,7 @@
 Each section is a frozen dataclass; every field carries a one-line docstring and is
 checked in ``__post_init__``. Unknown sections or keys and values of the wrong type are
 errors that name the offending key, never silently ignored (:mod:`adaqp.typed_toml`
-reads the file and the overrides).
-
-Example file (``configs/cora-gcn.toml``)::
-
-    [data]
-    dataset = "cora"
-
-    [model]
-    name = "gcn"
-    layers = 2
-    hidden = 64
+reads the file and the overrides). Example files: ``configs/*.toml``.
 """
 
 from __future__ import annotations
@@ -48,6 +38,7 @@ PARTITION_METHODS = ("metis", "random", "contiguous")
 METIS_OBJECTIVES = ("cut", "volume")
 STALE_BITS = (1, 2, 4, 8, 32)  # 32: full precision (PipeGCN's stale exchange)
 LANDINGS = ("newest", "fixed")
+FEATURE_NORMS = ("none", "row")
 
 
 def _check_choice(value: str, choices: tuple[str, ...], key: str) -> None:
@@ -66,9 +57,13 @@ class DataConfig:
     """Seed of the train/val/test split for datasets that ship without one."""
     synthetic: SyntheticSpec = field(default_factory=SyntheticSpec)
     """Generator parameters for ``dataset = "synthetic"``."""
+    feature_norm: str = "none"
+    """none: the features as stored; row: each node's divided by their L1 norm (Kipf &
+    Welling's row normalisation of bag-of-words; rows of zeros stay zero)."""
 
     def __post_init__(self) -> None:
         check(bool(self.dataset), "data.dataset", "must not be empty")
+        _check_choice(self.feature_norm, FEATURE_NORMS, "data.feature_norm")
         check(
             self.dataset != "npz" or bool(self.path),
             "data.path",
@@ -82,6 +77,8 @@ class DataConfig:
             spec["synthetic"] = dataclasses.asdict(self.synthetic)
         if self.dataset == "npz":
             spec["path"] = str(Path(self.path).resolve())
+        if self.feature_norm != "none":  # absent when off: earlier partitions still match
+            spec["feature_norm"] = self.feature_norm
         return spec
 
 

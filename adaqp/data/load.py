@@ -21,6 +21,7 @@ def load_dataset(
     split_seed: int = 0,
     synthetic: SyntheticSpec | None = None,
     path: str | Path | None = None,
+    feature_norm: str = "none",
 ) -> GraphData:
     """Loads a dataset by name into a validated :class:`GraphData`.
 
@@ -31,6 +32,8 @@ def load_dataset(
             datasets and npz files keep their own split.
         synthetic: Generator parameters for ``synthetic`` (default ``SyntheticSpec()``).
         path: File for ``npz``.
+        feature_norm: ``none``, or ``row`` to divide each node's features by their L1
+            norm (:meth:`GraphData.normalize_rows`).
 
     Raises:
         ValueError: unknown name or inconsistent arguments/data.
@@ -41,6 +44,8 @@ def load_dataset(
         raise ValueError(f"synthetic spec given but dataset name is {name!r}")
     if path is not None and key != "npz":
         raise ValueError(f"path given but dataset name is {name!r}, not 'npz'")
+    if feature_norm not in ("none", "row"):
+        raise ValueError(f"feature_norm must be 'none' or 'row', not {feature_norm!r}")
     # Every loader validates the graph where it builds it (GraphData.validate).
     if key in _BUILTIN:
         graph = _load_builtin(key, split_seed)
@@ -55,5 +60,7 @@ def load_dataset(
     else:
         names = [*_BUILTIN, "synthetic", "npz", *_ogb_supported(_ogb_master())]
         raise ValueError(f"unknown dataset {name!r}; available: {', '.join(names)}")
+    if feature_norm == "row":
+        graph.normalize_rows()
     logger.info("loaded %r", graph)
     return graph

@@ -265,6 +265,7 @@ def ensure_partition(
         split_seed=data.split_seed,
         synthetic=data.synthetic if data.dataset == "synthetic" else None,
         path=data.path or None,
+        feature_norm=data.feature_norm,
     )
     try:
         return make_partition(

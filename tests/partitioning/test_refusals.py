@@ -35,8 +35,9 @@ def _refusal(made, num_parts: int, overrides: list[str], *, tool: bool) -> str:
         (4, [], "has 2 parts but the world size is 4; launch 2 workers, or delete"),
         (2, ["partition.method=random"], "was made with"),
         (2, ["data.split_seed=7"], "made from dataset"),
+        (2, ["data.feature_norm=row"], "made from dataset"),
     ],
-    ids=["parts", "params", "dataset"],
+    ids=["parts", "params", "dataset", "feature-norm"],
 )
 def test_training_path_says_delete_it_or_set_partition_dir(made, num_parts, overrides, what):
     message = _refusal(made, num_parts, overrides, tool=False)  # as adaqp.train's rank 0
@@ -52,8 +53,9 @@ def test_training_path_says_delete_it_or_set_partition_dir(made, num_parts, over
         (4, [], "has 2 parts, not the 4 asked for"),
         (2, ["partition.seed=3"], "was made with"),
         (2, ["data.split_seed=7"], "made from dataset"),
+        (2, ["data.feature_norm=row"], "made from dataset"),
     ],
-    ids=["parts", "params", "dataset"],
+    ids=["parts", "params", "dataset", "feature-norm"],
 )
 def test_partition_tool_says_pass_force(made, num_parts, overrides, what):
     message = _refusal(made, num_parts, overrides, tool=True)
