@@ -166,6 +166,15 @@ def test_partition_made_for_other_graph_or_params_is_not_reused(tmp_path):
     assert meta["dataset"]["spec"]["split_seed"] == 7
 
 
+def test_a_partition_of_row_normalised_features_stores_them(tmp_path):
+    config = load_config(None, ["data.dataset=cora", "data.feature_norm=row"])
+    meta = ensure_partition(config.data, config.partition, 2, tmp_path / "parts")
+    assert meta["dataset"]["spec"]["feature_norm"] == "row"
+    for rank in range(2):
+        features = fmt.load_part(tmp_path / "parts", rank, meta).features
+        np.testing.assert_allclose(features.sum(axis=1), 1.0, rtol=1e-5)
+
+
 def test_command_line_writes_partition_and_reports_cut(tmp_path, capsys):
     out = tmp_path / "cora4"
     assert partition_main(["--dataset", "cora", "--num-parts", "4", "--out", str(out)]) == 0
