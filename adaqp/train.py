@@ -103,7 +103,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    overrides = list(args.set)
+    overrides, flags = list(args.set), {}
     for flag, key in (
         ("mode", "comm.mode"),
         ("epochs", "train.epochs"),
@@ -113,7 +113,14 @@ def config_from_args(args: argparse.Namespace) -> Config:
         value = getattr(args, flag)
         if value is not None:
             overrides.append(f"{key}={value}")
-    return load_config(args.config, overrides)
+            flags[key] = f"--{flag}"
+    try:
+        return load_config(args.config, overrides)
+    except ConfigError as exc:  # "key: ..." from a flag's value names the flag too
+        key, _, rest = str(exc).partition(": ")
+        if key in flags:
+            raise ConfigError(f"{flags[key]} ({key}): {rest}") from exc
+        raise
 
 
 def setup_logging(rank: int) -> None:
