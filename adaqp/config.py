@@ -186,7 +186,8 @@ class CommConfig:
     timeout_s: float = 600.0
     """Seconds any collective may wait before the run fails naming the rank and step."""
     threads: int = 0
-    """Intra-op threads per worker; 0: OMP_NUM_THREADS if set, else the cores shared out."""
+    """Intra-op threads per worker; 0: OMP_NUM_THREADS if set, else the usable cores (affinity,
+    cgroup quota) shared out."""
     cache_input_halo: bool = True
     """Fetch layer-0 halo features once at start-up (they never change; exact). With
     input dropout each worker then draws its own mask for those rows."""

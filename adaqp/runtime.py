@@ -6,12 +6,14 @@ Everything else receives a ``World`` and runs unchanged on CPU (gloo) and CUDA (
 from __future__ import annotations
 
 import logging
+import math
 import os
 import resource
 import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -65,12 +67,20 @@ class World:
             torch.cuda.synchronize(self.device)
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity mask where the OS has one)."""
+def usable_cores(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """Cores this process may run on: its affinity mask where the OS has one, less where a
+    cgroup v2 CPU quota (``cpu.max``, e.g. a container's ``--cpus``) allows fewer."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = Path(cpu_max).read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):  # no cgroup v2 quota here, or one not understood
+        pass
+    return cores
 
 
 def overlaps(setting: str, world: World) -> bool:
@@ -129,7 +139,7 @@ def init_distributed(
     threads = (
         comm.threads
         or int(env.get("OMP_NUM_THREADS", 0))
-        or max(1, (os.cpu_count() or 1) // max(local_world_size, 1))
+        or max(1, usable_cores() // max(local_world_size, 1))
     )
     torch.set_num_threads(threads)
 

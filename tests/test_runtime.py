@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -11,7 +12,14 @@ import torch
 import torch.distributed as dist
 
 from adaqp.config import CommConfig
-from adaqp.runtime import World, init_distributed, overlaps, shutdown, unresponsive_peers
+from adaqp.runtime import (
+    World,
+    init_distributed,
+    overlaps,
+    shutdown,
+    unresponsive_peers,
+    usable_cores,
+)
 from tests.distributed import run_workers
 
 _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -170,3 +178,15 @@ def test_auto_overlap_is_off_only_where_the_ranks_share_one_hosts_cores(
     assert world.shares_cores() is not split
     assert overlaps("auto", world) is split
     assert overlaps("on", world) and not overlaps("off", world)
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "cores"),
+    [("max 100000\n", None), ("150000 100000\n", 2), ("50000 100000", 1), ("garbled", None)],
+)
+def test_usable_cores_follow_a_cgroup_quota(cpu_max, cores, tmp_path):
+    affinity = len(os.sched_getaffinity(0))
+    (tmp_path / "cpu.max").write_text(cpu_max)
+    expected = affinity if cores is None else min(cores, affinity)
+    assert usable_cores(str(tmp_path / "cpu.max")) == expected
+    assert usable_cores(str(tmp_path / "absent")) == affinity
