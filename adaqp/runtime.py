@@ -78,7 +78,7 @@ def usable_cores(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
         quota, period = Path(cpu_max).read_text().split()[:2]
         if quota != "max":
             cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):  # no cgroup v2 quota here, or one not understood
+    except (OSError, ValueError, ZeroDivisionError):  # no cgroup v2 quota, or a garbled one
         pass
     return cores
 

@@ -182,7 +182,13 @@ def test_auto_overlap_is_off_only_where_the_ranks_share_one_hosts_cores(
 
 @pytest.mark.parametrize(
     ("cpu_max", "cores"),
-    [("max 100000\n", None), ("150000 100000\n", 2), ("50000 100000", 1), ("garbled", None)],
+    [
+        ("max 100000\n", None),
+        ("150000 100000\n", 2),
+        ("50000 100000", 1),
+        ("garbled", None),
+        ("5 0", None),
+    ],
 )
 def test_usable_cores_follow_a_cgroup_quota(cpu_max, cores, tmp_path):
     affinity = len(os.sched_getaffinity(0))
