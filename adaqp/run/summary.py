@@ -100,6 +100,8 @@ class Summary:
     transform_first: bool = False
     overlap: bool = False
     """Whether layers aggregated their central rows while the exchange was in flight."""
+    feature_norm: str = "none"
+    """The input features' normalisation (``data.feature_norm``)."""
     quant_scheme: str = ""
     """Bit-width scheme of quantized modes (adaptive, uniform, random); empty otherwise."""
     peak_memory_mb: float = 0.0
@@ -202,6 +204,7 @@ def summarize(config: Config, world_size: int, outcome: Outcome, facts: RunFacts
         partition_dir=facts.partition_dir,
         edge_cut=outcome.edge_cut,
         split_seed=config.data.split_seed,
+        feature_norm=config.data.feature_norm,
         seed=config.train.seed,
         metric=outcome.metric,
         quant_time_s=median("quant_time_s"),
