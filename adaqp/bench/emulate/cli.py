@@ -80,6 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _result_line(log: Path) -> str:
+    """The training job's one result line (rank 0's, ``...; written to DIR``), if any."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((line for line in reversed(lines) if "; written to " in line), "")
+
+
 def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         # Also when SIGINT was inherited as ignored (a background job of a script): a
@@ -106,8 +115,12 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         cluster = EmulatedCluster(args.hosts, links[0], links=links)
+        logger.info("the job's output goes to %s/host<i>.log (rank 0's: host0.log)", args.log_dir)
         with cluster:
             cluster.launch(args.procs_per_host, train_args, args.log_dir, args.timeout)
+        result = _result_line(args.log_dir / "host0.log")
+        if result:
+            print(result, flush=True)
     except ClusterError as exc:
         logger.error("%s", exc)
         return 1

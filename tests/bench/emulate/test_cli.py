@@ -157,6 +157,8 @@ def test_two_hosts_with_two_workers_each_train(tmp_path):
     assert proc.returncode == 0, proc.stderr + logs
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["world_size"] == 4
+    # Rank 0's result line is shown, not only left in host0.log.
+    assert f"P=4: test acc {summary['test_acc_at_best_val']:.4f}" in proc.stdout, proc.stdout
     spec = json.loads((tmp_path / "logs" / "cluster.json").read_text())
     assert (spec["world_size"], [h["procs"] for h in spec["hosts"]]) == (4, [2, 2])
     assert [h["bandwidth"] for h in spec["hosts"]] == ["500mbit", "200mbit"]
