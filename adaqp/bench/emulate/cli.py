@@ -80,13 +80,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _log_lines(log: Path) -> list[str]:
+    try:
+        return log.read_text(errors="replace").splitlines()
+    except OSError:  # the host never started
+        return []
+
+
 def _result_line(log: Path) -> str:
     """The training job's one result line (rank 0's, ``...; written to DIR``), if any."""
-    try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return next((line for line in reversed(lines) if "; written to " in line), "")
+    return next((line for line in reversed(_log_lines(log)) if "; written to " in line), "")
+
+
+def _worker_errors(log_dir: Path, hosts: int, most: int = 5) -> list[str]:
+    """The workers' own one-line errors (``error: ...``) in this run's host logs, each once."""
+    seen: dict[str, None] = {}
+    for i in range(hosts):
+        for line in _log_lines(log_dir / f"host{i}.log"):
+            if line.startswith("error: "):
+                seen.setdefault(line)
+    return list(seen)[:most]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             print(result, flush=True)
     except ClusterError as exc:
         logger.error("%s", exc)
+        for line in _worker_errors(args.log_dir, args.hosts):
+            print(line, file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt:
         logger.error("interrupted: cluster torn down")

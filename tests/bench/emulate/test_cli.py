@@ -162,3 +162,29 @@ def test_two_hosts_with_two_workers_each_train(tmp_path):
     spec = json.loads((tmp_path / "logs" / "cluster.json").read_text())
     assert (spec["world_size"], [h["procs"] for h in spec["hosts"]]) == (4, [2, 2])
     assert [h["bandwidth"] for h in spec["hosts"]] == ["500mbit", "200mbit"]
+
+
+@needs_root
+def test_a_failing_job_shows_the_workers_error(tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "host2.log").write_text("error: from an earlier, larger run\n")
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "adaqp.cluster", "--hosts", "2", "--timeout", "120"),
+            *("--log-dir", str(tmp_path / "logs"), "--"),
+            *("--config", "configs/cora-gcn.toml", "--mode", "warp"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 1, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    # Both hosts' workers refused the flag: one line, and none from another run's log.
+    assert errors == [
+        "error: --mode (comm.mode): must be one of vanilla, adaqp-q, adaqp-p, adaqp, "
+        "adaqp-s, onebit, nocomm, not 'warp'"
+    ], proc.stderr
