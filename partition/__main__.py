@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.num_parts < 1:
+        parser.error(f"--num-parts must be at least 1, got {args.num_parts}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
     overrides = list(args.set)

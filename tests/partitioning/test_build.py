@@ -185,6 +185,12 @@ def test_command_line_writes_partition_and_reports_cut(tmp_path, capsys):
         partition_main(["--dataset", "nope", "--num-parts", "2", "--out", str(tmp_path / "x")]) == 2
     )
     assert "nope" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        partition_main(["--num-parts", "0", "--out", str(tmp_path / "y")])
+    assert (
+        exit_.value.code == 2 and "--num-parts must be at least 1, got 0" in capsys.readouterr().err
+    )
+    assert not (tmp_path / "y").exists()
 
 
 def test_stats_count_cut_halo_rows_and_central_nodes(graph, parted):
