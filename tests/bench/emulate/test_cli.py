@@ -135,23 +135,32 @@ def test_interrupt_while_hosts_come_up(sig, moment, tmp_path):
         assert "torn down" in out
 
 
-@needs_root
-@pytest.mark.slow
-def test_two_hosts_with_two_workers_each_train(tmp_path):
-    proc = subprocess.run(
+def _run_cli(cluster_args: list[str], train_args: list[str], logs: Path, timeout: float):
+    """``python -m adaqp.cluster CLUSTER_ARGS --log-dir LOGS -- TRAIN_ARGS`` to its end."""
+    return subprocess.run(
         [
-            *(sys.executable, "-m", "adaqp.cluster", "--hosts", "2", "--procs-per-host", "2"),
-            *("--bandwidth", "500mbit,200mbit", "--timeout", "240"),
-            *("--log-dir", str(tmp_path / "logs"), "--"),
-            *("--config", "configs/cora-gcn.toml", "--epochs", "3", "--mode", "vanilla"),
-            *("--set", f"partition.dir={tmp_path / 'p'}", "--out", str(tmp_path / "run")),
+            *(sys.executable, "-m", "adaqp.cluster", *cluster_args),
+            *("--log-dir", str(logs), "--", *train_args),
         ],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         check=False,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+@needs_root
+@pytest.mark.slow
+def test_two_hosts_with_two_workers_each_train(tmp_path):
+    proc = _run_cli(
+        ["--hosts", "2", "--procs-per-host", "2", "--bandwidth", "500mbit,200mbit"]
+        + ["--timeout", "240"],
+        ["--config", "configs/cora-gcn.toml", "--epochs", "3", "--mode", "vanilla"]
+        + ["--set", f"partition.dir={tmp_path / 'p'}", "--out", str(tmp_path / "run")],
+        tmp_path / "logs",
+        timeout=300,
     )
     logs = "".join(p.read_text() for p in sorted((tmp_path / "logs").glob("host*.log")))
     assert proc.returncode == 0, proc.stderr + logs
@@ -168,18 +177,11 @@ def test_two_hosts_with_two_workers_each_train(tmp_path):
 def test_a_failing_job_shows_the_workers_error(tmp_path):
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "host2.log").write_text("error: from an earlier, larger run\n")
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "adaqp.cluster", "--hosts", "2", "--timeout", "120"),
-            *("--log-dir", str(tmp_path / "logs"), "--"),
-            *("--config", "configs/cora-gcn.toml", "--mode", "warp"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    proc = _run_cli(
+        ["--hosts", "2", "--timeout", "120"],
+        ["--config", "configs/cora-gcn.toml", "--mode", "warp"],
+        tmp_path / "logs",
         timeout=180,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert proc.returncode == 1, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
