@@ -185,6 +185,8 @@ class CommConfig:
     """Compute device: auto (CUDA when available), cpu or cuda."""
     timeout_s: float = 600.0
     """Seconds any collective may wait before the run fails naming the rank and step."""
+    stall_warn_s: float = 60.0
+    """Warn while an epoch runs past this (and 10x the longest so far); 0: never."""
     threads: int = 0
     """Intra-op threads per worker; 0: OMP_NUM_THREADS if set, else the usable cores (affinity,
     cgroup quota) shared out."""
@@ -208,6 +210,7 @@ class CommConfig:
         )
         check(self.device in ("auto", "cpu", "cuda"), "comm.device", "must be auto, cpu or cuda")
         check(self.timeout_s > 0, "comm.timeout_s", "must be positive")
+        check(self.stall_warn_s >= 0, "comm.stall_warn_s", "must be non-negative")
         check(self.threads >= 0, "comm.threads", "must be non-negative")
         _check_choice(self.overlap, ("auto", "on", "off"), "comm.overlap")
 

@@ -174,13 +174,18 @@ def test_lost_worker_without_restarts_ends_the_run_in_seconds(tmp_path):
 def test_stopped_worker_ends_the_run_after_the_timeout_naming_it(tmp_path):
     timeout_s = 15
     code, output, seconds = _start_and_hit(
-        tmp_path, 3, signal.SIGSTOP, "--set", f"comm.timeout_s={timeout_s}"
+        tmp_path,
+        3,
+        signal.SIGSTOP,
+        *("--set", f"comm.timeout_s={timeout_s}", "--set", "comm.stall_warn_s=3"),
     )
     assert code != 0
     # The timeout, the peers' grace to report (5 s) and torchrun's shutdown (5 s), with
     # room for a busy machine.
     assert seconds < timeout_s + 60, f"took {seconds:.0f}s to end after a worker stopped"
     assert "rank(s) 2 did not report the failure" in output, output[-4000:]
+    # Before the timeout, the waiting ranks warned that their epoch stalled.
+    assert re.search(r"rank [01]: epoch \d+ has run \d+ s", output), output[-4000:]
     # A gradient all-reduce that timed out numbers its step by the epoch the error names.
     for epoch, step in re.findall(r"failed at epoch (\d+): .* at step (\d+)", output):
         assert epoch == step, output[-4000:]

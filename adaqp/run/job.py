@@ -31,6 +31,7 @@ from adaqp.run.metrics import EpochRecord, RunWriter
 from adaqp.run.rundir import Problem, RunDir, RunDirError, check_writable
 from adaqp.run.summary import RunFacts, Summary
 from adaqp.run.trainer import Trainer, TrainingError
+from adaqp.run.watchdog import StallWatch
 from adaqp.runtime import World, init_distributed, shutdown
 
 logger = logging.getLogger("adaqp.train")
@@ -202,6 +203,14 @@ def run(
             {**config.to_dict(), "world_size": world.world_size, "partition_dir": str(part_dir)}
         )
         bar = _progress_bar(config, world, first_epoch=resumed_from + 1)
+        watch = StallWatch(world.rank, config.comm.stall_warn_s, config.comm.timeout_s)
+        watch.at(f"epoch {resumed_from + 1}")
+
+        def on_epoch(record: EpochRecord) -> None:
+            watch.at(f"epoch {record.epoch + 1}")
+            if bar is not None:
+                bar(record)
+
         try:
             facts = RunFacts(
                 partition_dir=str(part_dir),
@@ -210,9 +219,10 @@ def run(
                 epochs_redone=max(redone, 0),
             )
             summary = trainer.fit(
-                writer, on_epoch=bar, checkpoints=checkpoints, resume=history, facts=facts
+                writer, on_epoch=on_epoch, checkpoints=checkpoints, resume=history, facts=facts
             )
         finally:
+            watch.close()
             writer.close()
             if bar is not None:
                 bar.close()
