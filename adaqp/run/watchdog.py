@@ -4,9 +4,8 @@ A collective that waits on a stopped, hung or far slower peer fails after
 ``comm.timeout_s`` (600 s by default) with an error naming the rank and the step. Until
 then nothing would be printed: :class:`StallWatch` warns, from every rank whose epoch
 has run past ``comm.stall_warn_s`` (and past ten times the longest epoch so far, so
-that long epochs of a large graph do not warn), and again at each further such
-interval. The ranks that warn are the waiting ones; the one that does not is the one to
-look at.
+that long epochs of a large graph do not warn), and again each time that wait doubles.
+The ranks that warn are the waiting ones; the one that does not is the one to look at.
 """
 
 from __future__ import annotations
@@ -71,7 +70,7 @@ class StallWatch:
                 if self._step is None:
                     continue
                 ran = time.monotonic() - self._since
-                if ran < (self._warned + 1) * self.threshold_s():
+                if ran < 2**self._warned * self.threshold_s():
                     continue
                 self._warned += 1
                 step, longest = self._step, self.longest_s
