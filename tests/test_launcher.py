@@ -289,6 +289,22 @@ def test_ctrl_c_leaves_only_the_workers_message():
     assert shown == INTERRUPTED.splitlines(keepends=True)[3]
 
 
+# torchrun given SIGINT while it waits for the other hosts in the rendezvous.
+INTERRUPTED_IN_RENDEZVOUS = """Traceback (most recent call last):
+  File "/x/torch/distributed/elastic/rendezvous/utils.py", line 181, in _delay
+    time.sleep(seconds)
+KeyboardInterrupt
+"""
+
+
+def test_ctrl_c_in_the_rendezvous_shows_no_traceback():
+    shown, out = _filtered(INTERRUPTED_IN_RENDEZVOUS)
+    assert shown == "" and out.tracebacks == 0
+    # A worker's own traceback still shows, whatever raised it.
+    worker = INTERRUPTED_IN_RENDEZVOUS.replace("KeyboardInterrupt", "KeyboardInterrupt: in eval")
+    assert _filtered(worker)[0] == worker
+
+
 def test_debug_free_filter_never_drops_other_output():
     text = "a\nTraceback (most recent call last):\n  File 'x'\n10:00 [rank 1] log\n  b\n"
     assert _filtered(text)[0] == text  # an interleaved line ends the held block: shown
@@ -473,6 +489,18 @@ def test_failure_passes_the_workers_code_and_cleans_up(monkeypatch, tmp_path, ca
     (command,) = tmp_path.glob("adaqp-status-*.env")
     assert command.read_text() == f"bash 'launch/my train.sh' {CORA} --epochs 3"
     assert not [p for p in tmp_path.glob("adaqp-status-*") if p.is_dir()]  # removed
+
+
+def test_a_host_of_several_says_whom_it_waits_for(monkeypatch, tmp_path, capfd):
+    _fake_launch(monkeypatch, tmp_path, "fail", CONFIG_ERROR)
+    flags = ["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--nproc", "1"]
+    assert main([CORA, *flags]) == 2
+    lines = capfd.readouterr().err.splitlines()
+    assert lines[0].startswith("starting 1 worker on host 1 of 2: ")
+    assert lines[1] == (
+        "waiting for all 2 hosts at 10.0.0.1:29500 (rendezvous adaqp): run the same command "
+        "on each, with its own --node-rank"
+    )
 
 
 def test_ctrl_c_is_forwarded_once_and_exits_130(monkeypatch, tmp_path, capfd):

@@ -26,12 +26,13 @@ class OutputFilter:
     """Takes torchrun's stderr line by line; returns the lines to show.
 
     A traceback is held until its last line, the exception, says whose it is: torchrun's
-    ``ChildFailedError`` (then the report table after it) and ``SignalException`` are
-    dropped, anything else (a worker's) is shown whole. ``failures`` holds the report's
-    (rank, exit code) pairs, the root cause first. An ``error:`` line is shown once; one
-    that only points at another rank's ("... see its log") is held, and ``leftovers``
-    gives it back at the end where no other rank said more. A repeated error's indented
-    lines (the keys of a checkpoint that does not fit, say) go with it.
+    ``ChildFailedError`` (then the report table after it), ``SignalException`` and a bare
+    ``KeyboardInterrupt`` are dropped, anything else (a worker's) is shown whole.
+    ``failures`` holds the report's (rank, exit code) pairs, the root cause first. An
+    ``error:`` line is shown once; one that only points at another rank's ("... see its
+    log") is held, and ``leftovers`` gives it back at the end where no other rank said
+    more. A repeated error's indented lines (the keys of a checkpoint that does not fit,
+    say) go with it.
     """
 
     def __init__(self) -> None:
@@ -65,7 +66,9 @@ class OutputFilter:
             if text.startswith("torch.distributed.elastic.") and "ChildFailedError" in text:
                 self.held, self.report = None, 0
                 return []
-            if text.startswith("torch.distributed.elastic.") and "SignalException" in text:
+            if text == "KeyboardInterrupt" or (
+                text.startswith("torch.distributed.elastic.") and "SignalException" in text
+            ):  # torchrun stopped by the launcher's signal (in a rendezvous, say)
                 self.held = None
                 return []
             self.tracebacks += 1

@@ -121,6 +121,14 @@ def launch(spec: Launch, command: str) -> int:
             file=sys.stderr,
             flush=True,
         )
+        if spec.nnodes > 1:
+            print(
+                f"waiting for all {spec.nnodes} hosts at {spec.master_addr}:{spec.master_port} "
+                f"(rendezvous {spec.rdzv_id}): run the same command on each, with its "
+                "own --node-rank",
+                file=sys.stderr,
+                flush=True,
+            )
         if spec.debug:
             print(shlex.join(spec.torchrun()), file=sys.stderr, flush=True)
         if stopping:
