@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from adaqp.bits import SUPPORTED_BITS, planner_bits
-from adaqp.data import SyntheticSpec
+from adaqp.data import FEATURE_NORMS, SyntheticSpec
 from adaqp.typed_toml import ConfigError as ConfigError  # raised for every bad key here
 from adaqp.typed_toml import build, check, read_tree
 
@@ -38,7 +38,6 @@ PARTITION_METHODS = ("metis", "random", "contiguous")
 METIS_OBJECTIVES = ("cut", "volume")
 STALE_BITS = (1, 2, 4, 8, 32)  # 32: full precision (PipeGCN's stale exchange)
 LANDINGS = ("newest", "fixed")
-FEATURE_NORMS = ("none", "row")
 
 
 def _check_choice(value: str, choices: tuple[str, ...], key: str) -> None:

@@ -35,11 +35,12 @@ from __future__ import annotations
 
 from adaqp.data.adapters import from_dgl, from_pyg
 from adaqp.data.graph import GraphData, csr_from_edges, random_split
-from adaqp.data.load import load_dataset
+from adaqp.data.load import FEATURE_NORMS, load_dataset
 from adaqp.data.npz import save_npz
 from adaqp.data.synthetic import SyntheticSpec, generate_synthetic
 
 __all__ = [
+    "FEATURE_NORMS",
     "GraphData",
     "SyntheticSpec",
     "csr_from_edges",

@@ -162,11 +162,10 @@ class GraphData:
     def normalize_rows(self) -> None:
         """Divides each node's features by their L1 norm, in place (the row normalisation
         of bag-of-words features in Kipf & Welling's GCN); rows of zeros stay zero."""
-        norms = np.zeros((self.num_nodes, 1), np.float32)
         for start in range(0, self.num_nodes, 1 << 16):  # bounded scratch on large graphs
             block = self.features[start : start + (1 << 16)]
-            norms[start : start + block.shape[0], 0] = np.abs(block).sum(axis=1)
-        np.divide(self.features, norms, out=self.features, where=norms > 0)
+            norms = np.abs(block).sum(axis=1, keepdims=True)
+            np.divide(block, norms, out=block, where=norms > 0)
         self.info = {**self.info, "feature_norm": "row"}
 
     def symmetrized(self) -> GraphData:

@@ -13,6 +13,9 @@ from adaqp.data.synthetic import SyntheticSpec, generate_synthetic
 
 logger = logging.getLogger(__name__)
 
+FEATURE_NORMS = ("none", "row")
+"""``feature_norm`` values: the features as stored, or each row divided by its L1 norm."""
+
 
 def load_dataset(
     name: str,
@@ -44,7 +47,7 @@ def load_dataset(
         raise ValueError(f"synthetic spec given but dataset name is {name!r}")
     if path is not None and key != "npz":
         raise ValueError(f"path given but dataset name is {name!r}, not 'npz'")
-    if feature_norm not in ("none", "row"):
+    if feature_norm not in FEATURE_NORMS:
         raise ValueError(f"feature_norm must be 'none' or 'row', not {feature_norm!r}")
     # Every loader validates the graph where it builds it (GraphData.validate).
     if key in _BUILTIN:
