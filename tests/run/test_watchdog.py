@@ -17,9 +17,12 @@ def test_a_stalled_epoch_warns_naming_rank_epoch_and_timeout(caplog):
     caplog.set_level(logging.WARNING)
     watch = StallWatch(rank=3, warn_after_s=0.3, timeout_s=600, poll_s=0.05)
     try:
+        start = time.monotonic()  # before at(): the elapsed time bounds the epoch's
         watch.at("epoch 7")
-        start = time.monotonic()
         time.sleep(1.0)
+        deadline = start + 60  # a busy machine may hold the watch's thread back
+        while not _warnings(caplog) and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         watch.close()
     elapsed = time.monotonic() - start
