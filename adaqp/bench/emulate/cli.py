@@ -22,7 +22,6 @@ from adaqp.bench import HelpFormatter
 from adaqp.bench.emulate.cluster import EmulatedCluster
 from adaqp.bench.emulate.links import host_links
 from adaqp.bench.emulate.netns import ClusterError
-from adaqp.launcher.output import OutputFilter
 
 logger = logging.getLogger(__name__)
 
@@ -93,18 +92,14 @@ def _result_line(log: Path) -> str:
     return next((line for line in reversed(_log_lines(log)) if "; written to " in line), "")
 
 
-def _worker_errors(log_dir: Path, hosts: int) -> list[str]:
-    """The workers' own ``error:`` lines in this run's host logs, as the launcher shows
-    them (:class:`~adaqp.launcher.output.OutputFilter`: each once, those that only point
-    at another rank's last)."""
-    filter_ = OutputFilter()
-    shown = [
-        line
-        for i in range(hosts)
-        for raw in _log_lines(log_dir / f"host{i}.log")
-        for line in filter_.feed(raw)
-    ]
-    return [line for line in shown if line.startswith("error: ")] + filter_.leftovers()
+def _worker_errors(log_dir: Path, hosts: int, most: int = 5) -> list[str]:
+    """The workers' own one-line errors (``error: ...``) in this run's host logs, each once."""
+    seen: dict[str, None] = {}
+    for i in range(hosts):
+        for line in _log_lines(log_dir / f"host{i}.log"):
+            if line.startswith("error: "):
+                seen.setdefault(line)
+    return list(seen)[:most]
 
 
 def main(argv: list[str] | None = None) -> int:
