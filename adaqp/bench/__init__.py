@@ -179,6 +179,16 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
 
 
+def merge_overrides(items: list[str] | tuple[str, ...]) -> list[str]:
+    """``section.key=value`` overrides with one entry per key, as the trainer applies them:
+    a later value for a key replaces the earlier one, in the earlier one's place (a
+    benchmark's own defaults come first, the user's ``--set`` after them)."""
+    merged: dict[str, str] = {}
+    for item in items:
+        merged[item.partition("=")[0].strip()] = item
+    return list(merged.values())
+
+
 def torchrun_command(
     nproc: int, train_args: list[str], launcher_args: tuple[str, ...] = ()
 ) -> list[str]:

@@ -31,6 +31,7 @@ from adaqp.bench import (
     UsageError,
     add_run_options,
     chosen_variants,
+    merge_overrides,
     run_order,
     seed_list,
 )
@@ -202,7 +203,7 @@ def _table(name: str, meta: dict[str, Any], agg: dict[str, Any]) -> str:
         f"{meta['bandwidth']} links{' ' + meta['latency'] if meta.get('latency') else ''}, "
         f"{meta['epochs']} epochs, seeds {meta['seeds']}",
         "",
-        f"Workload: `{meta['config']}` with {', '.join(meta['overrides'])}.",
+        f"Workload: `{meta['config']}` with {', '.join(merge_overrides(meta['overrides']))}.",
         "Epoch times are medians after warm-up, means over seeds; `nocomm` skips the halo "
         "exchange (benchmark-only: its accuracy is not the graph's). Time to vanilla val: "
         "training time (evaluation excluded) until the validation accuracy reaches the same "
@@ -339,7 +340,7 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     config, overrides = WORKLOADS[args.workload]
-    overrides = (*overrides, *args.set)
+    overrides = merge_overrides((*overrides, *args.set))
     out_dir = args.out_dir / args.name
     runs_dir = Path("results/runs") / f"bench-{args.name}"
     part_dir = Path("partitions") / f"bench-{args.name}"

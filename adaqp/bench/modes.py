@@ -27,6 +27,7 @@ from adaqp.bench import (
     STALENESS_VARIANTS,
     add_run_options,
     chosen_variants,
+    merge_overrides,
     run_order,
     seed_list,
     torchrun_train,
@@ -85,7 +86,8 @@ def _run_one(dataset: str, variant: str, seed: int, args, out_dir: Path, part_di
         str(args.epochs),
         *VARIANTS[variant],
     ]
-    for item in (*overrides, f"partition.dir={part_dir}", "metrics.progress=false", *args.set):
+    defaults = (*overrides, f"partition.dir={part_dir}", "metrics.progress=false")
+    for item in merge_overrides((*defaults, *args.set)):
         train_args += ["--set", item]
     started = time.perf_counter()
     torchrun_train(args.world_size, train_args, args.timeout, f"{variant} seed {seed}")
@@ -111,7 +113,8 @@ def _table(dataset: str, results: dict[str, dict[str, Any]], meta: dict[str, Any
         f"# Modes on {dataset} ({meta['world_size']} workers, {meta['epochs']} epochs, "
         f"seeds {meta['seeds']})",
         "",
-        f"Settings: `{meta['config']}` with {', '.join(meta['overrides']) or 'no overrides'}.",
+        f"Settings: `{meta['config']}` with "
+        f"{', '.join(merge_overrides(meta['overrides'])) or 'no overrides'}.",
         "Times are medians after warm-up, means over seeds, on a shared 2-core machine over "
         "loopback, where the exchange is nearly free: compare bytes and accuracy here, and "
         "see the emulated-cluster benchmark for what overlap and quantization save in time.",
@@ -191,7 +194,7 @@ def main(args: argparse.Namespace) -> int:
         "seeds": seeds,
         "epochs": args.epochs,
         "config": config,
-        "overrides": [*overrides, *args.set],
+        "overrides": merge_overrides((*overrides, *args.set)),
     }
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / f"modes-{args.dataset}.json").write_text(

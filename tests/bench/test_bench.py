@@ -187,3 +187,63 @@ def test_aggregate_arms_take_turns_after_a_dropped_warm_up():
     assert calls == round_ * 4  # one warm-up round, then 3 in turn
     assert set(timings) == {"ours", "other"}
     assert timings["ours"]["forward_s"] < 0.25 and timings["ours"]["total_s"] < 0.25
+
+
+def test_merge_overrides_keeps_each_key_once_with_its_last_value():
+    from adaqp.bench import merge_overrides
+
+    items = ("train.eval_every=1", "model.hidden=64", "train.eval_every = 2", "x.y=a=b")
+    assert merge_overrides(items) == ["train.eval_every = 2", "model.hidden=64", "x.y=a=b"]
+    assert merge_overrides(["a.b=1", "a.bc=2"]) == ["a.b=1", "a.bc=2"]  # keys, not prefixes
+    assert merge_overrides([]) == []
+
+
+def test_cluster_table_names_a_key_set_twice_once(runs):
+    """A workload's default (train.eval_every=1) and the user's --set for the same key: the
+    header states what ran (the last value), also for cluster.json files written before."""
+    meta = {
+        "hosts": 4,
+        "procs_per_host": 1,
+        "bandwidth": "300mbit",
+        "epochs": 3,
+        "seeds": [0],
+        "config": "c.toml",
+        "overrides": ["train.eval_every=1", "train.eval_every=2", "quant.cost_model=sender"],
+        "tta_tolerance": 0.005,
+    }
+    table = cluster._table("t", meta, cluster._aggregate(runs, [0]))
+    assert "Workload: `c.toml` with train.eval_every=2, quant.cost_model=sender.\n" in table
+
+
+def test_modes_runs_and_table_set_a_key_once(tmp_path, monkeypatch):
+    """`bench modes --dataset synthetic --set train.eval_every=2`: the run gets one
+    train.eval_every (the user's), and the table's settings line names it once."""
+    import json
+
+    from adaqp.bench import modes
+
+    seen: list[list[str]] = []
+
+    def fake_train(nproc, train_args, timeout_s, what):
+        seen.append(train_args)
+        out = tmp_path / "runs" / "vanilla-seed0"
+        out.mkdir(parents=True)
+        (out / "summary.json").write_text(json.dumps({k: 1.0 for k in modes.SUMMARY_KEYS}))
+
+    monkeypatch.setattr(modes, "torchrun_train", fake_train)
+    args = argparse.Namespace(
+        epochs=2, world_size=4, timeout=10.0, set=["train.eval_every=2", "train.lr=0.1"]
+    )
+    summary = modes._run_one("synthetic", "vanilla", 0, args, tmp_path / "runs", tmp_path / "p")
+    sets = [seen[0][i + 1] for i, a in enumerate(seen[0]) if a == "--set"]
+    assert [s for s in sets if s.startswith("train.")] == ["train.eval_every=2", "train.lr=0.1"]
+    results = {"vanilla": {"runs": [summary], "aggregate": modes._aggregate([summary])}}
+    meta = {
+        "world_size": 4,
+        "epochs": 2,
+        "seeds": [0],
+        "config": "c.toml",
+        "overrides": ["train.eval_every=5", "staleness.landing=fixed", "train.eval_every=4"],
+    }
+    table = modes._table("synthetic", results, meta)
+    assert "with train.eval_every=4, staleness.landing=fixed.\n" in table
