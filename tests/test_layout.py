@@ -11,11 +11,13 @@ MAX_LINES = 450
 LONG_BY_DESIGN: set[str] = set()
 
 # Packages (and top-level modules) from the entry point down; each may import only those
-# after it in this order. ``bench`` drives the others from outside the training path.
+# after it in this order. ``bench`` drives the others from outside the training path;
+# ``plot`` reads what runs wrote.
 LAYERS = [
     "adaqp.cluster",
     "adaqp.launcher",
     "adaqp.bench",
+    "adaqp.plot",
     "adaqp.train",
     "adaqp.run",
     "adaqp.model",
