@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from adaqp.config import MODES, Config, ConfigError, load_config
+from adaqp.config import MODES, QUANTIZED_MODES, Config, ConfigError, load_config
 from adaqp.stop import request_stop, stop_requested
 
 logger = logging.getLogger("adaqp.train")
@@ -38,6 +38,9 @@ STATUS_DIR_ENV = "ADAQP_STATUS_DIR"
 """Set by the launcher: each rank writes its exit code to ``rank-<RANK>.code`` there."""
 COMMAND_ENV = "ADAQP_COMMAND"
 """Set by the launcher: the command as the user typed it (for the ``--resume`` hint)."""
+CALLER_CWD_ENV = "ADAQP_CALLER_CWD"
+"""Set by launch/train.sh: the folder the user typed the command in (the script itself
+runs from the checkout); the launcher resolves the command line's paths against it."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,7 +66,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--out",
-        help="output directory (default: results/runs/<config stem>-<mode>-p<P>)",
+        help="output directory (default: results/runs/<config stem>-<mode>-p<P>, or its "
+        "first free -v2, -v3, ... where it holds a run; --resume and --overwrite without "
+        "--out act on the newest of them)",
     )
     existing = parser.add_mutually_exclusive_group()
     existing.add_argument(
@@ -80,8 +85,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     existing.add_argument(
         "--replace-finished",
         action="store_true",
-        help="start fresh over a finished run in --out; an unfinished one is still refused "
-        "(what launch/train.sh passes when given no --out)",
+        help="kept for old scripts; replaces nothing: the same as none of these (a run "
+        "given no --out whose default directory holds a run goes to <dir>-v2, -v3, ...)",
     )
     parser.add_argument(
         "--set",
@@ -144,18 +149,26 @@ def result_line(summary, out: Path) -> str:
     accuracy = f"test acc {summary.test_acc_at_best_val:.4f}"
     if summary.mode == "nocomm":
         accuracy += " (nocomm: not meaningful)"
+    bits = ""
+    if summary.mode in (*QUANTIZED_MODES, "onebit"):
+        bits = f", {summary.avg_bits:.2f} bits"
+        if summary.avg_bits >= 32:
+            bits += " (full precision: the links are faster than quantizing; see quant.cost_model)"
     return (
         f"{summary.dataset} {summary.model} {summary.mode} P={summary.world_size}: "
         f"{accuracy} (best val {summary.best_val_acc:.4f} at epoch {summary.best_epoch}), "
+        f"final test acc {summary.final_test_acc:.4f}, "
         f"final loss {summary.final_train_loss:.4f}, "
         f"epoch {summary.epoch_time_s * 1000:.1f} ms, comm {summary.comm_time_s * 1000:.1f} "
-        f"ms, halo {format_bytes(summary.halo_bytes_per_epoch)}/epoch; written to {out}"
+        f"ms, halo {format_bytes(summary.halo_bytes_per_epoch)}/epoch{bits}; written to {out}"
     )
 
 
-def resume_command(argv: list[str]) -> str:
+def resume_command(argv: list[str], out: Path | None = None) -> str:
     """The command that continues this run: the user's (``ADAQP_COMMAND``) or this
-    process's, without a flag that starts fresh, with ``--resume``."""
+    process's, without a flag that starts fresh, with ``--resume``; and ``--out out``
+    where the command named no output directory (its default may since have taken a
+    later version)."""
     typed = os.environ.get(COMMAND_ENV)
     if typed:
         words = shlex.split(typed)
@@ -163,19 +176,27 @@ def resume_command(argv: list[str]) -> str:
         nproc = os.environ.get("LOCAL_WORLD_SIZE", "1")
         words = ["torchrun", "--nproc-per-node", nproc, "-m", "adaqp.train", *argv]
     kept = [w for w in words if w not in ("--overwrite", "--replace-finished", "--resume")]
+    names_out = any(
+        w == "--out" or w.startswith("--out=") or "metrics.out=" in w.replace(" ", "") for w in kept
+    )
+    if out is not None and not names_out:
+        # The launcher resolves a relative --out against where the user typed the command.
+        typed_in = os.environ.get(CALLER_CWD_ENV)
+        shown = out if typed_in in (None, os.getcwd()) else out.absolute()
+        kept += ["--out", str(shown)]
     return shlex.join([*kept, "--resume"])
 
 
 def _interrupted_hint(out: Path, checkpoint_dir: Path, argv: list[str]) -> str:
-    from adaqp.run.checkpoint import complete_epochs
+    from adaqp.run.ckptdir import complete_epochs
 
     epochs = complete_epochs(checkpoint_dir)
     if not epochs:
         return (
-            f"no checkpoint was written to {checkpoint_dir}; the run in {out} can only "
-            "start again (--overwrite)"
+            f"no checkpoint was written to {checkpoint_dir}; the run in {out} can only start again"
         )
-    return f"the newest checkpoint is at epoch {epochs[-1]}; continue with: {resume_command(argv)}"
+    command = resume_command(argv, out)
+    return f"the newest checkpoint is at epoch {epochs[-1]}; continue with: {command}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,20 +214,32 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # every rank reads the same config and fails alike
         _report_shared(rank, exc)
         return 2
+    from adaqp.run import preflight
+
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    name = Path(args.config).stem if args.config else None
+    try:  # before torch loads and the group forms: a refusal costs a second, not a start
+        out = preflight.check(
+            config, world_size, name, overwrite=args.overwrite, resume=args.resume
+        )
+    except preflight.Refusal as exc:  # every rank sees the same files and refuses alike
+        _report_shared(rank, exc)
+        return 2
     if args.check:
         return 0
     from adaqp.run import job
 
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    name = Path(args.config).stem if args.config else None
-    out = job.output_dir(config, world_size, name)
+    # Given no directory, rank 0 takes the first free version itself (``out`` is where it
+    # will most likely land: a run starting alongside may take that one first).
+    new_version = not (config.metrics.out or args.overwrite or args.resume)
     try:
         summary = job.run(
             config,
             overwrite=args.overwrite,
             resume=args.resume,
-            replace_finished=args.replace_finished,
+            new_version=new_version,
             name=name,
+            out=preflight.output_dir(config, world_size, name) if new_version else out,
         )
     except job.SHARED_ERRORS + job.RANK_ERRORS as exc:
         if args.debug:
@@ -228,9 +261,9 @@ def main(argv: list[str] | None = None) -> int:
 def _interrupted(rank: int, signal_name: str, out: Path, config: Config, argv: list[str]) -> int:
     """Rank 0 says how to go on after a stop signal; every rank's exit code is 130."""
     if rank == 0:
-        from adaqp.run import job
+        from adaqp.run.ckptdir import checkpoint_root
 
-        hint = _interrupted_hint(out, job.checkpoint_root(config, out), argv)
+        hint = _interrupted_hint(out, checkpoint_root(config, out), argv)
         print(f"interrupted ({signal_name}); {hint}", file=sys.stderr)
     return 130
 

@@ -140,11 +140,10 @@ def test_config_as_first_argument_flag_or_after_flags_and_flags_in_any_order(tmp
     ):
         spec = parse(argv, NO_ENV)
         assert spec.config == str(config), argv
-        assert spec.train_args == ["--mode", "adaqp", "--epochs", "5", "--replace-finished"]
+        assert spec.train_args == ["--mode", "adaqp", "--epochs", "5"]
         command = spec.torchrun("py")
         assert command[command.index("adaqp.train") :] == [
             *("adaqp.train", "--config", str(config), "--mode", "adaqp", "--epochs", "5"),
-            "--replace-finished",
         ]
 
 
@@ -156,7 +155,7 @@ def test_no_config_means_cora_and_values_are_never_taken_for_a_config(tmp_path, 
     assert spec.train_args[:6] == ["--mode", "adaqp", "--epochs", "5", "--set", "train.lr=0.1"]
     # Unknown flags pass through with the word after them, for adaqp.train to judge.
     spec = parse([CORA, "--frobnicate", "3", "--seed=4", "--", "x", "--y"], NO_ENV)
-    assert spec.train_args == ["--frobnicate", "3", "--seed=4", "x", "--y", "--replace-finished"]
+    assert spec.train_args == ["--frobnicate", "3", "--seed=4", "x", "--y"]
 
 
 @pytest.mark.parametrize(
@@ -192,32 +191,36 @@ def test_options_default_to_the_environment_and_flags_win():
 
 
 @pytest.mark.parametrize(
-    ("flags", "config_text", "replaced"),
-    [
-        ([], "", True),
-        (["--out", "d"], "", False),
-        (["--out=d"], "", False),
-        (["--set", "metrics.out=d"], "", False),
-        (["--set=metrics.out=d"], "", False),
-        (["--set", "metrics.progress=false"], "", True),
-        (["--overwrite"], "", False),
-        (["--resume"], "", False),
-        ([], '[metrics]\nout = "d"\n', False),
-        ([], '[metrics]\nout = ""\n', True),  # empty: the default directory
-        ([], "[metrics\n  out = 'd'\n", False),  # unreadable TOML: as the old grep
-        ([], '[data]\nroot = "out"\n', True),
-    ],
+    "flags",
+    [[], ["--out", "d"], ["--set", "metrics.out=d"], ["--overwrite"], ["--resume"], ["--seed=2"]],
 )
-def test_the_default_directory_gets_replace_finished_never_overwrite(
-    tmp_path, flags, config_text, replaced
-):
+def test_the_launcher_adds_no_flag_that_could_replace_a_run(tmp_path, flags):
     config = tmp_path / "c.toml"
-    config.write_text(config_text)
-    args = parse([str(config), *flags], NO_ENV).train_args
-    assert ("--replace-finished" in args) == replaced, args
-    assert "--overwrite" not in args or "--overwrite" in flags
-    args = parse([str(config), *flags, "--replace-finished"], NO_ENV).train_args
-    assert args.count("--replace-finished") == 1
+    config.write_text("")
+    assert parse([str(config), *flags], NO_ENV).train_args == flags
+
+
+def test_paths_on_the_command_line_are_the_users_and_the_defaults_the_checkouts(tmp_path):
+    """launch/train.sh runs from the checkout; what the user typed is relative to where."""
+    typed_in = tmp_path / "mine"
+    typed_in.mkdir()
+    env = {launcher_args.CALLER_CWD_ENV: str(typed_in)}
+    spec = parse(
+        [
+            *("c.toml", "--out", "run", "--set", "partition.dir=parts", "--set=data.root=d"),
+            *("--set", "train.lr=0.1", "--set", "checkpoint.dir=/abs", "--out=two"),
+        ],
+        env,
+    )
+    assert spec.config == str(typed_in / "c.toml")
+    assert spec.train_args == [
+        *("--out", str(typed_in / "run"), "--set", f"partition.dir={typed_in / 'parts'}"),
+        *(f"--set=data.root={typed_in / 'd'}", "--set", "train.lr=0.1"),
+        *("--set", "checkpoint.dir=/abs", f"--out={typed_in / 'two'}"),
+    ]
+    assert parse(["--epochs", "2"], env).config == "configs/cora-gcn.toml"  # the default
+    same = {launcher_args.CALLER_CWD_ENV: str(Path.cwd())}
+    assert parse(["c.toml", "--out", "run"], same).train_args == ["--out", "run"]
 
 
 def test_help_lists_every_option_and_answers_without_torch():
@@ -232,7 +235,7 @@ def test_help_lists_every_option_and_answers_without_torch():
     assert proc.returncode == 0, proc.stderr
     for flag, (_, env, default) in launcher_args.OPTIONS.items():
         assert flag in proc.stdout and f"{env}, default {default}" in proc.stdout, flag
-    for text in ("--config FILE", "--debug", "--resume", "--overwrite", "--replace-finished"):
+    for text in ("--config FILE", "--debug", "--resume", "--overwrite", "-v2"):
         assert text in proc.stdout
     for text in ("--mode", "--epochs", "--seed", "--out", "--set", "examples:"):
         assert text in proc.stdout
@@ -610,16 +613,18 @@ def _past_epoch(out: Path, epoch: int, epochs: int) -> bool:
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_rerunning_a_command_replaces_a_finished_run_never_an_interrupted_one(tmp_path):
-    """Issue 17, item 2: no --out, so the launcher picks --replace-finished; Ctrl-C is 130
-    with the --resume command, and the same command again refuses to start over."""
+def test_no_command_deletes_a_run_it_was_not_asked_to(tmp_path):
+    """A finished run in the default folder survives a second command that differs only in
+    epochs and --set (it goes to -v2); Ctrl-C there is 130 with the command that resumes
+    it; the same command again goes to -v3; and a command whose partition folder holds
+    other files is refused, exit 2, before anything on disk changes."""
     launcher = [sys.executable, "-m", "adaqp.launcher", CORA]
     common = ["--set", f"partition.dir={tmp_path / 'p'}", "--set", "metrics.progress=false"]
-    out = tmp_path / "results" / "runs" / "cora-gcn-vanilla-p2"
+    base = tmp_path / "results" / "runs" / "cora-gcn-vanilla-p2"
 
-    def run(*flags: str) -> subprocess.CompletedProcess:
+    def run(*flags: str, extra: list[str] = common) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [*launcher, *flags, *common],
+            [*launcher, *flags, *extra],
             cwd=tmp_path,
             env=_env(),
             capture_output=True,
@@ -627,15 +632,22 @@ def test_rerunning_a_command_replaces_a_finished_run_never_an_interrupted_one(tm
             timeout=300,
         )
 
+    def files(folder: Path) -> dict[str, bytes]:
+        return {
+            str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()
+        }
+
     first = run("--epochs", "2")
     assert first.returncode == 0, first.stderr
-    assert (out / "summary.json").exists()
+    assert (base / "summary.json").exists() and str(base.relative_to(tmp_path)) in first.stdout
+    finished = files(base)
 
+    second = base.with_name(base.name + "-v2")
     long = [*launcher, "--epochs", "100000", "--set", "checkpoint.every=2", *common]
     proc = subprocess.Popen(long, cwd=tmp_path, env=_env(), stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240
-        while not _past_epoch(out, 3, epochs=100000):  # the finished run replaced
+        while not _past_epoch(second, 3, epochs=100000):
             assert time.monotonic() < deadline and proc.poll() is None, "no third epoch"
             time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
@@ -647,11 +659,24 @@ def test_rerunning_a_command_replaces_a_finished_run_never_an_interrupted_one(tm
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "SignalException" not in err, err
     assert "python -m adaqp.launcher" in err and "--resume" in err, err
-    assert json.loads((out / "status.json").read_text())["status"] == "interrupted"
-    checkpoints = sorted((out / "checkpoints").glob("epoch-*"))
+    assert f"--out {second.relative_to(tmp_path)}" in err, err
+    assert files(base) == finished
+    assert json.loads((second / "status.json").read_text())["status"] == "interrupted"
+    interrupted = files(second)
+    assert any(name.startswith("checkpoints/") for name in interrupted)
 
-    again = run("--epochs", "100000", "--set", "checkpoint.every=2")
-    assert again.returncode == 1, again.stderr
-    errors = [line for line in again.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "--resume" in errors[0] and "--overwrite" in errors[0], errors
-    assert sorted((out / "checkpoints").glob("epoch-*")) == checkpoints
+    again = run("--epochs", "3")
+    assert again.returncode == 0, again.stderr
+    assert (base.with_name(base.name + "-v3") / "summary.json").exists()
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine\n")
+    started = time.monotonic()
+    refused = run("--epochs", "3", extra=["--set", f"partition.dir={other}"])
+    took = time.monotonic() - started
+    assert refused.returncode == 2, refused.stderr
+    assert "not an AdaQP partition" in refused.stderr and "Traceback" not in refused.stderr
+    assert took < 30, f"the refusal took {took:.1f} s: were the workers started?"
+    assert files(base) == finished and files(second) == interrupted
+    assert not base.with_name(base.name + "-v4").exists()

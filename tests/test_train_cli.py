@@ -52,8 +52,10 @@ def test_bytes_are_shown_in_a_unit_that_keeps_them_apart(n, text):
     assert format_bytes(n) == text
 
 
-def _summary(mode: str) -> SimpleNamespace:
+def _summary(mode: str, avg_bits: float = 32.0) -> SimpleNamespace:
     return SimpleNamespace(
+        avg_bits=avg_bits,
+        final_test_acc=0.45,
         dataset="cora",
         model="gcn",
         mode=mode,
@@ -73,6 +75,18 @@ def test_result_line_names_the_folder_and_marks_nocomm_accuracy():
     assert "13.6 kB/epoch" in line and line.endswith("written to results/runs/x")
     assert "not meaningful" not in line
     assert "(nocomm: not meaningful)" in result_line(_summary("nocomm"), Path("o"))
+    assert "test acc 0.5000 (best val 0.6000 at epoch 3), final test acc 0.4500" in line
+
+
+def test_result_line_of_a_quantized_mode_shows_its_bits_and_says_when_they_are_32():
+    assert "bits" not in result_line(_summary("vanilla"), Path("o"))
+    assert "bits" not in result_line(_summary("adaqp-p"), Path("o"))
+    for mode in ("adaqp", "adaqp-q", "adaqp-s", "onebit"):
+        line = result_line(_summary(mode, avg_bits=2.345), Path("o"))
+        assert "/epoch, 2.35 bits; written" in line and "full precision" not in line, line
+    line = result_line(_summary("adaqp", avg_bits=32.0), Path("o"))
+    assert "32.00 bits (full precision: the links are faster than quantizing" in line
+    assert "quant.cost_model" in line
 
 
 def test_hidden_fraction_stays_within_zero_and_one():
@@ -81,9 +95,18 @@ def test_hidden_fraction_stays_within_zero_and_one():
     assert _hidden(0.0, 0.0) == 0.0
 
 
-def test_resume_command_is_the_users_without_fresh_start_flags(monkeypatch):
+def test_resume_command_is_the_users_without_fresh_start_flags(monkeypatch, tmp_path):
     monkeypatch.setenv("ADAQP_COMMAND", "bash launch/train.sh c.toml --replace-finished --epochs 9")
     assert resume_command([]) == "bash launch/train.sh c.toml --epochs 9 --resume"
+    # A command that named no directory names the one its run took (maybe a -v2).
+    run = Path("results/runs/c-vanilla-p4-v2")
+    assert resume_command([], run) == (
+        "bash launch/train.sh c.toml --epochs 9 --out results/runs/c-vanilla-p4-v2 --resume"
+    )
+    monkeypatch.setenv("ADAQP_CALLER_CWD", str(tmp_path))  # typed elsewhere: absolute
+    assert f"--out {Path.cwd() / run} --resume" in resume_command([], run)
+    monkeypatch.setenv("ADAQP_COMMAND", "adaqp-train --out=mine --epochs 9")
+    assert resume_command([], Path("mine")) == "adaqp-train --out=mine --epochs 9 --resume"
     monkeypatch.delenv("ADAQP_COMMAND")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     assert resume_command(["--config", "my run.toml", "--overwrite"]) == (
@@ -172,10 +195,11 @@ def test_interrupted_run_is_never_deleted_and_the_hint_resumes_it(tmp_path):
     kept = checkpoint_files()
     assert kept
 
-    # The same command again, with or without --replace-finished: refused, nothing lost.
+    # The same command again, with or without --replace-finished: refused before the run
+    # starts (a usage error), nothing lost.
     for extra in ((), ("--replace-finished",)):
         again = _run([*args, *extra], cwd=tmp_path)
-        assert again.returncode == 1, again.stderr
+        assert again.returncode == 2, again.stderr
         error = [ln for ln in again.stderr.splitlines() if ln.startswith("error:")]
         assert len(error) == 1 and "unfinished run" in error[0] and "--resume" in error[0]
         assert (
@@ -189,3 +213,28 @@ def test_interrupted_run_is_never_deleted_and_the_hint_resumes_it(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_from_epoch"] == epochs and summary["epochs"] == epochs + 2
+
+
+@pytest.mark.slow
+def test_a_refused_partition_folder_leaves_the_finished_run_in_the_default_folder(tmp_path):
+    """A finished run, then a command whose partition folder holds other files: refused
+    as a usage error before the run's folder (or any other) is touched."""
+    command = [
+        *(sys.executable, "-m", "adaqp.train", "--config", str(ROOT / "configs/cora-gcn.toml")),
+        *("--set", "metrics.progress=false", "--set", "checkpoint.every=1"),
+    ]
+    first = _run([*command, "--epochs", "2", "--set", f"partition.dir={tmp_path / 'p'}"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    out = tmp_path / "results" / "runs" / "cora-gcn-vanilla-p1"
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert out / "summary.json" in before and any("checkpoints" in p.parts for p in before)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine\n")
+    refused = _run([*command, "--epochs", "3", "--set", f"partition.dir={other}"], tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "not an AdaQP partition" in errors[0], refused.stderr
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in out.parent.iterdir()) == [out.name]
+    assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]

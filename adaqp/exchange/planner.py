@@ -1,12 +1,11 @@
 """Adaptive bit widths across ranks: tracing, link profiling, solving, and installing plans.
 
 Every exchange (layer, direction) is planned on its own; the planner belongs to the
-adaptive exchange policy (``adaqp/exchange/policy.py``), which asks it for plans and hands it the
-rows to trace. Per message v the variance weight is ``w_v = s_v · D · E[(M_v - m_v)²] / 4``:
-``s_v`` is the sum of the
-receiver's squared aggregation coefficients over the rows that read v (forward; shipped
-once from receivers to senders), or 1 for gradients (the owner adds them unscaled);
-the squared range is traced on the sender during each assignment cycle.
+adaptive exchange policy (``adaqp/exchange/policy.py``), which asks it for plans and hands
+it the rows to trace. Per message v the variance weight is ``w_v = s_v · D · E[(M_v -
+m_v)²] / 4``: ``s_v`` is the sum of the receiver's squared aggregation coefficients over
+the rows that read v (forward; shipped once from receivers to senders), or 1 for
+gradients; the squared range is traced on the sender during each assignment cycle.
 
 After the first cycle (``first_cycle`` epochs) and every ``assign_cycle`` epochs after it
 the ranks send their weights to rank 0, which solves every exchange with ``adaqp.assign``
@@ -14,9 +13,8 @@ the ranks send their weights to rank 0, which solves every exchange with ``adaqp
 (``adaqp.assign.profile``), and broadcasts all per-message widths in one buffer. Every
 rank installs the same plans before the next epoch, so all ranks switch together. The
 first cycle runs at ``initial_bits`` while tracing (under the host cost model at full
-precision where that is predicted no slower).
-Which cost model prices the plans, and what that means for profiling, solving and
-reporting, is decided once, by the run's ``adaqp.assign.CostModelKind`` (``cost_kind``).
+precision where that is predicted no slower). The run's ``adaqp.assign.CostModelKind``
+(``cost_kind``) decides which cost model prices the plans, and so what is profiled.
 
 The cost model prices an exchange from the profiled links; what it does not see is
 measured: each re-solve fits the model's figures to the exchange times measured under
@@ -63,8 +61,7 @@ logger = logging.getLogger(__name__)
 
 MIN_SOLVE_S = 0.05
 """The least time one exchange's solve is given, even past its re-solve's budget: enough
-for the greedy (a few hundredths of a second at planner sizes), so that a spent budget
-costs plan quality by at most the greedy's gap, not a fall-back to uniform widths."""
+for the greedy, so that a spent budget costs at most the greedy's gap in plan quality."""
 
 
 def budget_share(deadline: float, keys_left: int, cap_s: float) -> float:
@@ -86,15 +83,9 @@ def solves_before(epoch: int, config: QuantConfig) -> int | None:
 
 
 class BitWidthPlanner:
-    """Owns the bit plans of a quantized mode and re-solves them after the first cycle and
-    every ``assign_cycle`` epochs after it.
-
-    Args:
-        config: the quant section.
-        transport: this rank's halo transport (used for the start-up exchanges only).
-        graph: this rank's local graph.
-        adjacency: its aggregation matrix (receiver-side coefficients).
-        world: rank and world size.
+    """Owns a quantized mode's bit plans; re-solves them after the first cycle and every
+    ``assign_cycle`` epochs after it. ``transport`` (this rank's) serves the start-up
+    exchanges only; ``adjacency`` gives the receiver-side aggregation coefficients.
     """
 
     def __init__(
@@ -127,14 +118,14 @@ class BitWidthPlanner:
         self.hosts = np.zeros(p, dtype=np.int64)
         self.forward_coef = None
         self.last_status: dict[str, str] = {}
+        self._said_full_precision = False
         self.solutions: dict[int, dict[str, dict[str, float]]] = {}
         """Rank 0, per re-solve epoch: ``"predicted_s"`` (tag -> the cost model's time of
         its plan), ``"pair_bits"`` ("src->dst" -> mean planned width, all exchanges), and
         once measured exchanges are there ``"calibration"`` (``fit_calibration``'s, on the
         plans before) and ``"calibrated_s"`` (tag -> the plan's time through it)."""
         self._measured: dict[str, list[float]] = {}
-        """Rank 0, with a cost model: measured exchange seconds by tag, one per epoch
-        since the last re-solve."""
+        """Rank 0: measured exchange seconds by tag, one per epoch since the last solve."""
         self._ran: list[tuple[dict[str, float], dict[str, float]]] = []
         """Rank 0: ``(predicted, measured median)`` seconds by tag of the last plans that
         ran, oldest first (at most ``CALIBRATION_PLANS``)."""
@@ -412,6 +403,14 @@ class BitWidthPlanner:
             result.status,
             result.solve_time_s,
         )
+        if result.avg_bits >= 32 and not self._said_full_precision:
+            self._said_full_precision = True  # why, once a run
+            logger.info(
+                "%s is sent in full precision: the links are faster than quantizing "
+                "(quant.cost_model = %s; 'shared' quantizes regardless)",
+                key,
+                cfg.cost_model,
+            )
         return torch.from_numpy(np.concatenate([b.astype(np.uint8) for b in widths]))
 
     def _channel_widths(self, keys: list[ExchangeKey], flat: torch.Tensor):

@@ -44,8 +44,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m adaqp.launcher") 
             return 0
         if not Path(spec.config).is_file():
             what = "is not a file" if Path(spec.config).exists() else "not found"
-            if script and not Path(spec.config).is_absolute():
-                what += f" (relative to {Path.cwd()}, where launch/train.sh runs)"
             raise UsageError(f"config file {spec.config} {what}")
         problem = refused(spec)
         if problem is not None:

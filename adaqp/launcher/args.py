@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import re
 import sys
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +22,10 @@ OPTIONS = {
 }
 ALIASES = {"--nproc-per-node": "--nproc"}
 TRAIN_VALUE_FLAGS = {"--mode", "--epochs", "--seed", "--out", "--set"}
-KEEP_FLAGS = {"--overwrite", "--resume", "--replace-finished"}
+PATH_KEYS = ("data.root", "data.path", "partition.dir", "checkpoint.dir", "metrics.out")
+"""Config keys that name a file or folder: given with --set, relative to the user's folder."""
+CALLER_CWD_ENV = "ADAQP_CALLER_CWD"
+"""Set by launch/train.sh, which runs from the checkout: the folder the user typed in."""
 
 HELP = """\
 usage: {prog} [CONFIG] [options] [train flags...]
@@ -56,12 +57,13 @@ train flags, passed to every worker (python -m adaqp.train --help describes them
                      config, mode and worker count)
   --set SECTION.KEY=VALUE
                      config override, repeatable (e.g. --set model.hidden=256)
-  --overwrite        start fresh over the run in the output directory, finished or not
+  --overwrite        start fresh over the run in the output directory, deleting it
   --resume           continue the run in the output directory from its newest checkpoint
-  --replace-finished start fresh over a finished run; an unfinished one is refused
-  Given no output directory (--out, --set metrics.out=..., or out in the config's
-  [metrics]) and none of these three, the launcher passes --replace-finished: running a
-  command again replaces its finished run, never an interrupted or failed one.
+  No run is deleted without --overwrite. Given no output directory (--out, --set
+  metrics.out=..., or out in the config's [metrics]), a run whose default directory holds
+  a run goes to the first free <dir>-v2, <dir>-v3, ...; --resume and --overwrite act on
+  the newest of them. Paths on the command line (CONFIG, --out, --set of a path key) are
+  relative to the folder the command is typed in; paths inside a config, to the checkout.
 
 environment: OMP_NUM_THREADS (default 1) threads per worker; TORCH_ELASTIC_SHUTDOWN_TIMEOUT
 (default 5) seconds a stopped worker gets before it is killed; GLOO_SOCKET_IFNAME the
@@ -88,6 +90,8 @@ class Launch:
     """What the command line asks for."""
 
     config: str
+    config_given: bool = False
+    """The command line named the config (else the default, in the checkout)."""
     nproc: int = 4
     nnodes: int = 1
     node_rank: int = 0
@@ -130,19 +134,6 @@ def _int(text: str, name: str, low: int, high: int | None = None) -> int:
         bound = f"an integer from {low} to {high}" if high is not None else f"an integer >= {low}"
         raise UsageError(f"{name} must be {bound}, got {text!r}")
     return value
-
-
-def _config_sets_out(path: str) -> bool:
-    """Whether the config file names an output directory ([metrics] out)."""
-    try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError):
-        return False
-    try:
-        return bool(tomllib.loads(text).get("metrics", {}).get("out"))
-    except (tomllib.TOMLDecodeError, AttributeError):
-        # adaqp.train reports the broken file; decide as launch/train.sh's grep did.
-        return re.search(r"(?m)^\s*out\s*=", text) is not None
 
 
 def default_config() -> str:
@@ -208,8 +199,9 @@ def parse(argv: list[str], environ: dict[str, str] | None = None) -> Launch:
         if config is not None:
             raise UsageError(f"two configs given: {positional} and {config}")
         config = positional
+    given = config is not None
     config = default_config() if config is None else config
-    launch = Launch(config=config, debug=debug, help=help_)
+    launch = Launch(config=config, config_given=given, debug=debug, help=help_)
     if help_:
         return launch
     launch.nproc = _int(values["nproc"], sources["nproc"], 1)
@@ -218,20 +210,38 @@ def parse(argv: list[str], environ: dict[str, str] | None = None) -> Launch:
     launch.master_port = _int(values["master_port"], sources["master_port"], 1, 65535)
     launch.restarts = _int(values["restarts"], sources["restarts"], 0)
     launch.master_addr, launch.rdzv_id = values["master_addr"], values["rdzv_id"]
-    if not (KEEP_FLAGS & set(train) or names_out(train) or _config_sets_out(launch.config)):
-        train.append("--replace-finished")
     launch.train_args = train
+    resolve_paths(launch, environ.get(CALLER_CWD_ENV))
     return launch
 
 
-def names_out(train_args: list[str]) -> bool:
-    """Whether the train flags choose the output directory."""
-    for i, arg in enumerate(train_args):
-        value = arg.partition("=")[2] if arg.startswith("--set=") else None
-        if arg == "--set" and i + 1 < len(train_args):
-            value = train_args[i + 1]
-        if arg == "--out" or arg.startswith("--out="):
-            return True
-        if value is not None and re.match(r"\s*metrics\.out\s*=", value):
-            return True
-    return False
+def resolve_paths(launch: Launch, caller_cwd: str | None) -> None:
+    """Makes the command line's relative paths (the config, ``--out``, ``--set`` of a
+    ``PATH_KEYS`` key) absolute against ``caller_cwd``, the folder the user typed the
+    command in, where that is not the folder the workers run in."""
+    if not caller_cwd or Path(caller_cwd).resolve() == Path.cwd().resolve():
+        return
+
+    def absolute(path: str) -> str:
+        return path if not path or Path(path).is_absolute() else str(Path(caller_cwd) / path)
+
+    if launch.config_given:
+        launch.config = absolute(launch.config)
+    args = launch.train_args
+    for i, arg in enumerate(args):
+        if arg.startswith("--out="):
+            args[i] = "--out=" + absolute(arg[len("--out=") :])
+        elif arg.startswith("--set="):
+            args[i] = "--set=" + _absolute_set(arg[len("--set=") :], absolute)
+        elif i and args[i - 1] == "--out":
+            args[i] = absolute(arg)
+        elif i and args[i - 1] == "--set":
+            args[i] = _absolute_set(arg, absolute)
+
+
+def _absolute_set(item: str, absolute) -> str:
+    key, eq, value = item.partition("=")
+    if eq and key.strip() in PATH_KEYS:
+        bare = value.strip().strip("'\"")
+        return f"{key}={absolute(bare)}" if bare else item
+    return item

@@ -21,15 +21,18 @@ STOP_GRACE_S = 30.0
 
 
 CHECK_TIMEOUT_S = 120.0
-"""Bound on ``adaqp.train --check`` (it reads the config; it loads no torch)."""
+"""Bound on ``adaqp.train --check`` (it reads the config and the output and partition
+directories' files; it loads no torch)."""
 
 
 def refused(spec: Launch) -> str | None:
-    """What ``adaqp.train --check`` refuses in the train flags or the config, as one line
-    without its ``error:``, or None. Asked before torchrun starts: the workers would say
-    the same after torch has loaded on each of them. Where the check itself cannot run or
+    """What ``adaqp.train --check`` refuses in the train flags, the config, the output
+    directory or the partition directory, as one line without its ``error:``, or None.
+    Asked before torchrun starts: the workers would say the same after torch has loaded
+    on each of them. Where the check itself cannot run or
     fails otherwise, None: the workers judge, as they always do."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "ADAQP_LAUNCH_SCRIPT")}
+    env["WORLD_SIZE"] = str(spec.nproc * spec.nnodes)  # the partition must have that many
     try:
         proc = subprocess.run(
             spec.check(),

@@ -32,22 +32,18 @@ import torch
 from adaqp.atomic import write_atomic
 from adaqp.partitioning.format import sha256_file
 from adaqp.quant import kernels as quant_kernels
+from adaqp.run.ckptdir import MANIFEST, checkpoint_root, complete_epochs
+from adaqp.run.ckptdir import epoch_of as _epoch_of
+from adaqp.run.ckptdir import step_dir as _step_dir
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_DIR = "checkpoints"
-"""Where a run's checkpoints go inside its output directory (``checkpoint.dir`` empty)."""
 FORMAT = "adaqp-checkpoint"
 VERSION = 1
-MANIFEST = "manifest.json"
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, damaged, or does not fit this run."""
-
-
-def _step_dir(root: Path, epoch: int) -> Path:
-    return root / f"epoch-{epoch:06d}"
 
 
 def _shard_name(rank: int) -> str:
@@ -125,25 +121,6 @@ def _remove_step(path: Path) -> None:
         logger.warning("left %s in place: it holds files that are not a checkpoint's", path)
 
 
-def _epoch_of(path: Path) -> int | None:
-    name = path.name
-    if not name.startswith("epoch-") or not name[6:].isdigit():
-        return None
-    return int(name[6:])
-
-
-def complete_epochs(root: Path) -> list[int]:
-    """Epochs with a manifest under ``root``, ascending (shards not yet verified)."""
-    if not root.is_dir():
-        return []
-    epochs = []
-    for path in root.glob("epoch-*"):
-        epoch = _epoch_of(path)
-        if epoch is not None and (path / MANIFEST).is_file():
-            epochs.append(epoch)
-    return sorted(epochs)
-
-
 def read_manifest(root: Path, epoch: int) -> dict[str, Any]:
     path = _step_dir(root, epoch) / MANIFEST
     try:
@@ -204,11 +181,6 @@ def remove_all(root: Path) -> None:
             _remove_step(path)
     with contextlib.suppress(OSError):  # it may hold the user's own files
         root.rmdir()
-
-
-def checkpoint_root(config, out_dir: Path) -> Path:
-    """``checkpoint.dir``, or ``<out>/checkpoints``."""
-    return Path(config.checkpoint.dir) if config.checkpoint.dir else Path(out_dir) / DEFAULT_DIR
 
 
 class Checkpointer:

@@ -12,7 +12,6 @@ rank then loads only its own part. Rank 0 writes ``status.json``, ``config.json`
 from __future__ import annotations
 
 import gc
-import hashlib
 import json
 import logging
 import os
@@ -26,9 +25,10 @@ from adaqp.config import Config
 from adaqp.exchange.transport import ExchangeError
 from adaqp.graph.local import LocalGraph
 from adaqp.partitioning.format import PartitionError, check_matches, load_part, read_metadata
-from adaqp.run.checkpoint import Checkpointer, CheckpointError, checkpoint_root
+from adaqp.run.checkpoint import Checkpointer, CheckpointError
 from adaqp.run.metrics import EpochRecord, RunWriter
-from adaqp.run.rundir import Problem, RunDir, RunDirError, check_writable
+from adaqp.run.preflight import output_dir, partition_dir
+from adaqp.run.rundir import Problem, RunDir, RunDirError, check_writable, version_of, versioned
 from adaqp.run.summary import RunFacts, Summary
 from adaqp.run.trainer import Trainer, TrainingError
 from adaqp.run.watchdog import StallWatch
@@ -44,62 +44,49 @@ RANK_ERRORS = (CheckpointError, TrainingError, ExchangeError)
 rank reports its own."""
 
 
-def partition_dir(config: Config, world_size: int) -> Path:
-    if config.partition.dir:
-        return Path(config.partition.dir)
-    spec = json.dumps(config.data.spec(), sort_keys=True).encode()
-    tag = hashlib.blake2b(spec, digest_size=4).hexdigest()
-    name = f"{config.data.dataset}-{tag}-{config.partition.method}-p{world_size}"
-    return Path("partitions") / name
-
-
-def output_dir(config: Config, world_size: int, name: str | None = None) -> Path:
-    """``metrics.out``, or ``results/runs/<name>-<mode>-p<P>``: ``name`` is the config
-    file's stem (``<dataset>-<model>`` without one), so two configs never share a folder."""
-    if config.metrics.out:
-        return Path(config.metrics.out)
-    stem = name or f"{config.data.dataset}-{config.model.name}"
-    return Path("results") / "runs" / f"{stem}-{config.comm.mode}-p{world_size}"
-
-
 def claim_output(
     out: Path,
     world: World,
     overwrite: bool,
     resume: bool | str,
-    checkpoint_dir: Path,
-    replace_finished: bool = False,
-) -> RunDir | None:
-    """Rank 0 claims ``out`` (``RunDir.claim``); the others check it (``check_writable``).
+    checkpoint_dir: Path | None,
+    new_version: bool = False,
+) -> tuple[Path, RunDir | None]:
+    """Rank 0 reserves ``out`` (``RunDir.reserve``: nothing changes there yet); the others
+    check they could write it (``check_writable``).
 
-    Every rank learns every verdict from one all-reduce, before partitioning or any other
-    collective work: all ranks then stop together with an error naming the problem,
-    instead of waiting on rank 0 until the process-group timeout. Returns the claimed
-    directory on rank 0, None elsewhere.
+    Every rank learns every verdict, and the directory rank 0 took (``new_version``: a
+    later version where ``out`` holds a run), from one all-reduce, before partitioning or
+    any other collective work: all ranks then stop together with an error naming the
+    problem, instead of waiting on rank 0 until the process-group timeout. Returns the
+    directory, and the reservation on rank 0 (None elsewhere). ``checkpoint_dir``: the
+    config's ``checkpoint.dir``, None for the directory's own.
     """
     run_dir: RunDir | None = None
     error: RunDirError | None = None
     try:
         if world.is_main:
-            run_dir = RunDir.claim(
+            run_dir = RunDir.reserve(
                 out,
                 overwrite=overwrite,
                 resume=resume,
                 checkpoint_dir=checkpoint_dir,
-                replace_finished=replace_finished,
+                new_version=new_version,
             )
         else:
             check_writable(out)
     except RunDirError as exc:  # re-raised below, once the others know
         error = exc
-    problems = torch.zeros(world.world_size, device=world.device)
+    problems = torch.zeros(world.world_size + 1, device=world.device)
     if error is not None:
         problems[world.rank] = float(error.problem)
+    if run_dir is not None:
+        problems[-1] = float(version_of(out, run_dir.path))
     try:
         dist.all_reduce(problems)
         if error is not None:
             raise error
-        failed = [(rank, int(code)) for rank, code in enumerate(problems.tolist()) if code]
+        failed = [(rank, int(code)) for rank, code in enumerate(problems[:-1].tolist()) if code]
         if failed:
             raise RunDirError(
                 Problem(failed[0][1]),
@@ -108,12 +95,14 @@ def claim_output(
                     for rank, code in failed
                 ),
             )
-    except BaseException as exc:
-        if run_dir is not None:  # claimed, but the run will not start
-            run_dir.end(exc)
+    except BaseException:
+        if run_dir is not None:  # reserved, but the run will not start
             run_dir.close()
         raise
-    return run_dir
+    taken = versioned(out, int(problems[-1].item()))
+    if world.is_main and taken != out:
+        logger.info("%s holds another run: this one goes to %s", out, taken)
+    return taken, run_dir
 
 
 def prepare_partition(config: Config, world: World, part_dir: Path) -> dict:
@@ -155,14 +144,17 @@ def run(
     *,
     overwrite: bool = False,
     resume: bool = False,
-    replace_finished: bool = False,
+    new_version: bool = False,
     name: str | None = None,
+    out: Path | None = None,
 ) -> Summary:
     """Runs one training job on this process's rank; returns its summary.
 
-    ``overwrite``, ``resume`` and ``replace_finished`` say what to do with a run already
-    in the output directory (see ``adaqp.run.rundir``); without them it is refused.
-    ``name``: the config file's stem, naming the default output directory.
+    ``overwrite`` and ``resume`` say what to do with a run already in the output directory
+    (see ``adaqp.run.rundir``); without them it is refused, or with ``new_version`` the
+    run goes to the directory's next free version. ``name``: the config file's stem,
+    naming the default output directory; ``out``: the directory (``preflight.check``'s
+    choice), instead of that default.
     """
     world = init_distributed(config.comm, init_method, rank, world_size)
     run_dir: RunDir | None = None
@@ -172,11 +164,13 @@ def run(
     if restarts and not overwrite and not resume:
         resume = "auto"
     try:
-        out = output_dir(config, world.world_size, name)
-        ckpt_dir = checkpoint_root(config, out)
-        run_dir = claim_output(out, world, overwrite, resume, ckpt_dir, replace_finished)
+        out = out or output_dir(config, world.world_size, name)
+        explicit = Path(config.checkpoint.dir) if config.checkpoint.dir else None
+        out, run_dir = claim_output(out, world, overwrite, resume, explicit, new_version)
         part_dir = partition_dir(config, world.world_size)
         meta = prepare_partition(config, world, part_dir)
+        if run_dir is not None:
+            run_dir.start()  # only now is the old run (if --overwrite) removed
         if world.is_main:
             _describe(config, meta, world.world_size, out)
         graph = LocalGraph.from_part(load_part(part_dir, world.rank, meta), world.device)

@@ -12,14 +12,15 @@ Rank 0 claims ``--out`` before any other work and holds it until its process end
       summary.json    -+  only once the run is complete
       checkpoints/    adaqp.run.checkpoint's files (unless checkpoint.dir puts them elsewhere)
 
-A directory with a ``summary.json`` holds a finished run, and one whose lock is held
-holds a running run. A new run into a finished one is refused unless it starts fresh
-(``overwrite``: removes only ``PROJECT_FILES`` and the checkpoints, so the old summary
-never sits beside a new config) or continues it from its newest complete checkpoint
-(``resume``); a running run is never joined. The output of a
-failed or interrupted run says so in ``status.json`` and has no ``summary.json``; a new
-run may start over it. ``status.json`` still saying "running" with no lock held is the
-trace of a run whose process died without a word.
+A directory with a ``summary.json`` holds a finished run, one whose lock is held a running
+run. No run is removed unless ``overwrite`` says so (it removes only ``PROJECT_FILES`` and
+the checkpoints); ``resume`` continues from the newest complete checkpoint; a running run
+is never joined. A run given no output directory never meets a refusal: where its default
+directory holds a run, it takes the next free ``<dir>-v2``, ``<dir>-v3``, ...
+(``new_version``). A failed or interrupted run says so in ``status.json`` and has no
+``summary.json``; a new run may start over one that trained nothing. A claim is two steps,
+``reserve`` (the lock and every refusal, nothing changed) and ``start`` (old files removed,
+"running"), so that the checks between them leave a refused run's directory as it was.
 
 Nothing here is collective: ``adaqp.train`` combines every rank's verdict in one
 all-reduce, which is why a problem has a number (``Problem``).
@@ -27,8 +28,11 @@ all-reduce, which is why a problem has a number (``Problem``).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import fcntl
+import glob
+import itertools
 import json
 import logging
 import os
@@ -39,8 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from adaqp.atomic import write_json
-from adaqp.run.checkpoint import DEFAULT_DIR, complete_epochs
-from adaqp.run.checkpoint import remove_all as remove_checkpoints
+from adaqp.run.ckptdir import DEFAULT_DIR, complete_epochs
 from adaqp.stop import stop_requested
 
 logger = logging.getLogger(__name__)
@@ -131,6 +134,10 @@ class RunDir:
         """The checkpoint this run continues from (``resume``); None when starting fresh."""
         self._lock_fd: int | None = lock_fd
         self._started_at = _now()
+        self._started = False
+        self._created = False  # this claim made the directory (removed if never started)
+        self._finished = False
+        self._checkpoints = path / DEFAULT_DIR
 
     @classmethod
     def claim(
@@ -140,63 +147,116 @@ class RunDir:
         overwrite: bool = False,
         resume: bool | str = False,
         checkpoint_dir: str | Path | None = None,
-        replace_finished: bool = False,
+        new_version: bool = False,
     ) -> RunDir:
-        """Locks ``out_dir`` for this process and marks it "running".
+        """``reserve``, then ``start``: the directory is ready to write."""
+        run = cls.reserve(
+            out_dir,
+            overwrite=overwrite,
+            resume=resume,
+            checkpoint_dir=checkpoint_dir,
+            new_version=new_version,
+        )
+        try:
+            run.start()
+        except BaseException:
+            run.close()
+            raise
+        return run
 
-        Starting fresh (into an empty directory, or with ``overwrite``) first removes
-        the files of the run that was there, its checkpoints included; ``resume`` keeps
-        them. ``replace_finished`` starts fresh over a finished run only. ``resume =
-        "auto"`` (a worker restarted by torchrun) resumes if there is a checkpoint and
-        starts fresh otherwise. ``checkpoint_dir`` defaults to ``out_dir/checkpoints``.
+    @classmethod
+    def reserve(
+        cls,
+        out_dir: str | Path,
+        *,
+        overwrite: bool = False,
+        resume: bool | str = False,
+        checkpoint_dir: str | Path | None = None,
+        new_version: bool = False,
+    ) -> RunDir:
+        """Locks ``out_dir`` for this process, changing none of its files (``start`` does).
+
+        ``resume`` keeps the run there and continues it; ``overwrite`` lets ``start``
+        remove it (its files and checkpoints); ``resume = "auto"`` (a worker restarted by
+        torchrun) resumes if there is a checkpoint and starts fresh otherwise.
+        ``new_version`` (a run given no output directory): where ``out_dir`` holds a run,
+        the first of ``out_dir-v2``, ``out_dir-v3``, ... that holds none is taken instead,
+        so that no run is ever replaced unasked. ``checkpoint_dir`` defaults to
+        ``<directory>/checkpoints``.
 
         Raises:
             RunDirError: UNWRITABLE, RUNNING (another process holds the lock, whatever
-                the flags), FINISHED (a summary is there and no flag allows replacing
-                or resuming it), UNFINISHED (an interrupted or failed run that trained
-                some epochs or left a checkpoint, without ``resume`` or ``overwrite``)
-                or NO_CHECKPOINT (``resume`` without a checkpoint). Nothing in the
-                directory is changed when it is refused.
+                the flags), FINISHED (a summary is there and neither ``overwrite`` nor
+                ``resume``), UNFINISHED (an interrupted or failed run that trained some
+                epochs or left a checkpoint, without ``resume`` or ``overwrite``) or
+                NO_CHECKPOINT (``resume`` without a checkpoint). Nothing is changed.
         """
         if overwrite and resume:
             raise ValueError("overwrite and resume exclude each other")
-        path = Path(out_dir)
-        checkpoints = Path(checkpoint_dir) if checkpoint_dir else path / DEFAULT_DIR
+        base = Path(out_dir)
+        explicit = Path(checkpoint_dir) if checkpoint_dir else None
+        for version in itertools.count(1):
+            path = versioned(base, version)
+            if new_version and holds_run(path):
+                continue
+            checkpoints = explicit or path / DEFAULT_DIR
+            try:
+                return cls._reserve(path, checkpoints, overwrite, resume)
+            except RunDirError as exc:
+                # Taken between the look and the lock (another run starting): next one.
+                if not (new_version and exc.problem == Problem.RUNNING):
+                    raise
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _reserve(cls, path: Path, checkpoints: Path, overwrite: bool, resume: bool | str) -> RunDir:
         restarted = resume == "auto"
         if restarted:
             resume = find_checkpoint(checkpoints) is not None
         if resume and not path.is_dir():
             require_checkpoint(path, checkpoints)  # nothing to resume; leave no dir behind
+        created = not path.exists()
         _make_dir(path)
         try:
             fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise _unwritable(path, f"cannot create files in {path}", exc) from exc
+        run = cls(path, fd)
+        run._created = created
         try:
             _lock(fd, path)
             finished = (path / SUMMARY_FILE).exists()
-            resume_from = require_checkpoint(path, checkpoints) if resume else None
-            if finished and not (overwrite or resume or replace_finished):
+            run.resume_from = require_checkpoint(path, checkpoints) if resume else None
+            if finished and not (overwrite or resume):
                 raise RunDirError(
                     Problem.FINISHED,
                     f"{path} holds a finished run ({SUMMARY_FILE}); pass --overwrite to "
                     "start fresh there, --resume to continue it, or choose another --out",
                 )
             if not (finished or overwrite or resume or restarted):
-                _refuse_unfinished(path, checkpoints)
-            run = cls(path, fd, resume_from)
-            if resume_from is None:
-                try:
-                    run._clear(finished)
-                    remove_checkpoints(checkpoints)
-                except OSError as exc:
-                    raise _unwritable(path, "cannot remove the old run's files", exc) from exc
-            _record_holder(fd)  # only now: a refused run leaves every file as it was
-            run.set_status("running")
+                refuse_unfinished(path, checkpoints)
+            run._checkpoints = checkpoints
+            run._finished = finished
         except BaseException:
-            os.close(fd)
+            run.close()
             raise
         return run
+
+    def start(self) -> None:
+        """Starts the run in the reserved directory: unless resuming, removes the files of
+        the run that was there (its checkpoints included), then marks it "running"."""
+        if self.resume_from is None:
+            from adaqp.run.checkpoint import remove_all as remove_checkpoints  # loads torch
+
+            try:
+                self._clear(self._finished)
+                remove_checkpoints(self._checkpoints)
+            except OSError as exc:
+                raise _unwritable(self.path, "cannot remove the old run's files", exc) from exc
+        assert self._lock_fd is not None
+        _record_holder(self._lock_fd)
+        self._started = True
+        self.set_status("running")
 
     def set_status(self, status: str, error: str | None = None) -> None:
         """Replaces ``status.json`` atomically (never half-written)."""
@@ -220,8 +280,11 @@ class RunDir:
         """Marks the run "complete" (no ``exc``), "interrupted" (Ctrl-C, or any error once a
         stop signal has arrived: see ``stop_requested``) or "failed".
 
-        Called on the way out of a failure, so it never raises over ``exc``.
+        Called on the way out of a failure, so it never raises over ``exc``. A run that
+        never started (refused, or failed before ``start``) leaves the directory as it was.
         """
+        if not self._started:
+            return
         if exc is None:
             self.set_status("complete")
             return
@@ -237,10 +300,16 @@ class RunDir:
             logger.warning("could not record the run's end: %s", write_error)
 
     def close(self) -> None:
-        """Releases the lock (it is also released when the process ends)."""
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        """Releases the lock (it is also released when the process ends). A directory this
+        claim made and never started is removed again, if nothing else was put there."""
+        if self._lock_fd is None:
+            return
+        if self._created and not self._started:
+            with contextlib.suppress(OSError):
+                (self.path / LOCK_FILE).unlink()
+                self.path.rmdir()
+        os.close(self._lock_fd)
+        self._lock_fd = None
 
     def _clear(self, finished: bool) -> None:
         previous = read_status(self.path)
@@ -257,7 +326,61 @@ class RunDir:
                 stale.unlink(missing_ok=True)
 
 
-def _refuse_unfinished(path: Path, checkpoints: Path) -> None:
+def versioned(base: Path, version: int) -> Path:
+    """``base`` for version 1, else ``base-v<version>``: where a command's later runs go
+    when its default output directory is taken."""
+    return base if version == 1 else base.with_name(f"{base.name}-v{version}")
+
+
+def newest_version(base: Path) -> Path:
+    """The highest-numbered of ``base``, ``base-v2``, ... that exists (``base`` if none):
+    the run that ``--resume`` or ``--overwrite`` without ``--out`` acts on."""
+    pattern = f"{glob.escape(base.name)}-v*"
+    versions = [v for p in base.parent.glob(pattern) if (v := _version(base, p)) is not None]
+    return versioned(base, max(versions)) if versions else base
+
+
+def version_of(base: Path, path: Path) -> int:
+    """Which version of ``base`` ``path`` is (``versioned``'s inverse)."""
+    return 1 if path == base else _version(base, path) or 1
+
+
+def _version(base: Path, path: Path) -> int | None:
+    suffix = path.name[len(base.name) + 2 :]
+    return int(suffix) if suffix.isdigit() and int(suffix) >= 2 else None
+
+
+def holds_run(path: Path, checkpoints: Path | None = None) -> bool:
+    """Whether ``path`` holds a run that starting fresh would lose, or a running one:
+    a summary, trained epochs or a checkpoint, or a held lock. Changes nothing."""
+    checkpoints = checkpoints or path / DEFAULT_DIR
+    if not path.is_dir():
+        return False
+    if (path / SUMMARY_FILE).exists() or find_checkpoint(checkpoints) is not None:
+        return True
+    metrics = path / "metrics.jsonl"
+    return (metrics.exists() and metrics.stat().st_size > 0) or lock_held(path)
+
+
+def lock_held(path: Path) -> bool:
+    """Whether a run holds ``path``'s lock now. A shared probe: two probes never see each
+    other, only a run's exclusive lock."""
+    try:
+        fd = os.open(path / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # closing releases the probe's own lock
+    return False
+
+
+def refuse_unfinished(path: Path, checkpoints: Path) -> None:
     """Raises UNFINISHED if ``path`` holds a run that stopped after training something
     (epochs in ``metrics.jsonl`` or a checkpoint): starting fresh would lose it."""
     checkpoint = find_checkpoint(checkpoints)

@@ -118,6 +118,8 @@ class Summary:
     """The checkpoint's epoch this run continued from (0: started fresh)."""
     epochs_redone: int = 0
     """Epochs run past that checkpoint before the failure, and so trained again."""
+    final_test_acc: float = 0.0
+    """Test accuracy at the last evaluated epoch (beside ``test_acc_at_best_val``)."""
     host_of_rank: list[int] = field(default_factory=list)
     """Adaptive widths: the host index of each rank (torchrun node or hostname)."""
     plan_bits_by_pair: dict[str, float] = field(default_factory=dict)
@@ -193,6 +195,7 @@ def summarize(config: Config, world_size: int, outcome: Outcome, facts: RunFacts
         best_val_acc=outcome.best_val_acc,
         best_epoch=outcome.best_epoch,
         test_acc_at_best_val=outcome.test_acc_at_best_val,
+        final_test_acc=next((r.test_acc for r in reversed(records) if r.test_acc is not None), 0.0),
         epoch_time_s=median("epoch_time_s"),
         comm_time_s=exchange,
         halo_bytes_per_epoch=last.halo_bytes_per_epoch,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from adaqp import stop
-from adaqp.run.checkpoint import MANIFEST
+from adaqp.run.ckptdir import MANIFEST
 from adaqp.run.metrics import RunWriter
 from adaqp.run.rundir import (
     LOCK_FILE,
@@ -21,7 +21,11 @@ from adaqp.run.rundir import (
     RunDir,
     RunDirError,
     check_writable,
+    holds_run,
+    newest_version,
     read_status,
+    version_of,
+    versioned,
 )
 from adaqp.run.summary import Summary
 
@@ -147,11 +151,10 @@ def test_unfinished_run_is_refused_unless_resumed_or_overwritten(tmp_path, exc):
     assert recorded["status"] == ("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
     assert recorded["error"] and not (out / "summary.json").exists()
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
-    for flags in ({}, {"replace_finished": True}):
-        error = _refused(out, **flags)
-        assert error.problem is Problem.UNFINISHED
-        assert "unfinished run" in str(error) and "--overwrite" in str(error)
-        assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    error = _refused(out)
+    assert error.problem is Problem.UNFINISHED
+    assert "unfinished run" in str(error) and "--overwrite" in str(error)
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
     run = RunDir.claim(out, overwrite=True)
     try:
         assert not (out / "metrics.jsonl").exists()
@@ -192,15 +195,72 @@ def test_stopped_run_that_trained_nothing_starts_again_without_a_flag(tmp_path):
         run.close()
 
 
-def test_replace_finished_starts_fresh_over_a_finished_run_only(tmp_path):
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("kind", ["finished", "unfinished", "checkpoint", "running"])
+def test_new_version_takes_the_next_free_directory_and_leaves_the_run_there(tmp_path, kind):
+    """A run given no output directory never replaces one: it takes base-v2, -v3, ..."""
+    out = tmp_path / "run"
+    holder = None
+    if kind == "finished":
+        _finished_run(out)
+    elif kind == "unfinished":
+        _stopped_run(out, KeyboardInterrupt(), epochs=3)
+    elif kind == "checkpoint":
+        _stopped_run(out, KeyboardInterrupt(), epochs=0)
+        _fake_checkpoint(out / "checkpoints", 2)
+    else:
+        holder = RunDir.claim(out)
+    before = _files(out)
+    try:
+        assert holds_run(out)
+        run = RunDir.claim(out, new_version=True)
+        try:
+            assert run.path == tmp_path / "run-v2" and version_of(out, run.path) == 2
+            assert read_status(run.path)["status"] == "running"
+        finally:
+            run.close()
+        third = RunDir.claim(out, new_version=True)  # v2 trained nothing: it is reused
+        third.close()
+        assert third.path == tmp_path / "run-v2"
+        assert _files(out) == before
+    finally:
+        if holder is not None:
+            holder.close()
+
+
+def test_new_version_skips_every_taken_version_and_reuses_an_empty_one(tmp_path):
+    base = tmp_path / "run"
+    for version in (1, 2, 3):
+        _finished_run(versioned(base, version))
+    assert versioned(base, 3) == tmp_path / "run-v3" and newest_version(base) == versioned(base, 3)
+    run = RunDir.claim(base, new_version=True)
+    run.close()
+    assert run.path == tmp_path / "run-v4"
+    assert newest_version(base) == tmp_path / "run-v4"  # the newest run, finished or not
+    assert newest_version(tmp_path / "none") == tmp_path / "none"
+
+
+def test_a_reservation_changes_nothing_until_it_starts(tmp_path):
+    """Checks that run between reserving and starting (the partition) leave a refused run's
+    directory as it was, even with --overwrite; one made by the reservation goes again."""
     out = tmp_path / "run"
     _finished_run(out)
-    run = RunDir.claim(out, replace_finished=True)
-    try:
-        assert not (out / "summary.json").exists()
-        assert (out / "logs" / "host0.log").read_text() == "kept\n"
-    finally:
-        run.close()
+    before = _files(out)
+    reserved = RunDir.reserve(out, overwrite=True)
+    reserved.end(RuntimeError("the partition was refused"))
+    reserved.close()
+    assert _files(out) == before
+    fresh = RunDir.reserve(tmp_path / "new")
+    fresh.end(RuntimeError("refused"))
+    fresh.close()
+    assert not (tmp_path / "new").exists()
+    started = RunDir.reserve(out, overwrite=True)
+    started.start()
+    started.close()
+    assert not (out / "summary.json").exists()
 
 
 @pytest.mark.parametrize("finished", [False, True])
