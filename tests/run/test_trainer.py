@@ -25,6 +25,7 @@ from adaqp.graph.local import LocalGraph
 from adaqp.model.gnn import GNN
 from adaqp.partitioning.build import make_partition
 from adaqp.partitioning.format import load_part, read_metadata
+from adaqp.quant import kernels as quant_kernels
 from adaqp.run.trainer import Trainer
 from adaqp.runtime import init_distributed, shutdown
 from tests.distributed import QUANTIZED, run_workers
@@ -297,21 +298,24 @@ def _run_worker(rank: int, world_size: int, init_method: str, runs: dict[str, tu
         result[f"{name}/bytes"] = np.array(summary.halo_bytes_per_epoch)
         result[f"{name}/avg_bits"] = np.array(summary.avg_bits)
         result[f"{name}/max_staleness"] = np.array(summary.max_staleness)
+        result[f"{name}/best_epoch"] = np.array(summary.best_epoch)
+        result[f"{name}/final_test_acc"] = np.array(summary.final_test_acc)
     return result
 
 
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_adaqp_and_onebit_on_cora_train_close_to_vanilla(tmp_path):
-    """Same seed and split, 4 workers, the Cora GCN config: adaqp (under the shared cost
-    model, which quantizes whatever the network) within one point of Vanilla's test
-    accuracy, one-bit bounded staleness (S = 1) within two. 50 epochs: the accuracy is
-    taken at the best validation epoch, which was epoch 3 in all three modes over the
-    config's 200 (checked with launch/train.sh, test accuracy 0.780, 0.780 and 0.784)."""
+    """Same seed and split, 4 workers, the Cora GCN config (row-normalised features):
+    adaqp (under the shared cost model, which quantizes whatever the network) within one
+    point of Vanilla's test accuracy, one-bit bounded staleness (S = 1) within two, both at
+    the best validation epoch and at the last. 100 epochs; every mode's best validation
+    epoch comes after the first solve (``quant.first_cycle``), so both comparisons see
+    quantized training (with launch/train.sh over 200 epochs: best epochs 70 and 71)."""
     runs = {
         mode: (
             f"comm.mode={mode}",
-            "train.epochs=50",
+            "train.epochs=100",
             QUANTIZED,
             f"partition.dir={tmp_path / 'parts'}",
             f"metrics.out={tmp_path / mode}",
@@ -323,14 +327,53 @@ def test_adaqp_and_onebit_on_cora_train_close_to_vanilla(tmp_path):
         mode: {k.split("/")[1]: v for k, v in rank0.items() if k.startswith(mode + "/")}
         for mode in runs
     }
-    # The shipped config, as the quick start trains it (4 workers, seed 0: 0.780 with the
-    # compiled dropout mask, 0.791 with nn.Dropout).
+    first_solve = load_config(CORA_CONFIG, [QUANTIZED]).quant.first_cycle
+    for mode, result in results.items():
+        assert int(result["best_epoch"]) > first_solve + 5, (mode, result["best_epoch"])
     vanilla, adaqp = results["vanilla"], results["adaqp"]
     assert float(vanilla["test_acc"]) >= 0.77
-    assert abs(float(adaqp["test_acc"]) - float(vanilla["test_acc"])) <= 0.01
+    for field in ("test_acc", "final_test_acc"):
+        assert abs(float(adaqp[field]) - float(vanilla[field])) <= 0.01, field
     assert float(adaqp["avg_bits"]) < 8  # the quantized run really was quantized
     assert int(adaqp["bytes"]) < int(vanilla["bytes"]) / 2
     onebit = results["onebit"]
-    assert abs(float(onebit["test_acc"]) - float(vanilla["test_acc"])) <= 0.02
+    for field in ("test_acc", "final_test_acc"):
+        assert abs(float(onebit[field]) - float(vanilla[field])) <= 0.02, field
     assert float(onebit["avg_bits"]) == 1.0
     assert int(onebit["max_staleness"]) <= 1  # the default bound S = 1 held
+
+
+def _compile_notice(rank: int, world_size: int, init_method: str, part_dir: str):
+    """How often this rank said it compiles the kernels (and compiled them ahead) with a
+    cold cache, then with numba's cache as it is (warm: the forkserver loaded them)."""
+    import logging
+
+    import adaqp.run.trainer as trainer_module
+
+    said = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: said.append(record.getMessage().startswith("compiling"))
+    logger = logging.getLogger("adaqp.run.trainer")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    config = _config("gcn", part_dir, ("model.dropout=0.5",))
+    counts, warmed = [], []
+    trainer_module.warm_up = lambda: warmed.append(True)
+    for cold in (True, False):
+        trainer_module.compile_pending = (lambda: True) if cold else quant_kernels.compile_pending
+        said.clear()
+        warmed.clear()
+        with rank_trainer(config, f"{init_method}{cold}", rank, world_size, part_dir):
+            counts.append((sum(said), len(warmed)))
+    return {"counts": np.array(counts)}
+
+
+@pytest.mark.distributed
+def test_rank_0_says_once_that_the_kernels_compile_on_a_cold_cache(cora, tmp_path):
+    """A first run used to sit silent for a minute after "writing to ..." while numba
+    compiled; with numba's cache warm nothing is said."""
+    part_dir = tmp_path / "parts"
+    make_partition(cora, part_dir, num_parts=2, spec=_config("gcn", str(part_dir)).data.spec())
+    results = run_workers(_compile_notice, 2, tmp_path, str(part_dir))
+    assert results[0]["counts"].tolist() == [[1, 1], [0, 0]]
+    assert results[1]["counts"].tolist() == [[0, 0], [0, 0]]
