@@ -5,7 +5,9 @@ their variance weights to this package and gets one width per message back. Ever
 here is a pure function of its inputs except :mod:`~adaqp.assign.profile`, whose
 profiling is collective. Where each piece lives:
 
-* :mod:`~adaqp.assign.problem`: the problem: :class:`Channel`, :class:`Assignment`,
+* :mod:`~adaqp.assign.channel`: what an exchange carries: :class:`Channel` and the wire
+  bytes of one row at each width (:func:`~adaqp.assign.channel.row_bytes_table`).
+* :mod:`~adaqp.assign.problem`: the problem: :class:`Assignment`,
   :func:`evaluate_assignment`, the objective and the grouped instances the solvers share.
 * :mod:`~adaqp.assign.costmodels`: what predicts an exchange's time: :class:`LinkModel`,
   :class:`HostModel`, the ``CostModel`` type, and :func:`fit_alpha_beta`.
@@ -32,9 +34,10 @@ Bit widths themselves are defined once, in :mod:`adaqp.bits`.
 from __future__ import annotations
 
 from adaqp.assign.calibrate import CALIBRATION_PLANS, fit_calibration
+from adaqp.assign.channel import Channel
 from adaqp.assign.costmodels import CostModel, HostModel, LinkModel, fit_alpha_beta
 from adaqp.assign.kinds import CostModelKind, cost_model_kind, kind_of
-from adaqp.assign.problem import Assignment, Channel, evaluate_assignment
+from adaqp.assign.problem import Assignment, evaluate_assignment
 from adaqp.assign.profile import (
     PROFILE_SIZES,
     host_model,

@@ -2,9 +2,10 @@
 
 An exchange (one layer, one direction) is a set of channels ``p -> q`` that run
 concurrently; a row at ``b`` bits costs ``message_bytes(1, D, b)`` wire bytes (packed codes
-+ float32 min/max), ``4 * D`` at ``FULL_PRECISION_BITS`` (``_row_bytes_table``). The type
-of the model object picks the cost model (:func:`adaqp.assign.kinds.kind_of`); each
-prices per-message widths with ``exchange_time``:
++ float32 min/max), ``4 * D`` at ``FULL_PRECISION_BITS``
+(:func:`~adaqp.assign.channel.row_bytes_table`). The type of the model object picks the
+cost model (:func:`adaqp.assign.kinds.kind_of`); each prices per-message widths with
+``exchange_time``:
 
 * :class:`LinkModel`: channel ``p -> q`` takes ``alpha_pq + bytes_pq / beta_pq`` seconds (0 when
   it carries nothing); ``T`` is the slowest channel. Widths up to 8 bits only.
@@ -42,25 +43,12 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.optimize import nnls
 
+from adaqp.assign.channel import Channel, row_bytes_table
 from adaqp.bits import BIT_WIDTHS, FULL_PRECISION_BITS, SUPPORTED_BITS
-from adaqp.quant import message_bytes
-
-if TYPE_CHECKING:
-    from adaqp.assign.problem import Channel
-
-
-def _row_bytes_table(dim: int) -> np.ndarray:
-    """int64 ``[33]``: entry ``b`` is the wire bytes of one row at ``b`` bits (0 if unpriced)."""
-    table = np.zeros(FULL_PRECISION_BITS + 1, dtype=np.int64)
-    for b in SUPPORTED_BITS:
-        table[b] = message_bytes(1, dim, b)
-    table[FULL_PRECISION_BITS] = 4 * dim  # float32 values, no metadata
-    return table
 
 
 @dataclass(frozen=True, eq=False)
@@ -111,7 +99,7 @@ class LinkModel:
         self, channels: Sequence[Channel], dim: int, widths: Sequence[np.ndarray]
     ) -> float:
         """``T`` of per-message widths: the slowest channel's time (0 when none sends)."""
-        table = _row_bytes_table(dim)
+        table = row_bytes_table(dim)
         pairs = zip(channels, widths, strict=True)
         return max((self.time(c.src, c.dst, int(table[b].sum())) for c, b in pairs), default=0.0)
 
@@ -281,7 +269,7 @@ class HostModel:
         if not any(c.num_messages for c in channels):
             return 0.0
         quant, dequant = self._per_value_costs(np.unique(np.concatenate(widths)))
-        table = _row_bytes_table(dim)
+        table = row_bytes_table(dim)
         per_channel = np.array(
             [[table[b].sum(), dim * quant[b].sum(), dim * dequant[b].sum()] for b in widths]
         )  # [C, 3]: bytes, quantize seconds, dequantize seconds

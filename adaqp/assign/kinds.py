@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from adaqp.assign.channel import Channel
 from adaqp.assign.costmodels import CostModel, HostModel, LinkModel
 from adaqp.assign.host import _host_brute, _host_greedy, _host_milp, _host_polish
 from adaqp.assign.link import _brute, _greedy, _milp, _polish
-from adaqp.assign.problem import Channel, _HostProblem, _Problem
+from adaqp.assign.problem import _HostProblem, _Problem
 from adaqp.bits import FULL_PRECISION_BITS
 
 if TYPE_CHECKING:

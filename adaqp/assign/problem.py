@@ -1,4 +1,4 @@
-"""The assignment problem: channels, the objective, and its grouped instances.
+"""The assignment problem: the objective over a set of channels, and its grouped instances.
 
 An exchange (one layer, one direction) is a set of channels ``p -> q`` that run concurrently.
 Message ``v`` quantized to ``b`` bits adds variance ``w_v / (2**b - 1)**2`` to its receiver's
@@ -18,11 +18,12 @@ be faster than every uniform one, so there the time term can go below zero. Each
 messages are sorted by weight (heaviest first, stable) and cut into groups of ``group_size``;
 each group gets one width.
 
-What lives here, shared by every solver: :class:`Channel` and :class:`Assignment` (the
-input and the result), :func:`evaluate_assignment` (``(objective, V, T)`` of any widths),
-the per-width tables of variance, the groups (``_Groups``) and the grouped instances the
-solvers work on (``_Problem`` under the link model, ``_HostProblem`` under the host
-model), and the canonical order of a channel's group widths (``_sort_full_groups``).
+What lives here, shared by every solver: :class:`Assignment` (the result; the input, a
+:class:`~adaqp.assign.channel.Channel` per pair, is defined in :mod:`adaqp.assign.channel`),
+:func:`evaluate_assignment` (``(objective, V, T)`` of any widths), the per-width tables of
+variance, the groups (``_Groups``) and the grouped instances the solvers work on
+(``_Problem`` under the link model, ``_HostProblem`` under the host model), and the
+canonical order of a channel's group widths (``_sort_full_groups``).
 """
 
 from __future__ import annotations
@@ -33,41 +34,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adaqp.assign.costmodels import CostModel, HostModel, LinkModel, _row_bytes_table
+from adaqp.assign.channel import Channel, row_bytes_table
+from adaqp.assign.costmodels import CostModel, HostModel, LinkModel
 from adaqp.bits import BIT_WIDTHS, DEFAULT_ALLOWED_BITS, FULL_PRECISION_BITS, SUPPORTED_BITS
 
 _TOL = 1e-12  # objective is normalised to O(1); smaller differences are treated as ties
 # HiGHS stops at an absolute gap of 1e-6 (not settable through scipy): scaling the O(1) objective
 # makes that 1e-10 in our units, so "optimal" matches brute force to 1e-9.
 _MILP_COST_SCALE = 1e4
-
-
-@dataclass(frozen=True, eq=False)
-class Channel:
-    """Messages from rank ``src`` to rank ``dst`` in one exchange.
-
-    Attributes:
-        src: sending rank.
-        dst: receiving rank (``!= src``).
-        weights: float64 ``[n]`` variance weights ``w_v >= 0``, in the channel's message order.
-    """
-
-    src: int
-    dst: int
-    weights: np.ndarray
-
-    def __post_init__(self) -> None:
-        w = np.array(self.weights, dtype=np.float64)
-        if w.ndim != 1 or not np.all(np.isfinite(w)) or np.any(w < 0):
-            raise ValueError("weights must be a 1-D array of finite non-negative values")
-        if self.src == self.dst or min(self.src, self.dst) < 0:
-            raise ValueError(f"invalid channel {self.src} -> {self.dst}")
-        w.flags.writeable = False
-        object.__setattr__(self, "weights", w)
-
-    @property
-    def num_messages(self) -> int:
-        return int(self.weights.size)
 
 
 @dataclass(frozen=True, eq=False)
@@ -106,7 +80,7 @@ class Assignment:
     @property
     def bytes_per_channel(self) -> np.ndarray:
         """int64 ``[C]`` wire bytes of each channel."""
-        table = _row_bytes_table(self.dim)
+        table = row_bytes_table(self.dim)
         return np.array([int(table[b].sum()) for b in self.bits], dtype=np.int64)
 
 
@@ -268,7 +242,7 @@ class _Problem(_Groups):
         super().__init__(channels, group_size)
         self.bits = _check_bits(bits, full_precision=False)
         self.f = _variance_table()[self.bits]  # [K] variance factor per unit weight
-        self.r = _row_bytes_table(dim)[self.bits]  # [K] bytes per row
+        self.r = row_bytes_table(dim)[self.bits]  # [K] bytes per row
         self.alpha = np.array([link_model.alpha_s[c.src, c.dst] for c in channels], np.float64)
         self.beta = np.array([link_model.beta_Bps[c.src, c.dst] for c in channels], np.float64)
         # Bytes grow with the width (up to 8 bits), so the extremes are the uniform extremes.
@@ -308,7 +282,7 @@ class _HostProblem(_Groups):
         self.f = _variance_table()[self.bits]
         quant, dequant = model._per_value_costs(self.bits)
         per_row = np.stack(
-            [_row_bytes_table(dim)[self.bits], dim * quant[self.bits], dim * dequant[self.bits]]
+            [row_bytes_table(dim)[self.bits], dim * quant[self.bits], dim * dequant[self.bits]]
         )  # [3, K]: bytes, quantize seconds, dequantize seconds of one row
         # [C, K, R]: seconds each resource spends on one row of channel c at width index k.
         self.row_use = np.einsum("ik,icr->ckr", per_row, model._channel_map(channels))

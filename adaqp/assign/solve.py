@@ -53,11 +53,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from adaqp.assign.channel import Channel
 from adaqp.assign.costmodels import CostModel, HostModel, LinkModel
 from adaqp.assign.kinds import CostModelKind, kind_of
 from adaqp.assign.problem import (
     Assignment,
-    Channel,
     _check_bits,
     _check_channels,
     _HostProblem,
