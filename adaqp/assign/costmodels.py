@@ -219,7 +219,7 @@ class HostModel:
         """Resources a message uses: each host's send and receive NIC, each rank, the fabric."""
         return 2 * self.num_hosts + self.num_ranks + 1
 
-    def _per_value_costs(self, widths: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    def per_value_costs(self, widths: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """float64 ``([33], [33])`` quantize/dequantize seconds per value, indexed by width.
 
         Raises:
@@ -239,7 +239,7 @@ class HostModel:
             tables.append(table)
         return tables[0], tables[1]
 
-    def _channel_map(self, channels: Sequence[Channel]) -> np.ndarray:
+    def channel_map(self, channels: Sequence[Channel]) -> np.ndarray:
         """float64 ``[3, C, R]``: seconds each resource spends per byte, per second of
         quantization and per second of dequantization of each channel.
 
@@ -268,12 +268,12 @@ class HostModel:
         """``T`` of per-message widths under the host model (module docstring)."""
         if not any(c.num_messages for c in channels):
             return 0.0
-        quant, dequant = self._per_value_costs(np.unique(np.concatenate(widths)))
+        quant, dequant = self.per_value_costs(np.unique(np.concatenate(widths)))
         table = row_bytes_table(dim)
         per_channel = np.array(
             [[table[b].sum(), dim * quant[b].sum(), dim * dequant[b].sum()] for b in widths]
         )  # [C, 3]: bytes, quantize seconds, dequantize seconds
-        use = np.einsum("ck,kcr->r", per_channel, self._channel_map(channels))
+        use = np.einsum("ck,kcr->r", per_channel, self.channel_map(channels))
         return self.alpha_s + float(self._host_times(use).max())
 
     def _host_times(self, use: np.ndarray) -> np.ndarray:

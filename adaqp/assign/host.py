@@ -1,4 +1,4 @@
-"""Solvers under the host model (``_HostProblem``): exact MILP, its LP relaxation
+"""Solvers under the host model (``HostProblem``): exact MILP, its LP relaxation
 rounded, the capped hull fills, brute force, polish.
 
 A message loads several resources at once (its hosts' NICs, its ranks, the fabric), so
@@ -18,12 +18,12 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 from scipy.sparse import coo_matrix
 
-from adaqp.assign.problem import _MILP_COST_SCALE, _TOL, _HostProblem
+from adaqp.assign.problem import MILP_COST_SCALE, OBJECTIVE_TOL, HostProblem
 
 
-def _host_polish(p: _HostProblem, k: np.ndarray, deadline: float) -> np.ndarray:
-    """:func:`_polish` under the host model; ties must lower the seconds the group takes on
-    the hosts' resources (the fabric's seconds repeat the bytes on the NICs)."""
+def host_polish(p: HostProblem, k: np.ndarray, deadline: float) -> np.ndarray:
+    """:func:`~adaqp.assign.link.link_polish` under the host model; ties must lower the seconds
+    the group takes on the hosts' resources (the fabric's seconds repeat the bytes on the NICs)."""
     k = k.copy()
     groups = np.arange(k.size)
     use = p.use(k)
@@ -35,8 +35,8 @@ def _host_polish(p: _HostProblem, k: np.ndarray, deadline: float) -> np.ndarray:
         new_t = p.alpha + p.model._host_times(use + delta).max(axis=-1)  # [G, K]
         dobj = p.wv * p.w[:, None] * (p.f[None, :] - p.f[k][:, None]) + p.wt * (new_t - t)
         best = int(np.argmin(dobj))
-        if dobj.flat[best] >= -_TOL:
-            tie = (dobj <= _TOL) & (delta[..., :-1].sum(axis=-1) < 0)
+        if dobj.flat[best] >= -OBJECTIVE_TOL:
+            tie = (dobj <= OBJECTIVE_TOL) & (delta[..., :-1].sum(axis=-1) < 0)
             if not tie.any():
                 break
             best = int(np.argmax(tie))
@@ -66,7 +66,7 @@ def _hull(cost: np.ndarray, f: np.ndarray) -> list[int]:
 _SLACK_PRICE = 0.1  # relative price of a resource that does not set T (see _host_prices)
 
 
-def _host_prices(p: _HostProblem, k: np.ndarray) -> np.ndarray:
+def _host_prices(p: HostProblem, k: np.ndarray) -> np.ndarray:
     """float64 ``[R]`` price per second of each resource, from where ``T`` is set at ``k``.
 
     A resource costs 1 where it sets its host's time (the busier NIC direction, the slowest
@@ -94,7 +94,7 @@ def _host_prices(p: _HostProblem, k: np.ndarray) -> np.ndarray:
     return np.where(tight, 1.0, _SLACK_PRICE)
 
 
-def _host_fill(p: _HostProblem, price: np.ndarray, num_caps: int) -> list[np.ndarray]:
+def _host_fill(p: HostProblem, price: np.ndarray, num_caps: int) -> list[np.ndarray]:
     """Group widths of capped hull fills under resource prices ``price`` ``[R]``, one per cap.
 
     Each group starts at its cheapest width and climbs the lower convex hull of its (priced
@@ -166,7 +166,7 @@ def _host_fill(p: _HostProblem, price: np.ndarray, num_caps: int) -> list[np.nda
     return [base, *fills]
 
 
-def _host_greedy(p: _HostProblem, time_limit_s: float, num_caps: int = 32) -> np.ndarray:
+def host_greedy(p: HostProblem, time_limit_s: float, num_caps: int = 32) -> np.ndarray:
     """The heuristic of :mod:`adaqp.assign.solve`: the LP relaxation rounded, else capped fills.
 
     Candidates are the uniform assignments and the LP solution rounded down and to nearest;
@@ -185,7 +185,7 @@ def _host_greedy(p: _HostProblem, time_limit_s: float, num_caps: int = 32) -> np
     return min(candidates, key=p.objective).astype(np.int64)
 
 
-def _host_formulation(p: _HostProblem) -> tuple:
+def _host_formulation(p: HostProblem) -> tuple:
     """The MILP of :mod:`adaqp.assign.solve`: ``(cost, lower, upper, A, ub)``.
 
     Variables are ``y`` (``[G, K-1]`` row-major), ``tau``, ``N`` ``[H]``, ``C`` ``[H]``; the
@@ -240,10 +240,10 @@ def _host_formulation(p: _HostProblem) -> tuple:
     lower = np.zeros(nv)
     lower[i_tau] = -free[0]  # T can fall below T_min: a mix can beat every uniform width
     upper = np.r_[np.ones(ny), free]
-    return cost * _MILP_COST_SCALE, lower, upper, a.tocsr(), ub
+    return cost * MILP_COST_SCALE, lower, upper, a.tocsr(), ub
 
 
-def _host_milp(p: _HostProblem, time_limit_s: float) -> tuple[np.ndarray | None, str]:
+def host_milp(p: HostProblem, time_limit_s: float) -> tuple[np.ndarray | None, str]:
     """Exact solve under the host model; returns ``(group widths or None, status)``."""
     cost, lower, upper, a, ub = _host_formulation(p)
     ny = p.w.size * (p.bits.size - 1)
@@ -261,7 +261,7 @@ def _host_milp(p: _HostProblem, time_limit_s: float) -> tuple[np.ndarray | None,
     return k, "optimal" if res.status == 0 else failed
 
 
-def _host_relaxation(p: _HostProblem, time_limit_s: float) -> np.ndarray | None:
+def _host_relaxation(p: HostProblem, time_limit_s: float) -> np.ndarray | None:
     """The LP relaxation's ``y`` ``[G, K-1]`` in ``[0, 1]``, or None if HiGHS fails."""
     cost, lower, upper, a, ub = _host_formulation(p)
     res = linprog(
@@ -277,8 +277,8 @@ def _host_relaxation(p: _HostProblem, time_limit_s: float) -> np.ndarray | None:
     return res.x[: p.w.size * (p.bits.size - 1)].reshape(p.w.size, -1)
 
 
-def _host_brute(p: _HostProblem, max_combos: int) -> np.ndarray:
-    """Exhaustive search (:meth:`_Groups.exhaustive`) under the host model."""
+def host_brute(p: HostProblem, max_combos: int) -> np.ndarray:
+    """Exhaustive search (:meth:`Groups.exhaustive`) under the host model."""
 
     def times(k: np.ndarray) -> np.ndarray:
         use = np.zeros((k.shape[0], p.model.num_resources))

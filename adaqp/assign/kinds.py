@@ -26,9 +26,9 @@ import numpy as np
 
 from adaqp.assign.channel import Channel
 from adaqp.assign.costmodels import CostModel, HostModel, LinkModel
-from adaqp.assign.host import _host_brute, _host_greedy, _host_milp, _host_polish
-from adaqp.assign.link import _brute, _greedy, _milp, _polish
-from adaqp.assign.problem import _HostProblem, _Problem
+from adaqp.assign.host import host_brute, host_greedy, host_milp, host_polish
+from adaqp.assign.link import link_brute, link_greedy, link_milp, link_polish
+from adaqp.assign.problem import HostProblem, LinkProblem
 from adaqp.bits import FULL_PRECISION_BITS
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class Solvers:
         trivial_lams: values of ``lam`` whose answer is one uniform width.
     """
 
-    problem: type[_Problem] | type[_HostProblem]
+    problem: type[LinkProblem] | type[HostProblem]
     greedy: Callable[[Any, float], np.ndarray]
     exact: Callable[[Any, float], tuple[np.ndarray | None, str]]
     brute: Callable[[Any, int], np.ndarray]
@@ -57,15 +57,10 @@ class Solvers:
     trivial_lams: tuple[float, ...]
 
 
-def _link_greedy(p: _Problem, time_limit_s: float) -> np.ndarray:
-    """:func:`~adaqp.assign.link._greedy`, which needs no time limit."""
-    return _greedy(p)
-
-
-LINK_SOLVERS = Solvers(_Problem, _link_greedy, _milp, _brute, _polish, (0.0, 1.0))
+LINK_SOLVERS = Solvers(LinkProblem, link_greedy, link_milp, link_brute, link_polish, (0.0, 1.0))
 """Under the link model."""
 
-HOST_SOLVERS = Solvers(_HostProblem, _host_greedy, _host_milp, _host_brute, _host_polish, (1.0,))
+HOST_SOLVERS = Solvers(HostProblem, host_greedy, host_milp, host_brute, host_polish, (1.0,))
 """Under the host model; lam = 0 still needs the fastest mix, not a uniform width."""
 
 

@@ -1,4 +1,4 @@
-"""Solvers under the link model (``_Problem``): exact MILP, greedy, brute force, polish.
+"""Solvers under the link model (``LinkProblem``): exact MILP, greedy, brute force, polish.
 
 Each channel's time is its own ``alpha + bytes / beta``, so the solvers work per channel:
 the greedy fills each channel's budget under a common cap on ``T``, the MILP bounds every
@@ -16,10 +16,10 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
-from adaqp.assign.problem import _MILP_COST_SCALE, _TOL, _Problem
+from adaqp.assign.problem import MILP_COST_SCALE, OBJECTIVE_TOL, LinkProblem
 
 
-def _polish(p: _Problem, k: np.ndarray, deadline: float) -> np.ndarray:
+def link_polish(p: LinkProblem, k: np.ndarray, deadline: float) -> np.ndarray:
     """Steepest-descent single-group moves; then byte-saving moves that keep the objective."""
     k = k.copy()
     nbytes = p.channel_bytes(k)
@@ -35,8 +35,8 @@ def _polish(p: _Problem, k: np.ndarray, deadline: float) -> np.ndarray:
         new_t = np.maximum(t[p.chan][:, None] + db / beta_g, t_other[p.chan][:, None])
         dobj = p.wv * p.w[:, None] * (p.f[None, :] - p.f[k][:, None]) + p.wt * (new_t - t[top])
         best = int(np.argmin(dobj))
-        if dobj.flat[best] >= -_TOL:
-            tie = (dobj <= _TOL) & (db < 0)
+        if dobj.flat[best] >= -OBJECTIVE_TOL:
+            tie = (dobj <= OBJECTIVE_TOL) & (db < 0)
             if not tie.any():
                 break
             best = int(np.argmax(tie))
@@ -46,8 +46,12 @@ def _polish(p: _Problem, k: np.ndarray, deadline: float) -> np.ndarray:
     return k
 
 
-def _greedy(p: _Problem) -> np.ndarray:
-    """Best over time caps of per-channel knapsack greedy fills (see :mod:`adaqp.assign.solve`)."""
+def link_greedy(p: LinkProblem, time_limit_s: float | None = None) -> np.ndarray:
+    """Best over time caps of per-channel knapsack greedy fills (see :mod:`adaqp.assign.solve`).
+
+    ``time_limit_s`` is not used (the fill takes no iterations worth bounding); it is
+    accepted so that both models' greedy solvers share one signature.
+    """
     # Step s upgrades a group from width index s to s + 1. For every subset of SUPPORTED_BITS and
     # every dim, variance saved per extra byte falls from one step to the next (the factor drops
     # ~4x per bit, bytes grow linearly), so filling by efficiency takes a group's steps in order.
@@ -85,7 +89,7 @@ def _greedy(p: _Problem) -> np.ndarray:
     return steps_taken
 
 
-def _milp(p: _Problem, time_limit_s: float) -> tuple[np.ndarray | None, str]:
+def link_milp(p: LinkProblem, time_limit_s: float) -> tuple[np.ndarray | None, str]:
     """Exact solve; returns ``(group widths or None, status)``."""
     G, K1 = p.w.size, p.bits.size - 1
     nv = G * K1 + 1  # y[g, k-1] at g*K1 + k-1, then tau
@@ -114,7 +118,7 @@ def _milp(p: _Problem, time_limit_s: float) -> tuple[np.ndarray | None, str]:
     integrality = np.ones(nv)
     integrality[-1] = 0
     res = milp(
-        cost * _MILP_COST_SCALE,
+        cost * MILP_COST_SCALE,
         integrality=integrality,
         bounds=Bounds(np.zeros(nv), np.r_[np.ones(nv - 1), np.inf]),
         constraints=cons,
@@ -127,8 +131,8 @@ def _milp(p: _Problem, time_limit_s: float) -> tuple[np.ndarray | None, str]:
     return k, "optimal" if res.status == 0 else failed
 
 
-def _brute(p: _Problem, max_combos: int) -> np.ndarray:
-    """Exhaustive search (:meth:`_Groups.exhaustive`) under the link model."""
+def link_brute(p: LinkProblem, max_combos: int) -> np.ndarray:
+    """Exhaustive search (:meth:`Groups.exhaustive`) under the link model."""
 
     def times(k: np.ndarray) -> np.ndarray:
         nbytes = np.zeros((k.shape[0], p.num_channels))

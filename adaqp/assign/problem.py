@@ -21,9 +21,9 @@ each group gets one width.
 What lives here, shared by every solver: :class:`Assignment` (the result; the input, a
 :class:`~adaqp.assign.channel.Channel` per pair, is defined in :mod:`adaqp.assign.channel`),
 :func:`evaluate_assignment` (``(objective, V, T)`` of any widths), the per-width tables of
-variance, the groups (``_Groups``) and the grouped instances the solvers work on
-(``_Problem`` under the link model, ``_HostProblem`` under the host model), and the
-canonical order of a channel's group widths (``_sort_full_groups``).
+variance, the groups (``Groups``) and the grouped instances the solvers work on
+(``LinkProblem`` under the link model, ``HostProblem`` under the host model), and the
+canonical order of a channel's group widths (``sort_full_groups``).
 """
 
 from __future__ import annotations
@@ -38,10 +38,14 @@ from adaqp.assign.channel import Channel, row_bytes_table
 from adaqp.assign.costmodels import CostModel, HostModel, LinkModel
 from adaqp.bits import BIT_WIDTHS, DEFAULT_ALLOWED_BITS, FULL_PRECISION_BITS, SUPPORTED_BITS
 
-_TOL = 1e-12  # objective is normalised to O(1); smaller differences are treated as ties
-# HiGHS stops at an absolute gap of 1e-6 (not settable through scipy): scaling the O(1) objective
-# makes that 1e-10 in our units, so "optimal" matches brute force to 1e-9.
-_MILP_COST_SCALE = 1e4
+OBJECTIVE_TOL = 1e-12
+"""Ties in the objective: it is normalised to O(1), so the solvers treat smaller
+differences as equal (and then prefer fewer bytes)."""
+
+MILP_COST_SCALE = 1e4
+"""What the MILPs multiply the objective by. HiGHS stops at an absolute gap of 1e-6 (not
+settable through scipy); scaled, that is 1e-10 of the O(1) objective, so "optimal" matches
+brute force to 1e-9."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,7 +88,13 @@ class Assignment:
         return np.array([int(table[b].sum()) for b in self.bits], dtype=np.int64)
 
 
-def _check_bits(bits: Sequence[int], full_precision: bool = True) -> np.ndarray:
+def check_bits(bits: Sequence[int], full_precision: bool = True) -> np.ndarray:
+    """The allowed widths as a sorted, duplicate-free int64 array ``[K]``.
+
+    Raises:
+        ValueError: ``bits`` is empty or holds a width outside ``BIT_WIDTHS`` (outside
+            ``SUPPORTED_BITS`` when ``full_precision`` is False).
+    """
     widths = BIT_WIDTHS if full_precision else SUPPORTED_BITS
     arr = np.unique(np.asarray(bits, dtype=np.int64))
     if arr.size == 0 or any(int(b) not in widths for b in arr):
@@ -107,7 +117,12 @@ def _variance_table() -> np.ndarray:
     return f
 
 
-def _check_channels(channels: Sequence[Channel], link_model: CostModel | None) -> None:
+def check_channels(channels: Sequence[Channel], link_model: CostModel | None) -> None:
+    """Check that no ``(src, dst)`` pair repeats and that the cost model covers every rank.
+
+    Raises:
+        ValueError: a pair appears twice, or a rank is outside ``link_model``'s ranks.
+    """
     pairs = [(c.src, c.dst) for c in channels]
     if len(set(pairs)) != len(pairs):
         raise ValueError("each (src, dst) pair may appear in only one channel")
@@ -129,7 +144,7 @@ def evaluate_assignment(
     Objective and ``T`` are NaN without a cost model. Under a :class:`HostModel`, ``T`` is
     the predicted exchange time to compare with a measured one.
     """
-    allowed = _check_bits(bits)
+    allowed = check_bits(bits)
     message_bits = [np.asarray(b, dtype=np.int64) for b in message_bits]
     if len(message_bits) != len(channels) or any(
         b.shape != (c.num_messages,) or not np.isin(b, BIT_WIDTHS).all()
@@ -157,7 +172,7 @@ def evaluate_assignment(
     return float(obj), var, t
 
 
-class _Groups:
+class Groups:
     """Channels cut into ``G`` groups, as flat arrays (a channel's groups are contiguous).
 
     Width choices are indices ``k`` into ``self.bits`` (``[K]``, ascending), set by subclasses.
@@ -227,7 +242,7 @@ class _Groups:
         return tuple(out)
 
 
-class _Problem(_Groups):
+class LinkProblem(Groups):
     """A grouped instance under the link model."""
 
     def __init__(
@@ -240,7 +255,7 @@ class _Problem(_Groups):
         lam: float,
     ) -> None:
         super().__init__(channels, group_size)
-        self.bits = _check_bits(bits, full_precision=False)
+        self.bits = check_bits(bits, full_precision=False)
         self.f = _variance_table()[self.bits]  # [K] variance factor per unit weight
         self.r = row_bytes_table(dim)[self.bits]  # [K] bytes per row
         self.alpha = np.array([link_model.alpha_s[c.src, c.dst] for c in channels], np.float64)
@@ -264,8 +279,8 @@ class _Problem(_Groups):
         return self.wv * (v - self.v_min) + self.wt * (t - self.t_min)
 
 
-class _HostProblem(_Groups):
-    """A grouped instance under the host model; resources as in :meth:`HostModel._channel_map`."""
+class HostProblem(Groups):
+    """A grouped instance under the host model; resources as in :meth:`HostModel.channel_map`."""
 
     def __init__(
         self,
@@ -278,14 +293,14 @@ class _HostProblem(_Groups):
     ) -> None:
         super().__init__(channels, group_size)
         self.model = model
-        self.bits = _check_bits(bits)
+        self.bits = check_bits(bits)
         self.f = _variance_table()[self.bits]
-        quant, dequant = model._per_value_costs(self.bits)
+        quant, dequant = model.per_value_costs(self.bits)
         per_row = np.stack(
             [row_bytes_table(dim)[self.bits], dim * quant[self.bits], dim * dequant[self.bits]]
         )  # [3, K]: bytes, quantize seconds, dequantize seconds of one row
         # [C, K, R]: seconds each resource spends on one row of channel c at width index k.
-        self.row_use = np.einsum("ik,icr->ckr", per_row, model._channel_map(channels))
+        self.row_use = np.einsum("ik,icr->ckr", per_row, model.channel_map(channels))
         self.unit = self.n[:, None, None] * self.row_use[self.chan]  # [G, K, R] per group
         self.alpha = model.alpha_s
         ranging = np.flatnonzero(np.isin(self.bits, _normalising(self.bits)))
@@ -309,7 +324,7 @@ class _HostProblem(_Groups):
         return self.wv * (v - self.v_min) + self.wt * (self.time(k) - self.t_min)
 
 
-def _sort_full_groups(p: _Groups, k: np.ndarray) -> np.ndarray:
+def sort_full_groups(p: Groups, k: np.ndarray) -> np.ndarray:
     """Give each channel's full-size groups non-increasing widths, heaviest group first.
 
     Bytes are unchanged and variance cannot rise (heavier groups get the smaller factors), so

@@ -58,12 +58,12 @@ from adaqp.assign.costmodels import CostModel, HostModel, LinkModel
 from adaqp.assign.kinds import CostModelKind, kind_of
 from adaqp.assign.problem import (
     Assignment,
-    _check_bits,
-    _check_channels,
-    _HostProblem,
-    _Problem,
-    _sort_full_groups,
+    HostProblem,
+    LinkProblem,
+    check_bits,
+    check_channels,
     evaluate_assignment,
+    sort_full_groups,
 )
 from adaqp.bits import DEFAULT_ALLOWED_BITS, FULL_PRECISION_BITS
 
@@ -107,7 +107,7 @@ def solve_assignment(
     if not 0.0 <= lam <= 1.0 or group_size < 1 or dim < 1 or not time_limit_s > 0:
         raise ValueError("need 0 <= lam <= 1, group_size >= 1, dim >= 1 and time_limit_s > 0")
     channels = tuple(channels)
-    _check_channels(channels, link_model)
+    check_channels(channels, link_model)
     kind = kind_of(link_model)  # TypeError for anything but a cost model
     if not kind.offers_full_precision and FULL_PRECISION_BITS in tuple(bits):
         # The link greedy takes each group's upgrades in order of bytes, which 32 bits breaks.
@@ -116,7 +116,7 @@ def solve_assignment(
     p = solvers.problem(channels, dim, link_model, bits, group_size, lam)
     exact, brute, local = solvers.exact, solvers.brute, solvers.polish
 
-    def greedy(p: _Problem | _HostProblem) -> np.ndarray:
+    def greedy(p: LinkProblem | HostProblem) -> np.ndarray:
         return solvers.greedy(p, time_limit_s)
 
     trivial = lam in solvers.trivial_lams
@@ -124,7 +124,7 @@ def solve_assignment(
     if G == 0 or K == 1 or trivial:
         k, status = np.full(G, K - 1 if lam == 1.0 else 0, np.int64), "trivial"
     elif method == "brute":
-        k, status = _sort_full_groups(p, brute(p, max_combos)), "optimal"
+        k, status = sort_full_groups(p, brute(p, max_combos)), "optimal"
     else:
         if method == "greedy":
             k, status = greedy(p), "heuristic"
@@ -138,7 +138,7 @@ def solve_assignment(
                     k, status = k_greedy, status + "_greedy"
         if polish:  # a short budget even after a timeout; a no-op on a true optimum
             k = local(p, k, max(start + time_limit_s, time.perf_counter() + 0.05))
-        k = _sort_full_groups(p, k)
+        k = sort_full_groups(p, k)
     message_bits = p.message_bits(k)
     obj, var, t = evaluate_assignment(channels, dim, message_bits, link_model, bits=bits, lam=lam)
     elapsed = time.perf_counter() - start
@@ -179,7 +179,7 @@ def uniform_assignment(
 ) -> Assignment:
     """Every message at ``width`` bits (``FULL_PRECISION_BITS`` for unquantized float32); cost
     evaluated against ``bits``' range when possible."""
-    _check_bits([width])
+    check_bits([width])
     widths = [np.full(c.num_messages, width, np.int8) for c in channels]
     return _fixed(channels, dim, widths, link_model, bits, lam, "uniform")
 
@@ -194,7 +194,7 @@ def random_assignment(
     lam: float = 0.5,
 ) -> Assignment:
     """Each message at a width drawn uniformly from ``bits_choices`` (seeded, channel order)."""
-    choices = _check_bits(bits_choices).astype(np.int8)
+    choices = check_bits(bits_choices).astype(np.int8)
     rng = np.random.default_rng(seed)
     widths = [rng.choice(choices, size=c.num_messages) for c in channels]
     return _fixed(channels, dim, widths, link_model, tuple(choices), lam, "random")
@@ -211,7 +211,7 @@ def _fixed(
 ) -> Assignment:
     start = time.perf_counter()
     channels = tuple(channels)
-    _check_channels(channels, link_model)
+    check_channels(channels, link_model)
     obj, var, t = evaluate_assignment(channels, dim, widths, link_model, bits=bits, lam=lam)
     elapsed = time.perf_counter() - start
     return Assignment(channels, dim, tuple(widths), obj, var, t, method, elapsed, method)

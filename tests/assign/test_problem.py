@@ -34,15 +34,15 @@ def test_invalid_inputs():
 
 def test_sorting_full_groups_canonicalises_without_cost():
     # Private helper: solvers rarely return unsorted ties, so exercise it directly.
-    from adaqp.assign.problem import _Problem, _sort_full_groups
+    from adaqp.assign.problem import LinkProblem, sort_full_groups
 
     channels = [
         Channel(0, 1, np.array([5.0, 1.0, 3.0, 3.0, 2.0, 0.5, 0.1])),
         Channel(1, 0, np.ones(4)),
     ]
-    p = _Problem(channels, 16, LinkModel.uniform(2, 1e-5, 1e8), (2, 4, 8), 2, 0.5)
+    p = LinkProblem(channels, 16, LinkModel.uniform(2, 1e-5, 1e8), (2, 4, 8), 2, 0.5)
     k = np.array([0, 2, 1, 2, 0, 2], dtype=np.int64)  # groups: 4 in channel 0 (last of 1), 2 in 1
-    out = _sort_full_groups(p, k)
+    out = sort_full_groups(p, k)
     assert out.tolist() == [2, 1, 0, 2, 2, 0]  # the 1-message tail group keeps its width
     assert np.array_equal(p.channel_bytes(out), p.channel_bytes(k))
     assert p.objective(out) < p.objective(k)
