@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from adaqp.bench.emulate.links import LinkSpec, shape
-from adaqp.bench.emulate.netns import ClusterError, _ip, _netns_names, add_bridge, join_to_switch
-from adaqp.bench.emulate.signals import _SignalGuard
+from adaqp.bench.emulate.netns import ClusterError, add_bridge, join_to_switch, netns_names, run_ip
+from adaqp.bench.emulate.signals import SignalGuard
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class EmulatedCluster:
         self.tag = self.tag or str(os.getpid() % 100000)
         self.subnet = f"10.213.{int(self.tag) % 250}"
         held = (EmulatedCluster.__exit__.__code__, EmulatedCluster.down.__code__)
-        self._guard = _SignalGuard(held)
+        self._guard = SignalGuard(held)
 
     @property
     def switch(self) -> str:
@@ -106,12 +106,12 @@ class EmulatedCluster:
     def _add_namespace(self, ns: str) -> None:
         # Recorded first: an interrupt while `ip netns add` runs must still remove it.
         self.namespaces.append(ns)
-        _ip("ip", "netns", "add", ns)
+        run_ip("ip", "netns", "add", ns)
 
     def up(self) -> None:
         if os.geteuid() != 0:
             raise ClusterError("the emulated cluster needs root (network namespaces and tc)")
-        taken = [ns for ns in _netns_names() if ns.startswith(f"aq{self.tag}-")]
+        taken = [ns for ns in netns_names() if ns.startswith(f"aq{self.tag}-")]
         if taken:
             raise ClusterError(
                 f"namespaces {taken} exist already: another cluster with tag {self.tag} is "
@@ -147,7 +147,7 @@ class EmulatedCluster:
         while self.namespaces and time.monotonic() < deadline:
             pids = []
             for ns in self.namespaces:
-                pids += _ip("ip", "netns", "pids", ns, check=False).stdout.split()
+                pids += run_ip("ip", "netns", "pids", ns, check=False).stdout.split()
             if not pids:
                 break
             for pid in pids:
@@ -155,8 +155,8 @@ class EmulatedCluster:
                     os.kill(int(pid), signal.SIGKILL)
             time.sleep(0.05)
         for ns in reversed(self.namespaces):
-            _ip("ip", "netns", "del", ns, check=False)
-        left = sorted(set(self.namespaces) & set(_netns_names()))
+            run_ip("ip", "netns", "del", ns, check=False)
+        left = sorted(set(self.namespaces) & set(netns_names()))
         if left:
             logger.error("could not delete namespaces %s; remove them with ip netns del", left)
         self.namespaces = []

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from adaqp.bench.emulate.netns import ClusterError, _ip
+from adaqp.bench.emulate.netns import ClusterError, run_ip
 
 # tc's units (tc/tc_util.c), matched case-insensitively as tc does; "bps" is bytes/s.
 _PREFIXES = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -114,7 +114,7 @@ def shape(ns: str, dev: str, spec: LinkSpec) -> None:
         if spec.loss:
             netem += ["loss", spec.loss]
         try:
-            _ip(*netem, ns=ns)
+            run_ip(*netem, ns=ns)
         except ClusterError as exc:
             raise ClusterError(
                 f"{exc}; latency and loss need the kernel's netem qdisc (sch_netem), "
@@ -122,7 +122,7 @@ def shape(ns: str, dev: str, spec: LinkSpec) -> None:
             ) from None
         parent = ["parent", "1:"]
     if spec.bandwidth:
-        _ip(
+        run_ip(
             *("tc", "qdisc", "add", "dev", dev, *parent, "handle", "2:", "tbf"),
             *("rate", spec.bandwidth, "burst", "256kb", "latency", "400ms"),
             ns=ns,

@@ -1,6 +1,6 @@
 """Signals during a run of the emulated cluster: stop it, but never mid-way through teardown.
 
-``_SignalGuard`` turns SIGINT and SIGTERM into the run's end (the handler installed before,
+``SignalGuard`` turns SIGINT and SIGTERM into the run's end (the handler installed before,
 or KeyboardInterrupt), except while a held step or a held function (the cluster's
 teardown) runs: then the signal is kept and delivered once that step is done.
 """
@@ -15,7 +15,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 
-class _SignalGuard:
+class SignalGuard:
     """While installed (main thread only: Python runs signal handlers there), SIGINT and
     SIGTERM stop the run, except during steps that must not be cut in half.
 

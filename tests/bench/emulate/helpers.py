@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from adaqp.bench.emulate.netns import _ip
+from adaqp.bench.emulate.netns import run_ip
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
@@ -27,23 +27,23 @@ def _tag(n: int) -> str:
 
 
 def _namespaces(tag: str) -> list[str]:
-    out = _ip("ip", "netns", "list", check=False).stdout
+    out = run_ip("ip", "netns", "list", check=False).stdout
     return [line.split()[0] for line in out.splitlines() if line.startswith(f"aq{tag}-")]
 
 
 def _root_links(tag: str) -> list[str]:
     """Links named after the cluster in the machine's own namespace (there must be none)."""
-    out = _ip("ip", "-o", "link", "show", check=False).stdout
+    out = run_ip("ip", "-o", "link", "show", check=False).stdout
     return re.findall(rf"^\d+: (aq{tag}\w*)", out, flags=re.MULTILINE)
 
 
 def _remove(tag: str) -> None:
     """Clean up after a failed test, so that one failure does not leak into the machine."""
     for ns in _namespaces(tag):
-        for pid in _ip("ip", "netns", "pids", ns, check=False).stdout.split():
+        for pid in run_ip("ip", "netns", "pids", ns, check=False).stdout.split():
             os.kill(int(pid), signal.SIGKILL)
-        _ip("ip", "netns", "del", ns, check=False)
+        run_ip("ip", "netns", "del", ns, check=False)
 
 
 def _qdiscs(ns: str, dev: str) -> str:
-    return _ip("tc", "qdisc", "show", "dev", dev, ns=ns).stdout
+    return run_ip("tc", "qdisc", "show", "dev", dev, ns=ns).stdout
