@@ -6,16 +6,22 @@ import argparse
 import logging
 import sys
 
-from adaqp.config import (
-    METIS_OBJECTIVES,
-    PARTITION_METHODS,
-    ConfigError,
-    DataConfig,
-    PartitionConfig,
-    load_config,
-)
-from adaqp.partitioning.build import ensure_partition
-from adaqp.partitioning.format import PartitionError
+from adaqp.deps import require
+
+PROG = "python -m partition"
+
+try:
+    from adaqp.config import (
+        METIS_OBJECTIVES,
+        PARTITION_METHODS,
+        ConfigError,
+        DataConfig,
+        PartitionConfig,
+        load_config,
+    )
+except ModuleNotFoundError:  # numpy, which the config's dataset defaults import
+    require(PROG)
+    raise
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     the built-in default."""
     data, part = DataConfig(), PartitionConfig()
     parser = argparse.ArgumentParser(
-        prog="python -m partition",
+        prog=PROG,
         description="Cut a graph into parts for AdaQP workers and write them to --out, "
         "printing the edge cut, halo rows and central share per part. Options left out "
         "come from --config's [data] and [partition] (or the built-in defaults). An "
@@ -86,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.num_parts < 1:
         parser.error(f"--num-parts must be at least 1, got {args.num_parts}")
+    # Only now the packages --help does without (numpy, pymetis): one line where they are
+    # missing, not a traceback.
+    require(PROG)
+    from adaqp.partitioning.build import ensure_partition
+    from adaqp.partitioning.format import PartitionError
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
     overrides = list(args.set)

@@ -33,6 +33,7 @@ LAYERS = [
     "adaqp.stop",
     "adaqp.typed_toml",
     "adaqp.bits",
+    "adaqp.deps",
 ]
 
 

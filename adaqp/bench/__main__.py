@@ -15,6 +15,9 @@ import textwrap
 from types import ModuleType
 
 from adaqp.bench import HelpFormatter, UsageError
+from adaqp.deps import require
+
+PROG = "python -m adaqp.bench"
 
 BENCHMARKS: dict[str, str] = {
     "aggregate": "aggregation throughput, forward + backward: our CSR SpMM against autograd "
@@ -33,6 +36,8 @@ BENCHMARKS: dict[str, str] = {
 }
 """Every benchmark (the module ``adaqp.bench.<name>``) and its one-line summary. The
 summaries live here so that ``--help`` imports no benchmark module (some import torch)."""
+READS_ONLY = {"costmodel"}
+"""Benchmarks that only read saved results: they run without torch and the others."""
 
 DESCRIPTION = textwrap.fill(
     "Run one benchmark. Each writes its readings (JSON and Markdown, and with matplotlib "
@@ -55,7 +60,7 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
     """The command line; only the ``chosen`` benchmark's module is imported and its
     options added (the others' subcommands are listed with their summaries only)."""
     parser = argparse.ArgumentParser(
-        prog="python -m adaqp.bench",
+        prog=PROG,
         description=DESCRIPTION,
         epilog="python -m adaqp.bench BENCHMARK --help lists a benchmark's options.",
         formatter_class=HelpFormatter,
@@ -83,12 +88,19 @@ def _chosen(argv: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(_chosen(argv)).parse_args(argv)
+    try:
+        parser = build_parser(_chosen(argv))
+    except ModuleNotFoundError:  # the chosen benchmark's module imports torch
+        require(PROG)
+        raise
+    args = parser.parse_args(argv)
+    if args.benchmark not in READS_ONLY:  # before workers start that would each fail alike
+        require(PROG)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         return load(args.benchmark).main(args)
     except UsageError as exc:  # options that argparse alone could not judge
-        print(f"python -m adaqp.bench: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from adaqp.data.graph import _MASKS, GraphData, _assemble, _describe, _to_numpy, csr_from_edges
+from adaqp.data.graph import (
+    MASK_ARRAYS,
+    GraphData,
+    assemble_graph,
+    csr_from_edges,
+    describe_dataset,
+    to_numpy,
+)
 
 
 def _from_edge_list(
@@ -16,13 +23,13 @@ def _from_edge_list(
     """``edges`` = (src, dst, N); ``nodes`` = (features, labels, train, val, test); tensors ok."""
     src, dst, n = edges
     try:
-        indptr, indices = csr_from_edges(_to_numpy(src), _to_numpy(dst), n, symmetrize=symmetrize)
+        indptr, indices = csr_from_edges(to_numpy(src), to_numpy(dst), n, symmetrize=symmetrize)
     except ValueError as exc:
-        raise ValueError(f"{_describe(name, None)} from {source}: edges: {exc}") from None
-    labels = _to_numpy(nodes[1])
+        raise ValueError(f"{describe_dataset(name, None)} from {source}: edges: {exc}") from None
+    labels = to_numpy(nodes[1])
     multilabel = labels.ndim == 2 and labels.shape[1] > 1 and labels.dtype.kind == "f"
     info = {"source": source, "symmetrized": symmetrize}
-    return _assemble(name, (indptr, indices, *nodes), num_classes, multilabel, info)
+    return assemble_graph(name, (indptr, indices, *nodes), num_classes, multilabel, info)
 
 
 def from_pyg(
@@ -33,12 +40,12 @@ def from_pyg(
     Uses ``edge_index`` [2, E] (row 0 = source, row 1 = target), ``x`` [N, F], ``y`` [N]
     (or [N, C] float multilabel) and 1-D ``train_mask``/``val_mask``/``test_mask``.
     """
-    keys = ("x", "y", *_MASKS)
+    keys = ("x", "y", *MASK_ARRAYS)
     missing = [k for k in ("edge_index", *keys) if getattr(data, k, None) is None]
     if missing:
         raise ValueError(f"PyG data object lacks {missing}")
     nodes = tuple(getattr(data, k) for k in keys)
-    edges = (*_to_numpy(data.edge_index), int(data.num_nodes))
+    edges = (*to_numpy(data.edge_index), int(data.num_nodes))
     return _from_edge_list("pyg", name, edges, nodes, symmetrize, num_classes)
 
 
@@ -50,7 +57,7 @@ def from_dgl(
     Uses ``graph.edges()`` (source, target) and ``graph.ndata`` keys ``feat``, ``label``,
     ``train_mask``, ``val_mask`` and ``test_mask``.
     """
-    keys = ("feat", "label", *_MASKS)
+    keys = ("feat", "label", *MASK_ARRAYS)
     missing = [k for k in keys if k not in graph.ndata]
     if missing:
         raise ValueError(f"DGL graph ndata lacks {missing}")

@@ -1,7 +1,7 @@
 """The embedded datasets ``cora`` and ``citeseer``, shipped as npz files in this folder.
 
 The files come from the gnn-benchmark collection (``LICENSE-gnn-benchmark.txt``) and store a
-scipy-style CSR adjacency and bag-of-words attributes. :func:`_load_builtin` symmetrises the
+scipy-style CSR adjacency and bag-of-words attributes. :func:`load_builtin` symmetrises the
 graph, keeps the raw binary bag-of-words features (no row normalisation) and draws a random
 20-per-class / 500 / 1000 split (:func:`~adaqp.data.graph.random_split`).
 """
@@ -14,10 +14,17 @@ import numpy as np
 
 from adaqp.data.graph import GraphData, csr_from_edges, random_split
 
-_BUILTIN = ("cora", "citeseer")
+BUILTIN_DATASETS = ("cora", "citeseer")
+"""The datasets shipped in this folder, by the name :func:`~adaqp.data.load_dataset` takes."""
 
 
-def _load_builtin(name: str, split_seed: int) -> GraphData:
+def load_builtin(name: str, split_seed: int) -> GraphData:
+    """Loads the embedded dataset ``name`` (one of :data:`BUILTIN_DATASETS`) as described
+    above, with the random split drawn from ``split_seed``.
+
+    Raises:
+        FileNotFoundError: the dataset's file is missing from the package.
+    """
     path = Path(__file__).parent / f"{name}.npz"
     if not path.is_file():
         raise FileNotFoundError(f"built-in dataset file {path} is missing from the package")

@@ -5,8 +5,9 @@ lists the sources ``v`` of the edges ``v -> u``, sorted, no duplicates, no self-
 features, labels and the train/val/test masks. This module owns its checks
 (:meth:`GraphData.validate`), its content hash (:meth:`GraphData.fingerprint`), the canonical
 CSR construction from an edge list (:func:`csr_from_edges`), the semi-supervised benchmark
-split (:func:`random_split`) and ``_assemble``, which casts loosely typed arrays (numpy or
-torch) into a validated :class:`GraphData` for the npz reader and the PyG/DGL adapters.
+split (:func:`random_split`) and :func:`assemble_graph`, which casts loosely typed arrays
+(numpy or torch) into a validated :class:`GraphData` for the npz reader and the PyG/DGL
+adapters.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-_ARRAYS = ("indptr", "indices", "features", "labels", "train_mask", "val_mask", "test_mask")
-_MASKS = _ARRAYS[4:]
+GRAPH_ARRAYS = ("indptr", "indices", "features", "labels", "train_mask", "val_mask", "test_mask")
+"""The names of :class:`GraphData`'s arrays, in its field order (and the npz file's keys)."""
+MASK_ARRAYS = GRAPH_ARRAYS[4:]
+"""The names of the train/val/test masks, in that order."""
 # Bounds the temporaries of validate() to a few hundred MB even for 100M+ edge graphs.
 _VALIDATE_CHUNK = 1 << 24
 
@@ -96,14 +99,14 @@ class GraphData:
         try:
             self._check()
         except ValueError as exc:
-            raise ValueError(f"{_describe(self.name, self.info)}: {exc}") from None
+            raise ValueError(f"{describe_dataset(self.name, self.info)}: {exc}") from None
 
     def _check(self) -> None:
         _check_array("indptr", self.indptr, np.int64, 1)
         n = self.num_nodes
         _check_array("indices", self.indices, np.int64, 1)
-        _check_csr_structure(self.indptr, self.indices, n)
-        problem = _csr_problem(self.indptr, self.indices)
+        check_csr_structure(self.indptr, self.indices, n)
+        problem = csr_problem(self.indptr, self.indices)
         if problem is not None:
             raise ValueError(f"indices: {problem}")
         _check_array("features", self.features, np.float32, 2, rows=n)
@@ -133,7 +136,7 @@ class GraphData:
                     f"labels must lie in [0, {self.num_classes}) (or be -1 = unlabelled), "
                     f"got {self.labels[bad[0]]} at node {bad[0]} ({bad.size} nodes out of range)"
                 )
-        for key in _MASKS:
+        for key in MASK_ARRAYS:
             mask = getattr(self, key)
             _check_array(key, mask, np.bool_, 1, rows=n)
             if not self.multilabel and np.any(self.labels[mask] < 0):
@@ -153,7 +156,7 @@ class GraphData:
         """Returns a 32-hex-digit content hash of name, num_classes and all arrays."""
         h = hashlib.blake2b(digest_size=16)
         h.update(f"{self.name}\0{int(self.num_classes)}\0{bool(self.multilabel)}".encode())
-        for key in _ARRAYS:
+        for key in GRAPH_ARRAYS:
             arr = np.ascontiguousarray(getattr(self, key))
             h.update(f"\0{key}:{arr.dtype.str}:{arr.shape}\0".encode())
             h.update(arr.data)  # raw buffer: hashing runs at memory speed
@@ -190,7 +193,7 @@ def _check_array(key: str, arr: Any, dtype: type, ndim: int, rows: int | None = 
         raise ValueError(f"{key} has {arr.shape[0]} rows, expected num_nodes={rows}")
 
 
-def _describe(name: str, info: Any) -> str:
+def describe_dataset(name: str, info: Any) -> str:
     """``dataset 'name'``, plus its file when known: the prefix of every data error."""
     file = info.get("file") if isinstance(info, dict) else None
     return f"dataset {name!r}" + (f" ({file})" if file else "")
@@ -206,7 +209,14 @@ def _first_nonfinite_row(features: np.ndarray) -> int:
     return -1
 
 
-def _check_csr_structure(indptr: np.ndarray, indices: np.ndarray, n: int) -> None:
+def check_csr_structure(indptr: np.ndarray, indices: np.ndarray, n: int) -> None:
+    """Checks that ``indptr`` ``[n + 1]`` and ``indices`` ``[E]`` form a CSR over ``n`` nodes
+    (offsets from 0 to ``E``, non-decreasing; ids in ``[0, n)``); order, duplicates and
+    self-loops are :func:`csr_problem`'s.
+
+    Raises:
+        ValueError: the arrays are not a CSR over ``n`` nodes.
+    """
     if indptr.shape[0] == 0:
         raise ValueError("indptr must have at least one element")
     if indptr[0] != 0 or indptr[-1] != indices.shape[0]:
@@ -231,7 +241,7 @@ def _row_chunks(indptr: np.ndarray, max_entries: int) -> Iterator[tuple[int, int
         yield int(r0), int(r1)
 
 
-def _csr_problem(indptr: np.ndarray, indices: np.ndarray) -> str | None:
+def csr_problem(indptr: np.ndarray, indices: np.ndarray) -> str | None:
     """Returns why a structurally valid CSR is not canonical, or None if it is."""
     for r0, r1 in _row_chunks(indptr, _VALIDATE_CHUNK):
         e0, e1 = indptr[r0], indptr[r1]
@@ -340,13 +350,14 @@ def random_split(
     return train, val, test
 
 
-def _to_numpy(value: Any) -> np.ndarray:
+def to_numpy(value: Any) -> np.ndarray:
+    """``value`` as a numpy array; a torch tensor is detached and copied to the CPU first."""
     if hasattr(value, "detach"):  # torch tensor
         value = value.detach().cpu().numpy()
     return np.asarray(value)
 
 
-def _assemble(
+def assemble_graph(
     name: str,
     parts: tuple,
     num_classes: int | None,
@@ -354,8 +365,8 @@ def _assemble(
     info: dict,
 ) -> GraphData:
     """Casts canonical-CSR ``parts`` (GraphData array order) into a validated GraphData."""
-    where = _describe(name, info)
-    indptr, indices, features, labels, *masks = (_to_numpy(p) for p in parts)
+    where = describe_dataset(name, info)
+    indptr, indices, features, labels, *masks = (to_numpy(p) for p in parts)
     if multilabel:
         labels = labels.astype(np.float32)
     else:
@@ -365,7 +376,7 @@ def _assemble(
         labels = labels.astype(np.int64)
     if num_classes is None:
         num_classes = labels.shape[1] if multilabel else int(labels.max(initial=-1)) + 1
-    for i, (key, mask) in enumerate(zip(_MASKS, masks, strict=True)):
+    for i, (key, mask) in enumerate(zip(MASK_ARRAYS, masks, strict=True)):
         is_binary = np.issubdtype(mask.dtype, np.integer) and np.isin(mask, (0, 1)).all()
         if mask.dtype != np.bool_ and not is_binary:
             raise ValueError(f"{where}: {key} must be boolean, got {mask.dtype}")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from adaqp.data.builtin import _BUILTIN, _load_builtin
+from adaqp.data.builtin import BUILTIN_DATASETS, load_builtin
 from adaqp.data.graph import GraphData
-from adaqp.data.npz import _load_npz
-from adaqp.data.ogb import _load_ogb, _ogb_master, _ogb_supported
+from adaqp.data.npz import load_npz
+from adaqp.data.ogb import load_ogb, supported_ogb_names
 from adaqp.data.synthetic import SyntheticSpec, generate_synthetic
 
 logger = logging.getLogger(__name__)
@@ -50,18 +50,18 @@ def load_dataset(
     if feature_norm not in FEATURE_NORMS:
         raise ValueError(f"feature_norm must be 'none' or 'row', not {feature_norm!r}")
     # Every loader validates the graph where it builds it (GraphData.validate).
-    if key in _BUILTIN:
-        graph = _load_builtin(key, split_seed)
+    if key in BUILTIN_DATASETS:
+        graph = load_builtin(key, split_seed)
     elif key == "synthetic":
         graph = generate_synthetic(synthetic or SyntheticSpec(), split_seed)
     elif key == "npz":
         if path is None:
             raise ValueError("dataset 'npz' requires path=")
-        graph = _load_npz(Path(path))
+        graph = load_npz(Path(path))
     elif key.startswith("ogbn-"):
-        graph = _load_ogb(key, Path(root))
+        graph = load_ogb(key, Path(root))
     else:
-        names = [*_BUILTIN, "synthetic", "npz", *_ogb_supported(_ogb_master())]
+        names = [*BUILTIN_DATASETS, "synthetic", "npz", *supported_ogb_names()]
         raise ValueError(f"unknown dataset {name!r}; available: {', '.join(names)}")
     if feature_norm == "row":
         graph.normalize_rows()

@@ -19,14 +19,14 @@ from pathlib import Path
 import numpy as np
 
 from adaqp.data.graph import (
-    _ARRAYS,
-    _MASKS,
+    GRAPH_ARRAYS,
+    MASK_ARRAYS,
     GraphData,
-    _assemble,
-    _check_csr_structure,
-    _csr_problem,
-    _describe,
+    assemble_graph,
+    check_csr_structure,
     csr_from_edges,
+    csr_problem,
+    describe_dataset,
 )
 
 
@@ -36,7 +36,7 @@ def save_npz(graph: GraphData, path: str | Path) -> None:
     with open(path, "wb") as fh:
         np.savez(
             fh,
-            **{key: getattr(graph, key) for key in _ARRAYS},
+            **{key: getattr(graph, key) for key in GRAPH_ARRAYS},
             num_classes=np.int64(graph.num_classes),
             multilabel=np.bool_(graph.multilabel),
             name=np.str_(graph.name),
@@ -44,7 +44,13 @@ def save_npz(graph: GraphData, path: str | Path) -> None:
         )
 
 
-def _load_npz(path: Path) -> GraphData:
+def load_npz(path: Path) -> GraphData:
+    """Reads the ``npz`` file at ``path`` (the format above) into a validated GraphData.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: the file is not a readable npz archive or its arrays do not form a graph.
+    """
     if not path.is_file():
         raise FileNotFoundError(f"npz dataset file {path} does not exist")
     # numpy reads any file that is not a zip as a single array or a pickle: check first, so
@@ -61,11 +67,11 @@ def _load_npz(path: Path) -> GraphData:
         raise ValueError(f"{path} is a damaged .npz archive: {exc}") from exc
     except ValueError as exc:  # e.g. object arrays, which would need pickle
         raise ValueError(f"cannot read {path} without pickle: {exc}") from exc
-    for key in _ARRAYS:
+    for key in GRAPH_ARRAYS:
         if key not in arrays:
-            raise ValueError(f"{path} lacks required key {key!r} (required: {_ARRAYS})")
+            raise ValueError(f"{path} lacks required key {key!r} (required: {GRAPH_ARRAYS})")
     name = str(arrays.get("name", path.stem))
-    where = _describe(name, {"file": str(path)})
+    where = describe_dataset(name, {"file": str(path)})
     indptr, indices = arrays["indptr"], arrays["indices"]
     for key, arr in (("indptr", indptr), ("indices", indices)):
         if not np.issubdtype(arr.dtype, np.integer) or arr.ndim != 1:
@@ -75,11 +81,11 @@ def _load_npz(path: Path) -> GraphData:
     indptr, indices = indptr.astype(np.int64), indices.astype(np.int64)
     n = indptr.shape[0] - 1
     try:
-        _check_csr_structure(indptr, indices, n)
+        check_csr_structure(indptr, indices, n)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
     symmetrize = bool(arrays.get("symmetrize", False))
-    if symmetrize or _csr_problem(indptr, indices) is not None:
+    if symmetrize or csr_problem(indptr, indices) is not None:
         rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
         indptr, indices = csr_from_edges(indices, rows, n, symmetrize=symmetrize)
     labels = arrays["labels"]
@@ -87,9 +93,9 @@ def _load_npz(path: Path) -> GraphData:
         info = json.loads(str(arrays["info"])) if "info" in arrays else {}
     except ValueError as exc:
         raise ValueError(f"{where}: key 'info' is not valid JSON: {exc}") from exc
-    return _assemble(
+    return assemble_graph(
         name,
-        (indptr, indices, arrays["features"], labels, *(arrays[k] for k in _MASKS)),
+        (indptr, indices, arrays["features"], labels, *(arrays[k] for k in MASK_ARRAYS)),
         int(arrays["num_classes"]) if "num_classes" in arrays else None,
         bool(arrays.get("multilabel", labels.ndim == 2)),
         {**info, "file": str(path)},

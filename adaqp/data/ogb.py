@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from adaqp.data.graph import _ARRAYS, GraphData, csr_from_edges
+from adaqp.data.graph import GRAPH_ARRAYS, GraphData, csr_from_edges
 
 logger = logging.getLogger(__name__)
 
@@ -143,12 +143,28 @@ def _ogb_graph(name: str, meta: Any, arrays: dict[str, np.ndarray]) -> GraphData
         "add_inverse_edge": meta["add_inverse_edge"] == "True",
         "num_raw_edges": int(arrays["num_raw_edges"]),
     }
-    graph = GraphData(name, *(arrays[k] for k in _ARRAYS), int(meta["num classes"]), info=info)
+    graph = GraphData(name, *(arrays[k] for k in GRAPH_ARRAYS), int(meta["num classes"]), info=info)
     graph.validate()
     return graph
 
 
-def _load_ogb(name: str, root: Path) -> GraphData:
+def supported_ogb_names() -> list[str]:
+    """The ``ogbn-*`` names :func:`load_ogb` reads, from the installed ogb's ``master.csv``.
+
+    Raises:
+        ValueError: the ogb package is not installed.
+    """
+    return _ogb_supported(_ogb_master())
+
+
+def load_ogb(name: str, root: Path) -> GraphData:
+    """Loads the OGB dataset ``name`` from ``root`` as described above: from the cache when it
+    matches the raw files, else from the raw files (downloaded when their folder is absent).
+
+    Raises:
+        ValueError: ``name`` is not supported, or ogb is not installed.
+        FileNotFoundError: the raw files are missing and could not be downloaded.
+    """
     master = _ogb_master()
     supported = _ogb_supported(master)
     if name not in supported:

@@ -5,9 +5,11 @@ Also the exit code of the whole job, from the codes the ranks wrote and torchrun
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+import struct
 import sys
 import threading
 from pathlib import Path
@@ -206,7 +208,6 @@ def stderr_pipe() -> tuple[int, int]:
     try:
         if not sys.stderr.isatty():
             raise OSError
-        import fcntl
         import pty
         import termios
 
@@ -214,8 +215,29 @@ def stderr_pipe() -> tuple[int, int]:
         attrs = termios.tcgetattr(slave)
         attrs[1] &= ~termios.OPOST  # no \n -> \r\n
         termios.tcsetattr(slave, termios.TCSANOW, attrs)
-        size = fcntl.ioctl(sys.stderr.fileno(), termios.TIOCGWINSZ, b"\0" * 8)
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, size)
+        copy_size(master)
         return master, slave
     except (OSError, ImportError, AttributeError, ValueError):
         return os.pipe()
+
+
+DEFAULT_SIZE = (24, 80)
+"""(rows, columns) given to the workers' terminal where ours reports none."""
+
+
+def copy_size(fd: int) -> None:
+    """Gives the terminal ``fd`` our stderr's size (again after a resize: the workers' bar
+    follows it). Where ours reports zero rows or columns (a terminal whose size was never
+    set, as ``script`` makes without a terminal of its own) it gets DEFAULT_SIZE's instead:
+    the workers' bar, sized to their terminal, would not be drawn at all."""
+    import fcntl
+    import termios
+
+    try:
+        size = fcntl.ioctl(sys.stderr.fileno(), termios.TIOCGWINSZ, b"\0" * 8)
+        rows, columns = struct.unpack("HHHH", size)[:2]
+    except (OSError, AttributeError, ValueError):
+        rows = columns = 0
+    rows, columns = rows or DEFAULT_SIZE[0], columns or DEFAULT_SIZE[1]
+    with contextlib.suppress(OSError):
+        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))

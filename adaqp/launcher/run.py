@@ -13,8 +13,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from adaqp.deps import refusal
 from adaqp.launcher.args import Launch
-from adaqp.launcher.output import OutputFilter, Stream, describe, exit_code, read_codes, stderr_pipe
+from adaqp.launcher.output import (
+    OutputFilter,
+    Stream,
+    copy_size,
+    describe,
+    exit_code,
+    read_codes,
+    stderr_pipe,
+)
 
 STOP_GRACE_S = 30.0
 """After Ctrl-C, how long torchrun and the workers get to stop before they are killed."""
@@ -93,6 +102,9 @@ def _silent_failure(filter_: OutputFilter, codes: dict[int, int], torchrun_code:
 
 def launch(spec: Launch, command: str) -> int:
     """Runs torchrun for ``spec``; returns the exit code."""
+    if (lacking := refusal()) is not None:  # each worker would fail on it, after torchrun
+        print(f"error: {lacking}", file=sys.stderr)
+        return 2
     status_dir = Path(tempfile.mkdtemp(prefix="adaqp-status-"))
     env = dict(os.environ)
     env.pop("ADAQP_LAUNCH_SCRIPT", None)
@@ -112,6 +124,10 @@ def launch(spec: Launch, command: str) -> int:
         if proc is not None:
             with contextlib.suppress(OSError):
                 os.killpg(proc.pid, signal.SIGINT)
+
+    def on_resize(signum: int, frame: object) -> None:
+        if stream is not None and stream.is_alive():  # its terminal is still open
+            copy_size(stream.fd)
 
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {sig: signal.signal(sig, on_signal) for sig in handled}
@@ -144,6 +160,8 @@ def launch(spec: Launch, command: str) -> int:
             os.close(write_end)
             stream = Stream(read_end, filter_)
             stream.start()
+            if os.isatty(read_end):  # the workers' terminal follows ours when it is resized
+                previous[signal.SIGWINCH] = signal.signal(signal.SIGWINCH, on_resize)
         if stopping:  # a signal between the start and here
             os.killpg(proc.pid, signal.SIGINT)
         while True:

@@ -396,10 +396,10 @@ def masked_scale(x: Tensor, seed: np.uint64, threshold: int, scale: float) -> Te
     return out
 
 
-def warm_up() -> bool:
+def warm_up(parallel: bool | None = None) -> bool:
     """Loads (or compiles and caches) the quantizer's compiled kernels, so that no timed call
-    pays for it; the ``prange`` ones too when this process has more than one thread. Returns
-    whether the compiled path is available."""
+    pays for it; the ``prange`` ones too where ``parallel`` (None: where this process has
+    more than one thread). Returns whether the compiled path is available."""
     if not compiled_available():
         logger.info("compiled quant kernels unavailable: %s", _compiled_module())
         return False
@@ -415,15 +415,32 @@ def warm_up() -> bool:
     dequantize_segments(buf, layout, x)
     masked_scale(x, np.uint64(0), keep_threshold(0.5), 2.0)
     squared_ranges(x)
-    if threads() > 1:  # compile only: starting numba's pool is left to the first real call
-        for serial, parallel in (
+    if threads() > 1 if parallel is None else parallel:  # compiled, the pool not started
+        for serial, chunked in (
             (kernels.quantize_serial, kernels.quantize_parallel),
             (kernels.dequantize_serial, kernels.dequantize_parallel),
             (kernels.masked_scale_serial, kernels.masked_scale_parallel),
         ):
             for signature in serial.signatures:
-                parallel.compile((*signature, numba_intp()))
+                chunked.compile((*signature, numba_intp()))
     return True
+
+
+def compile_pending() -> bool:
+    """Whether :func:`warm_up` would compile the kernels (up to a minute on a small machine)
+    rather than load them: numba's on-disk cache has none for this machine, or for their
+    current source. Reads the cache's index only; False where that cannot be read."""
+    if not compiled_available():
+        return False
+    kernels = _compiled_module()
+    try:  # numba's index maps (signature, target machine, ...) to compiled code
+        for dispatcher in (kernels.quantize_serial, kernels.masked_scale_serial):
+            machine = dispatcher.targetctx.codegen().magic_tuple()
+            if all(key[1] != machine for key in dispatcher._cache._cache_file._load_index()):
+                return True
+    except Exception:  # another numba version's internals: say nothing rather than guess
+        pass
+    return False
 
 
 def numba_intp():

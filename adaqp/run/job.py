@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -246,12 +247,16 @@ class _Progress:
         if world.is_main and config.metrics.progress and sys.stderr.isatty():
             from tqdm import tqdm
 
+            columns, rows = _fixed_size(sys.stderr) or (None, None)
             self.bar = tqdm(
                 total=self.total,
                 initial=first_epoch - 1,
                 desc="train",
                 unit="epoch",
-                dynamic_ncols=True,
+                file=sys.stderr,
+                ncols=columns,
+                nrows=rows,
+                dynamic_ncols=columns is None,
             )
         self.every = max(1, self.total // 10)
         self.estimate_at = min(first_epoch + 2, self.total)
@@ -260,13 +265,15 @@ class _Progress:
         val = f"{record.val_acc:.4f}" if record.val_acc is not None else "-"
         if record.epoch == self.estimate_at and record.epoch < self.total:
             left = self.total - record.epoch
-            logger.info(
-                "epoch %d took %.2fs: about %s for the %d epochs left",
-                record.epoch,
-                record.epoch_time_s,
-                _duration(left * record.epoch_time_s),
-                left,
-            )
+            # Above the bar: tqdm clears its line, the log line takes it, the bar redraws.
+            with self.bar.external_write_mode(file=sys.stderr) if self.bar else nullcontext():
+                logger.info(
+                    "epoch %d took %.2fs: about %s for the %d epochs left",
+                    record.epoch,
+                    record.epoch_time_s,
+                    _duration(left * record.epoch_time_s),
+                    left,
+                )
         if self.bar is not None:
             self.bar.set_postfix(
                 loss=f"{record.train_loss:.4f}",
@@ -289,6 +296,24 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def _fixed_size(stream) -> tuple[int, int] | None:
+    """None where the terminal ``stream`` reports its size (the bar follows it), else the
+    bar's (columns, rows): ``$COLUMNS`` and ``$LINES``, or 80 x 24. A terminal whose size
+    was never set reports zero, and tqdm draws nothing on a terminal of no columns or rows."""
+    try:
+        columns, rows = os.get_terminal_size(stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        columns = rows = 0
+    if columns > 0 and rows > 0:
+        return None
+
+    def value(reported: int, name: str, default: int) -> int:
+        text = os.environ.get(name, "")
+        return reported or (int(text) if text.isdigit() and int(text) > 0 else default)
+
+    return value(columns, "COLUMNS", 80), value(rows, "LINES", 24)
 
 
 def _duration(seconds: float) -> str:

@@ -42,7 +42,7 @@ from adaqp.graph.aggregate import SparseAdjacency
 from adaqp.graph.local import LocalGraph
 from adaqp.model.gnn import GNN
 from adaqp.model.layers import Propagation
-from adaqp.quant.kernels import set_kernels
+from adaqp.quant.kernels import compile_pending, set_kernels, use_compiled, warm_up
 from adaqp.run.checkpoint import Checkpointer
 from adaqp.run.gradsync import GradientBuckets, GradientSyncError, gnn_layer_groups
 from adaqp.run.metrics import EpochRecord, RunWriter
@@ -107,6 +107,11 @@ class Trainer:
 
         # The quantizer's and dropout's path (compiled CPU kernels or torch operators).
         set_kernels(config.quant.kernels)
+        if world.is_main and use_compiled(None, world.device) and compile_pending():
+            # Else a minute of silence (launch/setup.sh compiles them ahead; numba's cache
+            # serves later runs). Rank 0 says so and compiles now, the others on first use.
+            logger.info("compiling the CPU kernels (first run only, up to a minute)")
+            warm_up()
         torch.manual_seed(config.train.seed)
         self.model = GNN(
             config.model,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from adaqp.data import load_dataset, save_npz
-from adaqp.data.graph import _ARRAYS
+from adaqp.data.graph import GRAPH_ARRAYS
 from tests.data.helpers import _small_graph
 
 
@@ -150,7 +150,7 @@ _BAD_INPUTS = [
 )
 def test_load_rejects_bad_input(tmp_path: Path, case: str, corrupt, message: str) -> None:
     g = _small_graph()
-    arrays = {key: getattr(g, key) for key in _ARRAYS}
+    arrays = {key: getattr(g, key) for key in GRAPH_ARRAYS}
     corrupt(arrays)
     path = tmp_path / f"{case}.npz"
     np.savez(path, **arrays, num_classes=np.int64(g.num_classes), name=np.str_(f"bad-{case}"))

@@ -8,6 +8,11 @@ test_rows.py and test_mixed.py, run on each path by the ``kernel_path`` fixture.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -368,3 +373,26 @@ def test_squared_ranges_equal_the_torch_paths_bit_for_bit(dim: int):
     torch.testing.assert_close(strided, reference[::2], rtol=0, atol=0, equal_nan=True)
     if dim:
         assert compiled[1] == 0 and torch.isnan(compiled[6])
+
+
+def _compile_pending(**env: str) -> str:
+    code = "from adaqp.quant import kernels\nkernels.warm_up()\nprint(kernels.compile_pending())"
+    if env:  # asked only: nothing is compiled into this cache
+        code = "from adaqp.quant import kernels\nprint(kernels.compile_pending())"
+    root = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": root, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_compile_pending_reads_numbas_cache(tmp_path):
+    """The trainer's "compiling the CPU kernels" line rests on it: True for an empty cache
+    (NUMBA_CACHE_DIR moves it), False once warm_up has filled or loaded the real one."""
+    assert _compile_pending(NUMBA_CACHE_DIR=str(tmp_path)) == "True"
+    assert _compile_pending() == "False"

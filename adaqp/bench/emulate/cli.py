@@ -22,6 +22,7 @@ from adaqp.bench import HelpFormatter
 from adaqp.bench.emulate.cluster import EmulatedCluster
 from adaqp.bench.emulate.links import host_links
 from adaqp.bench.emulate.netns import ClusterError
+from adaqp.deps import require
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             links = host_links(args.hosts, args.bandwidth, args.latency, args.loss)
         except ValueError as exc:
             parser.error(str(exc))
+        require("python -m adaqp.cluster")  # every host's workers would fail alike
         if os.geteuid() != 0:
             logger.error(
                 "the emulated cluster needs root (network namespaces and tc); on a real "
