@@ -65,9 +65,8 @@ FORMAT = "adaqp-partition"
 FORMAT_VERSION = 2
 METADATA_FILE = "metadata.json"
 CHECKSUM_KEY = "metadata_sha256"
-_PART_NAME = re.compile(r"part-\d{5}\.npz")
-_LEFTOVER = re.compile(r"part-\d{5}\.npz|\..*adaqp-tmp-.*")
-"""Names a crashed write can leave behind (a staging directory, part files)."""
+PART_FILE_NAME = re.compile(r"part-\d{5}\.npz")
+"""Matches (with ``fullmatch``) the names :func:`part_file` gives, and nothing else."""
 
 PART_ARRAYS = {
     "global_ids": (np.int64, 1),
@@ -243,7 +242,9 @@ def _in_range(values: np.ndarray, low: int, high: int) -> bool:
     return len(values) == 0 or (int(values.min()) >= low and int(values.max()) < high)
 
 
-def _check_arrays(arrays: dict[str, np.ndarray], path: Path, meta: dict[str, Any], rank: int):
+def check_part_arrays(
+    arrays: dict[str, np.ndarray], path: Path, meta: dict[str, Any], rank: int
+) -> None:
     """Checks one part's arrays against the format and the metadata; the first failure
     raises ``PartitionError`` naming the file and the array."""
 

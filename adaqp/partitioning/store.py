@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import zipfile
@@ -26,19 +27,21 @@ import numpy as np
 
 from adaqp.atomic import fsync_dir, write_synced
 from adaqp.partitioning.schema import (
-    _LEFTOVER,
-    _PART_NAME,
     CHECKSUM_KEY,
     FORMAT,
     METADATA_FILE,
     PART_ARRAYS,
+    PART_FILE_NAME,
     Part,
     PartitionError,
-    _check_arrays,
+    check_part_arrays,
     metadata_checksum,
     part_file,
     read_metadata,
 )
+
+_LEFTOVER = re.compile(rf"{PART_FILE_NAME.pattern}|\..*adaqp-tmp-.*")
+"""Names a crashed write can leave behind (a staging directory, part files)."""
 
 
 def sha256_file(path: Path) -> str:
@@ -90,7 +93,7 @@ def _owned_files(out_dir: Path) -> list[Path] | None:
         name = entry.get("file") if isinstance(entry, dict) else None
         # Only plain part files directly inside the directory: an edited list must not
         # reach outside it.
-        if isinstance(name, str) and _PART_NAME.fullmatch(name) and (out_dir / name).is_file():
+        if isinstance(name, str) and PART_FILE_NAME.fullmatch(name) and (out_dir / name).is_file():
             owned.append(out_dir / name)
     return owned
 
@@ -237,5 +240,5 @@ def load_part(part_dir: Path, rank: int, meta: dict[str, Any] | None = None) -> 
             arrays = {name: data[name] for name in data.files}
     except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile) as exc:
         raise PartitionError(f"cannot read {path}: {exc}") from None
-    _check_arrays(arrays, path, meta, rank)
+    check_part_arrays(arrays, path, meta, rank)
     return Part(rank=rank, num_parts=num_parts, arrays=arrays)
