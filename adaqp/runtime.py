@@ -101,6 +101,32 @@ def overlaps(setting: str, world: World) -> bool:
     return True
 
 
+def thread_count(setting: int, env, local_world_size: int, parent_env: bytes | None = None) -> int:
+    """Intra-op threads for one worker: ``comm.threads``, else the user's
+    ``OMP_NUM_THREADS``, else the usable cores shared among this host's workers.
+
+    torchrun sets ``OMP_NUM_THREADS=1`` for its workers where the user set nothing and a
+    host runs several; that default is no choice of the user's, and is told apart by the
+    torchrun process's own environment at its start (``parent_env``: by default
+    ``/proc/<parent>/environ``), which lacks the variable.
+    """
+    if setting:
+        return setting
+    share = max(1, usable_cores() // max(local_world_size, 1))
+    text = env.get("OMP_NUM_THREADS", "")
+    if not text.isdigit() or int(text) == 0:
+        return share
+    if text == "1" and "TORCHELASTIC_RUN_ID" in env:
+        if parent_env is None:
+            try:
+                parent_env = Path(f"/proc/{os.getppid()}/environ").read_bytes()
+            except OSError:
+                parent_env = b"OMP_NUM_THREADS=?"  # unknown: take the setting as given
+        if not any(v.startswith(b"OMP_NUM_THREADS=") for v in parent_env.split(b"\0")):
+            return share
+    return int(text)
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -135,12 +161,7 @@ def init_distributed(
         device = torch.device("cpu")
     backend = comm.backend if comm.backend != "auto" else ("nccl" if want_cuda else "gloo")
 
-    # An explicit OMP_NUM_THREADS (torchrun sets 1) wins over sharing the cores out.
-    threads = (
-        comm.threads
-        or int(env.get("OMP_NUM_THREADS", 0))
-        or max(1, usable_cores() // max(local_world_size, 1))
-    )
+    threads = thread_count(comm.threads, env, local_world_size)
     torch.set_num_threads(threads)
 
     timeout = timedelta(seconds=comm.timeout_s)

@@ -21,6 +21,7 @@ from adaqp.launcher import Launch, UsageError, main, parse
 from adaqp.launcher import args as launcher_args
 from adaqp.launcher.output import OutputFilter, Stream, exit_code, read_codes
 from adaqp.launcher.run import _silent_failure
+from adaqp.runtime import usable_cores
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN_SH = ROOT / "launch" / "train.sh"
@@ -562,7 +563,8 @@ def test_what_does_not_stop_after_ctrl_c_is_killed(monkeypatch, tmp_path, capfd)
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("NPROC", "NNODES", "RESTARTS")}
+    unset = ("NPROC", "NNODES", "RESTARTS", "OMP_NUM_THREADS")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update(NPROC="2", PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
     return env
 
@@ -582,8 +584,23 @@ def test_train_sh_runs_cora_and_a_config_error_is_one_line_exit_2(tmp_path):
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stderr.startswith(f"starting 2 workers on 1 host: {CORA}")
-    assert json.loads((out / "summary.json").read_text())["epochs"] == 3
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["epochs"] == 3
+    assert summary["threads"] == max(1, usable_cores() // 2)  # the cores shared by 2
     assert "test acc" in run.stdout and "Traceback" not in run.stderr
+
+    # One worker, nothing set: it trains on every usable core (torchrun would say 1).
+    one = subprocess.run(
+        ["bash", str(TRAIN_SH), "--epochs", "2", CORA, "--out", str(tmp_path / "one")]
+        + ["--set", f"partition.dir={tmp_path / 'p1'}", "--set", "metrics.progress=false"],
+        cwd=tmp_path,
+        env={**_env(), "NPROC": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert json.loads((tmp_path / "one" / "summary.json").read_text())["threads"] == usable_cores()
 
     bad = subprocess.run(
         ["bash", str(TRAIN_SH), "--config", CORA, "--set", "model.nope=1", *common],

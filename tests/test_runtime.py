@@ -17,6 +17,7 @@ from adaqp.runtime import (
     init_distributed,
     overlaps,
     shutdown,
+    thread_count,
     unresponsive_peers,
     usable_cores,
 )
@@ -196,3 +197,19 @@ def test_usable_cores_follow_a_cgroup_quota(cpu_max, cores, tmp_path):
     expected = affinity if cores is None else min(cores, affinity)
     assert usable_cores(str(tmp_path / "cpu.max")) == expected
     assert usable_cores(str(tmp_path / "absent")) == affinity
+
+
+def test_threads_share_the_usable_cores_unless_the_user_chose(monkeypatch):
+    monkeypatch.setattr("adaqp.runtime.usable_cores", lambda: 8)
+    assert thread_count(0, {}, 1) == 8  # one worker a host: every core
+    assert thread_count(0, {}, 4) == 2
+    assert thread_count(0, {}, 16) == 1
+    assert thread_count(3, {"OMP_NUM_THREADS": "5"}, 4) == 3  # comm.threads wins
+    assert thread_count(0, {"OMP_NUM_THREADS": "5"}, 4) == 5  # then the user's variable
+    assert thread_count(0, {"OMP_NUM_THREADS": "1"}, 4) == 1
+    # torchrun's own default for several workers a host (its environment at start lacks
+    # the variable) is no choice: the cores are shared out.
+    torchrun = {"OMP_NUM_THREADS": "1", "TORCHELASTIC_RUN_ID": "x"}
+    assert thread_count(0, torchrun, 4, parent_env=b"PATH=/bin\0HOME=/root\0") == 2
+    assert thread_count(0, torchrun, 4, parent_env=b"PATH=/bin\0OMP_NUM_THREADS=1\0") == 1
+    assert thread_count(0, {"OMP_NUM_THREADS": "junk"}, 2) == 4

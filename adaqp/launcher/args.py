@@ -65,7 +65,8 @@ train flags, passed to every worker (python -m adaqp.train --help describes them
   the newest of them. Paths on the command line (CONFIG, --out, --set of a path key) are
   relative to the folder the command is typed in; paths inside a config, to the checkout.
 
-environment: OMP_NUM_THREADS (default 1) threads per worker; TORCH_ELASTIC_SHUTDOWN_TIMEOUT
+environment: OMP_NUM_THREADS threads per worker (default: this host's usable cores shared
+among its workers; comm.threads wins over it); TORCH_ELASTIC_SHUTDOWN_TIMEOUT
 (default 5) seconds a stopped worker gets before it is killed; GLOO_SOCKET_IFNAME the
 network interface joining several hosts.
 

@@ -108,7 +108,6 @@ def launch(spec: Launch, command: str) -> int:
     status_dir = Path(tempfile.mkdtemp(prefix="adaqp-status-"))
     env = dict(os.environ)
     env.pop("ADAQP_LAUNCH_SCRIPT", None)
-    env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "5")
     env.update(ADAQP_STATUS_DIR=str(status_dir), ADAQP_COMMAND=command)
     stopping: list[float] = []  # when the first stop signal came

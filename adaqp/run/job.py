@@ -212,6 +212,7 @@ def run(
                 restarts=restarts,
                 resumed_from_epoch=resumed_from,
                 epochs_redone=max(redone, 0),
+                threads=torch.get_num_threads(),
             )
             summary = trainer.fit(
                 writer, on_epoch=on_epoch, checkpoints=checkpoints, resume=history, facts=facts

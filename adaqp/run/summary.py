@@ -27,6 +27,8 @@ class RunFacts:
     """Times torchrun restarted the worker group during this run."""
     resumed_from_epoch: int = 0
     epochs_redone: int = 0
+    threads: int = 0
+    """Intra-op threads of each worker (``adaqp.runtime.thread_count``)."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,8 @@ class Summary:
     """Epochs run past that checkpoint before the failure, and so trained again."""
     final_test_acc: float = 0.0
     """Test accuracy at the last evaluated epoch (beside ``test_acc_at_best_val``)."""
+    threads: int = 0
+    """Intra-op threads each worker trained with (torch's and the compiled kernels')."""
     host_of_rank: list[int] = field(default_factory=list)
     """Adaptive widths: the host index of each rank (torchrun node or hostname)."""
     plan_bits_by_pair: dict[str, float] = field(default_factory=dict)
@@ -234,6 +238,7 @@ def summarize(config: Config, world_size: int, outcome: Outcome, facts: RunFacts
         restarts=facts.restarts,
         resumed_from_epoch=facts.resumed_from_epoch,
         epochs_redone=facts.epochs_redone,
+        threads=facts.threads,
         **outcome.plan_report,
     )
 

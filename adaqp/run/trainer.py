@@ -390,7 +390,9 @@ class Trainer:
                     on_epoch(record)
             except TrainingError:
                 raise
-            except RuntimeError as exc:  # gloo/nccl failures, timeouts, checkpoint I/O
+            except (RuntimeError, ValueError) as exc:
+                # This rank's own: gloo/nccl failures, timeouts, checkpoint I/O, and bad
+                # values (a NaN the quantizer met) that its peers never saw.
                 raise self._failure(epoch, exc) from exc
         total_s = time.perf_counter() - started
         peak = torch.tensor(float(self.world.peak_memory_bytes()), dtype=torch.float64)

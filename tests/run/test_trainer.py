@@ -377,3 +377,43 @@ def test_rank_0_says_once_that_the_kernels_compile_on_a_cold_cache(cora, tmp_pat
     results = run_workers(_compile_notice, 2, tmp_path, str(part_dir))
     assert results[0]["counts"].tolist() == [[1, 1], [0, 0]]
     assert results[1]["counts"].tolist() == [[0, 0], [0, 0]]
+
+
+def _one_rank_fails(rank: int, world_size: int, init_method: str, parts: str):
+    from adaqp.run import trainer as trainer_module
+    from adaqp.run.job import run
+
+    real_step = trainer_module.Trainer.train_step
+
+    def train_step(self, counters, epoch):
+        if rank == 1 and epoch == 2:
+            raise ValueError("cannot quantize: input contains NaN or Inf (checked in float32)")
+        return real_step(self, counters, epoch)
+
+    trainer_module.Trainer.train_step = train_step
+    config = load_config(
+        CORA_CONFIG,
+        [
+            "train.epochs=3",
+            f"partition.dir={parts}",
+            "comm.timeout_s=60",
+            f"metrics.out={parts}-out",
+        ],
+    )
+    try:
+        run(config, init_method, rank, world_size)
+    except Exception as exc:  # noqa: BLE001 - the test reads which error each rank met
+        return {"error": np.array(f"{type(exc).__name__}: {exc}")}
+    return {"error": np.array("")}
+
+
+@pytest.mark.distributed
+def test_a_value_error_on_one_rank_is_reported_as_that_ranks(tmp_path):
+    """A bad value one rank meets mid-training (the quantizer's NaN check) is that rank's
+    failure, named with its rank and epoch, not an error every rank shares."""
+    errors = [
+        str(r["error"]) for r in run_workers(_one_rank_fails, 2, tmp_path, str(tmp_path / "p"))
+    ]
+    assert errors[1].startswith("TrainingError: rank 1: training step failed at epoch 2"), errors
+    assert "NaN" in errors[1], errors
+    assert not errors[0].startswith("TrainingError: rank 1"), errors

@@ -242,9 +242,15 @@ class EmulatedCluster:
     def _start_host(
         self, i: int, procs_per_host: int, train_args: list[str], log_dir: Path, spec: Path
     ) -> None:
+        from adaqp.runtime import usable_cores
+
+        # Every emulated host runs on this machine's cores: they are shared among all the
+        # workers of all hosts, unless the user's OMP_NUM_THREADS says otherwise.
+        workers = self.hosts * procs_per_host
+        threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, usable_cores() // workers))
         cmd = [
             *("ip", "netns", "exec", self.host_ns(i), "env", "GLOO_SOCKET_IFNAME=eth0"),
-            *("OMP_NUM_THREADS=1", f"{SPEC_ENV}={spec}", f"{HOST_ENV}={i}"),
+            *(f"OMP_NUM_THREADS={threads}", f"{SPEC_ENV}={spec}", f"{HOST_ENV}={i}"),
             "TORCH_ELASTIC_SHUTDOWN_TIMEOUT=5",  # workers stop within a second of SIGTERM
             *(sys.executable, "-m", "torch.distributed.run"),
             *("--nnodes", str(self.hosts), "--node-rank", str(i)),
