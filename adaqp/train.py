@@ -19,8 +19,16 @@ import sys
 import time
 from pathlib import Path
 
-from adaqp.config import MODES, QUANTIZED_MODES, Config, ConfigError, load_config
-from adaqp.stop import request_stop, stop_requested
+from adaqp.deps import require
+
+PROG = "python -m adaqp.train"
+
+try:
+    from adaqp.config import MODES, QUANTIZED_MODES, Config, ConfigError, load_config
+except ModuleNotFoundError:  # numpy, which the config's dataset defaults import
+    require(PROG)
+    raise
+from adaqp.stop import request_stop, stop_requested  # noqa: E402 - after the check above
 
 logger = logging.getLogger("adaqp.train")
 
@@ -227,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.check:
         return 0
+    require(PROG)  # torch and the rest, before the job imports them
     from adaqp.run import job
 
     # Given no directory, rank 0 takes the first free version itself (``out`` is where it

@@ -77,6 +77,8 @@ CLUSTER = ["-m", "adaqp.cluster", "--hosts", "2", "--", "--config", CORA]
         (["-m", "adaqp.bench", "quant", "--help"], "torch", "python -m adaqp.bench"),
         (CLUSTER, "torch", "python -m adaqp.cluster"),
         (["-m", "adaqp.launcher", CORA, "--epochs", "1"], "torch", None),
+        (["-m", "adaqp.train", "--config", CORA, "--out", "p"], "torch", "python -m adaqp.train"),
+        (["-m", "adaqp.train", "--config", CORA], "numpy", "python -m adaqp.train"),
     ],
 )
 def test_a_missing_package_is_one_line_and_exit_2(tmp_path, args, hide, prog):

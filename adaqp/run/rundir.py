@@ -150,13 +150,8 @@ class RunDir:
         new_version: bool = False,
     ) -> RunDir:
         """``reserve``, then ``start``: the directory is ready to write."""
-        run = cls.reserve(
-            out_dir,
-            overwrite=overwrite,
-            resume=resume,
-            checkpoint_dir=checkpoint_dir,
-            new_version=new_version,
-        )
+        flags = dict(overwrite=overwrite, resume=resume, new_version=new_version)
+        run = cls.reserve(out_dir, checkpoint_dir=checkpoint_dir, **flags)
         try:
             run.start()
         except BaseException:
