@@ -11,10 +11,10 @@ variance. With ``V`` the total variance and ``T`` the predicted exchange time we
 ``V_min``/``V_max`` and ``T_min``/``T_max`` are the least and greatest over the uniform
 assignments (every message at one allowed width); a zero range zeroes its term. Full
 precision is a choice but not part of the range: a range reaching float32 (many times the
-bytes) would shrink every difference in time between quantized plans and spend bytes on
-variance, which measured slower on the emulated cluster. Under the link
-model these are the all-max/all-min bit assignments; under the host model a mixed assignment can
-be faster than every uniform one, so there the time term can go below zero. Each channel's
+bytes) would shrink every difference in time between quantized plans, so the objective
+would spend bytes on variance (``docs/cost-models.md``). Under the link model these are
+the all-max/all-min bit assignments; under the host model a mixed assignment can be
+faster than every uniform one, so there the time term can go below zero. Each channel's
 messages are sorted by weight (heaviest first, stable) and cut into groups of ``group_size``;
 each group gets one width.
 

@@ -15,13 +15,12 @@ Solvers (:func:`solve_assignment`):
   or every host's ``N_h + C_h`` with continuous ``N_h >= out_h / beta_out_h``, ``N_h >=
   in_h / beta_in_h`` and ``C_h >= c_r`` for its ranks, and, where the fabric is finite, every
   ``F + C_h`` (host model). On a time limit the better of HiGHS's incumbent and the greedy is
-  used. HiGHS does not check its clock inside every root-node heuristic: from ~10k groups it
-  overruns the limit by up to ~0.5 s, and once (20k groups, 2 s limit) took 6 s. Such models
-  rarely finish anyway (the gap is ~1e-5), so use the greedy for them, or a group size that
-  keeps groups to a few thousand. The host model is harder to prove: planner-sized exchanges
-  (240-280 groups, 2-8 ranks) took 0.04-0.4 s, but about 2% of random instances of 20-300
-  groups needed more than 20 s (one of 82 groups took 9 s: a real integrality gap); the
-  rounded LP is then the usual answer.
+  used. HiGHS does not check its clock inside every root-node heuristic, so on models of
+  many thousands of groups it can overrun the limit, and such models rarely finish anyway:
+  use the greedy for them, or a group size that keeps groups to a few thousand. The host
+  model is harder to prove, and some instances of a few hundred groups do not finish in any
+  practical limit (a real integrality gap); the rounded LP is then the usual answer. How
+  long the solvers took on which instances is in ``docs/cost-models.md``.
 * ``"greedy"``: link model: for every candidate time cap, each channel independently fills its
   budget with width upgrades in order of variance decrease per byte (a multiple-choice knapsack
   greedy); the best cap wins. Host model: the MILP's LP relaxation (HiGHS) with every group

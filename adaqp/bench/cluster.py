@@ -54,7 +54,7 @@ WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
     # Sized so that a 2-core machine computes an epoch in a fraction of a second.
     "synthetic": (CLUSTER_CONFIG, ("train.eval_every=1",)),
     "cora": ("configs/cora-gcn.toml", ("model.layers=3", "model.hidden=256")),
-    # The same size with community structure (METIS at P = 4: 3% edge cut, 79% central).
+    # The same size with community structure (how METIS cuts both: docs/datasets.md).
     "synthetic-local": ("configs/synthetic-local-gcn.toml", ("train.eval_every=1",)),
 }
 

@@ -9,7 +9,7 @@ Sources accepted by :func:`load_dataset`:
 * ``cora``, ``citeseer``: shipped in ``adaqp/data``; symmetrised, raw binary bag-of-words
   features (no row normalisation), random 20-per-class / 500 / 1000 split.
 * ``synthetic``: a seeded contextual stochastic block model, see :class:`SyntheticSpec`
-  (its module docstring tabulates how METIS cuts it with and without communities).
+  (``docs/datasets.md`` tabulates how METIS cuts it with and without communities).
 * ``ogbn-*`` (homogeneous, csv-format OGB node datasets such as ``ogbn-arxiv`` and
   ``ogbn-products``): read from OGB's raw layout under ``root/<name with _>/``, always
   symmetrised, official split; parsed arrays are cached in ``adaqp_cache.npz``.

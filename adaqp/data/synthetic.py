@@ -1,17 +1,9 @@
 """The synthetic dataset: a seeded contextual stochastic block model.
 
 :class:`SyntheticSpec` holds the generator's parameters and :func:`generate_synthetic`
-samples the graph (``load_dataset("synthetic")``).
-
-Partition statistics at 20k nodes, average degree 10, 8 classes, ``power_law = 2.5``
-(METIS with training nodes balanced; cut = share of edges between parts, halo = halo
-rows summed over parts / N, central = share of nodes with no in-neighbour elsewhere)::
-
-    communities, inter_community   P   cut     halo/node   central
-    0 (no locality)                4   25.9%   1.30        24%
-    0 (no locality)                8   30.8%   1.88        20%
-    32, 0.04 (synthetic-local)     4    3.1%   0.25        79%
-    32, 0.04 (synthetic-local)     8    3.7%   0.32        75%
+samples the graph (``load_dataset("synthetic")``). How METIS cuts it with and without
+communities (edge cut, halo rows per node, central nodes) is tabulated in
+``docs/datasets.md``.
 """
 
 from __future__ import annotations
@@ -35,11 +27,10 @@ class SyntheticSpec:
     Class centres are random unit-norm vectors, so with ``feature_noise=1`` features alone
     are only weakly informative and neighbourhood aggregation is needed for high accuracy.
 
-    Without communities the graph has no locality beyond its classes, so METIS cuts it
-    badly (a quarter of the edges at P = 4; see the table in the module docstring).
-    ``communities`` and ``inter_community`` add the community structure of real graphs:
-    ``communities=32, inter_community=0.04`` (``configs/synthetic-local-gcn.toml``) cuts
-    3% of the edges at P = 4, with 0.25 halo rows per node and 79% central nodes.
+    Without communities the graph has no locality beyond its classes, so METIS cuts many
+    of its edges. ``communities`` and ``inter_community`` add the community structure of
+    real graphs, where METIS finds locality: ``communities=32, inter_community=0.04`` is
+    ``configs/synthetic-local-gcn.toml`` (both cut in ``docs/datasets.md``).
     """
 
     num_nodes: int = 10000
@@ -231,8 +222,8 @@ def generate_synthetic(spec: SyntheticSpec, split_seed: int = 0) -> GraphData:
 def _locate(cum: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Returns ``np.searchsorted(cum, x, side="right") - 1``, computed on sorted queries.
 
-    Searching random queries in a large ``cum`` misses the cache at every step; sorting
-    them first measured 2 to 3 times faster (10M queries, 1M entries) for the same result.
+    Searching random queries in a large ``cum`` misses the cache at every step; sorted
+    queries walk it in order, for the same result (``docs/datasets.md``).
     """
     perm = np.argsort(x)
     out = np.empty(x.shape[0], dtype=np.int64)

@@ -23,14 +23,13 @@ cycle, not the planner's); the keys it leaves fresh use the planner's widths fro
   fresh;
 - and, from the second choice on, **it is cheap**: the rows it sends moved by at most
   ``staleness.max_drift`` per epoch. The first choice goes on the wait alone: rows
-  cannot be judged after one epoch, and measured, smoothed stale rows from the start
-  cost no accuracy where a synchronous start (4 epochs) before them cost 0.7-1.3
-  points (docs/staleness.md).
+  cannot be judged after one epoch, and a synchronous start before smoothed stale rows
+  costs accuracy that stale rows from the start do not (docs/staleness.md).
 
 A stale key stays stale: while it is stale its fresh wait is not observed (nor its drift
 measured: where every key is stale an epoch costs what ``onebit``'s does), and a switch
-back would restart its moving average (a first version that switched back above a
-drift limit switched some key at 16 of 20 choices and lost accuracy).
+back would restart its moving average, so a key near the limit would flip back and forth
+(docs/staleness.md).
 
 The drift compares the mean rows of the cycle's two halves, ``m_1`` and ``m_2``:
 ``|m_2 - m_1| / |m_2|`` (over all ranks' rows) divided by the epochs between their
@@ -215,8 +214,8 @@ class ChoicePolicy(AdaptivePolicy):
         half = int((self._epoch - 1) % cycle >= cycle // 2)
         entry = self._sums.setdefault(key, _no_sums())[half]
         rows = rows_RD.detach()[:: max(1, -(-len(rows_RD) // DRIFT_ROWS))]
-        # One gathering copy: the sum and the norm then stream (2.3x faster than both
-        # reading the strided rows).
+        # One gathering copy: the sum and the norm then stream through contiguous rows
+        # instead of both reading the strided ones.
         rows = rows.clone(memory_format=torch.contiguous_format)
         entry[0] = rows if entry[0] is None else entry[0].add_(rows)
         entry[1] += 1
@@ -277,9 +276,9 @@ class ChoicePolicy(AdaptivePolicy):
         chosen = {key for key, on in zip(keys, mask.tolist(), strict=True) if on}
         for key in chosen - self.stale_keys:
             # The next epoch reads this one's rows, as it would had the key been stale
-            # already: a first stale epoch that waits for its own exchange starts the
-            # moving average one epoch later and measured about a point lower. (After
-            # epoch 1 the stale rows are there already.)
+            # already: a first stale epoch that waited for its own exchange would start
+            # the moving average one epoch later (docs/staleness.md). (After epoch 1 the
+            # stale rows are there already.)
             handle = self._last_fresh.get(key)
             if handle is not None:
                 self.stale.seed(key, epoch, handle.wait().clone())

@@ -7,13 +7,13 @@ layouts are computed once per row width and reused by every exchange that runs i
 
 ``encode`` and ``decode`` fill and read such a buffer. On the compiled path, where no row
 travels at full precision, the whole buffer is one kernel call (one seed from the
-generator for all segments): the per-segment calls cost 90 and 35 microseconds each in
-Python around the kernel, as much as the kernel itself on a layer's 8-wide rows.
+generator for all segments): per-segment calls would spend as much time in Python around
+the kernel as in the kernel itself on narrow rows (docs/kernels.md).
 Elsewhere (the torch path, float32 rows among them) each segment is encoded on its own.
 Either way each segment is a valid message of its own, byte for byte in one format.
 
-A forward exchange sends some inner rows to several peers (on the README cluster workload
-6,387 rows a rank, 3,755 distinct): given the rows' ``send_idx`` as ``sources``, the
+A forward exchange sends some inner rows to several peers (how many on the README
+cluster workload: docs/kernels.md): given the rows' ``send_idx`` as ``sources``, the
 compiled path quantizes each distinct row once per width and copies its codes, so those
 peers receive the same codes (each still an unbiased estimate of the row).
 """
