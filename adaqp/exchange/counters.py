@@ -18,8 +18,9 @@ from adaqp.bits import BIT_WIDTHS, FULL_PRECISION_BITS
 
 
 def _reduced(how: str, default_factory=None, default=0.0, values: type = int):
-    """A counter field and how ranks combine it: sum, mean or max. ``values``: the type
-    of a dict field's values after a sum or max (a mean is always a float)."""
+    """A counter field and how ranks combine it: sum, mean, max, or ``per_read`` (a mean
+    over the reads in ``staleness_by_tag``, every rank's). ``values``: the type of a dict
+    field's values after a sum or max (a mean is always a float)."""
     metadata = {"reduce": how, "values": values}
     if default_factory is not None:
         return field(default_factory=default_factory, metadata=metadata)
@@ -32,7 +33,8 @@ class EpochCounters:
 
     Field names are the names in ``metrics.jsonl``. Components record into it through
     the ``record_*`` methods; ``reduced`` combines the ranks field by field (times are
-    means over ranks, bytes and counts sums, staleness the maximum).
+    means over ranks, bytes and counts sums, staleness the maximum, the effective
+    staleness a mean over every rank's reads).
     """
 
     comm_time_s: float = _reduced("mean")
@@ -54,6 +56,12 @@ class EpochCounters:
     staleness_by_tag: dict[str, dict[int, int]] = _reduced("sum", dict)
     """Per exchange: how many times halo rows (or gradients) s epochs old were used."""
     max_staleness: int = _reduced("max", default=0)
+    """The oldest buffer a read chose, in epochs (what ``staleness.bound`` bounds)."""
+    effective_staleness: float = _reduced("per_read")
+    """Mean over the reads counted in ``staleness_by_tag`` of the age of what the layer
+    read, in epochs, under the moving average's weights (with ``staleness.smoothing`` it
+    keeps older buffers: a read one epoch old at every epoch settles at 1 / (1 - g));
+    0 where no exchange was stale."""
     comm_time_by_tag: dict[str, float] = _reduced("mean", dict)
     """``comm_time_s`` by exchange."""
     comm_wait_by_tag: dict[str, float] = _reduced("mean", dict)
@@ -103,10 +111,20 @@ class EpochCounters:
             for tag, arrived in sorted(self.exchange_arrived_at_by_tag.items())
         }
 
-    def record_staleness(self, tag: str, staleness: int) -> None:
+    @property
+    def stale_reads(self) -> int:
+        """Reads counted in ``staleness_by_tag`` (those ``effective_staleness`` averages)."""
+        return sum(n for hist in self.staleness_by_tag.values() for n in hist.values())
+
+    def record_staleness(self, tag: str, staleness: int, effective: float | None = None) -> None:
+        """One read of exchange ``tag``: the chosen buffer is ``staleness`` epochs old, and
+        what the layer read ``effective`` epochs under the average's weights (default: the
+        buffer's own age, as without smoothing)."""
         hist = self.staleness_by_tag.setdefault(tag, {})
         hist[staleness] = hist.get(staleness, 0) + 1
         self.max_staleness = max(self.max_staleness, staleness)
+        effective = float(staleness if effective is None else effective)
+        self.effective_staleness += (effective - self.effective_staleness) / self.stale_reads
 
     def record_allreduce(self, seconds: float) -> None:
         self.allreduce_time_s += seconds
@@ -147,6 +165,8 @@ class EpochCounters:
                 value = {(t, s): n for t, hist in value.items() for s, n in hist.items()}
             else:
                 keys = None
+            if f.name == "effective_staleness":
+                value *= self.stale_reads  # summed over ranks, then per read
             if keys is None:
                 layout.append((f, None, len(values)))
                 values.append(float(value))
@@ -165,6 +185,8 @@ class EpochCounters:
             source = maxed if how == "max" else summed
             if keys is None:
                 total = source[start] / world_size if how == "mean" else source[start]
+                if how == "per_read":  # staleness_by_tag, before it, is reduced already
+                    total = total / out.stale_reads if out.stale_reads else 0.0
                 setattr(out, f.name, type(getattr(self, f.name))(total))
                 continue
             kind = float if how == "mean" else f.metadata["values"]

@@ -9,12 +9,17 @@ on the oldest of them (collectives on one group complete in launch order, so tha
 shortest wait). With ``landing = "fixed"`` it always uses the oldest of them, the one
 started at t - S (epoch 1's in the first S epochs), so that what a layer reads does not
 depend on timing. The bound is 0 in the first ``warmup_epochs`` epochs and, with
-``fresh_last_layer``, for the last layer's exchanges; with ``smoothing = g`` a layer
-uses the per-exchange moving average ``g * avg + (1 - g) * rows`` of the rows it
-resolves where its bound is above 0 (a synchronous read restarts the average), decoded
-straight into the average where the compiled kernels run.
-Gradients returned to owners follow the same rule. S = 0 is synchronous low-bit
+``fresh_last_layer``, for the last layer's exchanges. S = 0 is synchronous low-bit
 training, and with ``sync_every = K`` every K-th epoch waits for its own exchanges.
+Gradients returned to owners follow the same rule.
+
+With ``smoothing = g`` a layer reads, where its bound is above 0, the per-exchange moving
+average ``g * avg + (1 - g) * rows`` of the buffers it chose (decoded straight into the
+average where the compiled kernels run); a synchronous read restarts the average. Each
+buffer enters the average once: when the chosen buffer is the one already blended (no
+newer one within the bound has landed, or ``fixed`` reads epoch 1's again), the layer
+reads the average unchanged. The chosen buffer only moves forward (older ones are dropped
+once a newer one is chosen), so "already blended" is "the same as last time".
 
 Per key::
 
@@ -22,8 +27,13 @@ Per key::
     buffers:      (gone)   [h, landed?]  ... [h, landed?] [h just launched]
                            '------- may be used at epoch t -------'
 
-The staleness actually used (t minus the chosen buffer's epoch) is recorded per key;
-evaluation never uses buffers (fresh, full precision).
+Recorded per key and read: the chosen buffer's age (t minus its start epoch; the bound
+bounds it) and the *effective* age of what the layer reads, ``t - m`` with ``m`` the start
+epochs of the buffers in the average under their weights (``m <- g * m + (1 - g) * s`` at
+each blend, ``m = s`` at a restart and without smoothing). Reading a buffer s epochs old at
+every epoch, ``t - m`` settles at ``s + g / (1 - g)`` (10 for s = 1, g = 0.9): the average's
+memory, which the bound does not bound. Evaluation never uses buffers (fresh, full
+precision).
 """
 
 from __future__ import annotations
@@ -95,6 +105,9 @@ class StalePolicy(ExchangePolicy):
         self.staleness_bound = config.bound
         # Per key, with smoothing on: the moving average of what the layer received.
         self._averages: dict[ExchangeKey, torch.Tensor] = {}
+        # Per key: (start epoch of the buffer read last, weighted mean start epoch of what
+        # the layer reads); see the module's docstring.
+        self._last_read: dict[ExchangeKey, tuple[int, float]] = {}
         self._plans: dict[ExchangeKey, BitPlan] = {}
         # Per key: (epoch started, handle), oldest first; at most bound + 1 entries.
         self._buffers: dict[ExchangeKey, deque[tuple[int, PendingExchange]]] = {}
@@ -158,10 +171,10 @@ class StalePolicy(ExchangePolicy):
         started, handle = entries[chosen]
         first = not handle.waited
         blocked = not handle.is_completed()
-        rows = self._smoothed(key, handle, stale_allowed=bound > 0)
+        rows, mean_start = self._smoothed(key, started, handle, stale_allowed=bound > 0)
         if first:
             self._counters.record_landing(handle, handle.wait_s if blocked else 0.0)
-        self._counters.record_staleness(str(key), epoch - started)
+        self._counters.record_staleness(str(key), epoch - started, epoch - mean_start)
         # Older buffers will never be chosen again: a newer one has landed.
         for _ in range(chosen):
             self._retire(entries.popleft()[1])
@@ -169,26 +182,36 @@ class StalePolicy(ExchangePolicy):
         return rows
 
     def _smoothed(
-        self, key: ExchangeKey, handle: PendingExchange | _Landed, stale_allowed: bool
-    ) -> torch.Tensor:
-        """The rows of ``handle``, or with smoothing their moving average. The average
+        self, key: ExchangeKey, started: int, handle: PendingExchange | _Landed, stale_allowed: bool
+    ) -> tuple[torch.Tensor, float]:
+        """The rows of ``handle`` (started at epoch ``started``), or with smoothing their
+        moving average; and the weighted mean start epoch of what that is. The average
         starts at the first rows and restarts at every synchronous read, whose rows are
         used as they are (so that ``bound = 0`` is synchronous training whatever
-        ``smoothing`` says)."""
+        ``smoothing`` says). A buffer already in the average leaves it unchanged."""
         g = self.config.smoothing
-        if not g:
-            return handle.wait()
+        last = self._last_read.get(key)
         average = self._averages.get(key)
-        # In place: a fresh tensor of this size per exchange and epoch costs more than
-        # the arithmetic (page faults); the layer used last epoch's average already.
-        if average is None:
-            average = handle.wait().clone()
-        elif not stale_allowed:
-            average.copy_(handle.wait())
+        if not g:
+            rows, mean_start = handle.wait(), float(started)
+        elif average is None or not stale_allowed:
+            # In place where it exists: a fresh tensor of this size per exchange and epoch
+            # costs more than the arithmetic (page faults); the layer used the old one.
+            if average is None:
+                average = handle.wait().clone()
+            else:
+                average.copy_(handle.wait())
+            rows, mean_start = average, float(started)
+        elif last is not None and last[0] == started:
+            rows, mean_start = average, last[1]  # blended already: nothing new landed
         else:
             handle.blend_into(average, 1.0 - g)  # decoded straight into the average
-        self._averages[key] = average
-        return average
+            prior = last[1] if last is not None else float(started)
+            rows, mean_start = average, g * prior + (1.0 - g) * started
+        if g:
+            self._averages[key] = average
+        self._last_read[key] = (started, mean_start)
+        return rows, mean_start
 
     def seed(self, key: ExchangeKey, epoch: int, rows: torch.Tensor) -> None:
         """Makes ``rows``, landed at ``epoch`` (a fresh exchange's), the buffer of ``key``
@@ -202,6 +225,7 @@ class StalePolicy(ExchangePolicy):
         for _, handle in self._buffers.pop(key, ()):
             self._retire(handle)
         self._averages.pop(key, None)
+        self._last_read.pop(key, None)
 
     def _retire(self, handle: PendingExchange) -> None:
         if not handle.release_if_landed():
@@ -215,6 +239,8 @@ class StalePolicy(ExchangePolicy):
                 state[f"buffer/{key}/{started}"] = handle.wait().cpu()
         for key, average in self._averages.items():
             state[f"average/{key}"] = average.cpu()
+        for key, (started, mean_start) in self._last_read.items():
+            state[f"read/{key}"] = torch.tensor([started, mean_start], dtype=torch.float64)
         return state
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
@@ -228,6 +254,8 @@ class StalePolicy(ExchangePolicy):
                 buffers.setdefault(ExchangeKey.parse(key_name), []).append(entry)
             elif kind == "average":
                 self._averages[ExchangeKey.parse(rest)] = rows.to(self.device)
+            elif kind == "read":
+                self._last_read[ExchangeKey.parse(rest)] = (int(rows[0]), float(rows[1]))
         self._buffers = {key: deque(sorted(e, key=lambda x: x[0])) for key, e in buffers.items()}
 
     def close(self) -> None:

@@ -120,7 +120,6 @@ class PendingExchange:
         quant_s: float = 0.0,
         launch_s: float = 0.0,
         decode: Callable[..., torch.Tensor] | None = None,
-        ready_at: float = 0.0,
     ):
         self._transport = transport
         self._key = key
@@ -134,7 +133,6 @@ class PendingExchange:
         self._started = time.perf_counter() - launch_s
         self._arrived_at = time.time() - launch_s - quant_s
         self._done_at: float | None = None
-        self._ready_at = ready_at
         self._rows: torch.Tensor | None = None
         self._landed: float | None = None  # dated by the landing callback
         self._landed_at: float | None = None  # dated once waited
@@ -145,7 +143,7 @@ class PendingExchange:
 
     def _on_landed(self, _future) -> None:
         if self._landed is None:
-            self._landed = max(time.perf_counter(), self._ready_at)
+            self._landed = time.perf_counter()
 
     key = property(lambda self: self._key)
     bytes_sent = property(lambda self: self._bytes_sent)
@@ -167,8 +165,6 @@ class PendingExchange:
         """True once the rows have landed (``wait`` would not block)."""
         if self._landed_at is not None:
             return True
-        if time.perf_counter() < self._ready_at:
-            return False
         return self._work is None or self._work.is_completed()
 
     def wait(self) -> torch.Tensor:
@@ -223,9 +219,6 @@ class PendingExchange:
         return True
 
     def _finish(self) -> None:
-        delay = self._ready_at - time.perf_counter()
-        if delay > 0:  # the test-only delay of a slow link
-            time.sleep(delay)
         if self._work is None:
             return
         t = self._transport
@@ -275,9 +268,6 @@ class HaloTransport:
         self.recv_counts = list(recv_counts)
         self.timeout_s = timeout_s
         self.group = group
-        self.emulated_delay_s = 0.0
-        """Emulates a slow link for tests: every exchange lands no earlier than this many
-        seconds after it starts. Zero in training; nothing in the project sets it."""
         self.step = "set-up"
         """Where training is (e.g. "epoch 3"), quoted in errors; set through ``at``."""
         self.generator = torch.Generator(device=device)
@@ -333,7 +323,6 @@ class HaloTransport:
                 bytes_sent=rows_RD.numel() * rows_RD.element_size(),
                 bits_histogram={FULL_PRECISION_BITS: rows_RD.numel()} if rows_RD.numel() else {},
                 launch_s=time.perf_counter() - began,
-                ready_at=began + self.emulated_delay_s,
             )
 
         began = time.perf_counter()
@@ -362,7 +351,6 @@ class HaloTransport:
             quant_s=quantized - began,
             launch_s=time.perf_counter() - quantized,
             decode=decode,
-            ready_at=quantized + self.emulated_delay_s,
         )
 
     def _launch(self, recv, send, in_splits, out_splits, key: ExchangeKey):

@@ -64,7 +64,8 @@ class EpochRecord:
     staleness_by_tag: dict[str, dict[str, int]] = field(default_factory=dict)
     """Per exchange: how many times halo rows (or gradients) s epochs old were used."""
     max_staleness: int = 0
-    """Largest staleness used in this epoch (0: every exchange was waited for)."""
+    """Largest staleness used in this epoch (0: every exchange was waited for): the age of
+    the oldest buffer a read chose, which ``staleness.bound`` bounds."""
     hidden_by_tag: dict[str, float] = field(default_factory=dict)
     """Per exchange: the share of its exchange time hidden behind compute."""
     exchange_span_by_tag: dict[str, float] = field(default_factory=dict)
@@ -76,6 +77,10 @@ class EpochRecord:
     """CPU seconds each rank's process used in the training step (all its threads: compute,
     (de)quantization, the communication library's), mean over ranks. Unlike the times
     above it does not grow while a process waits or is descheduled."""
+    effective_staleness: float = 0.0
+    """Mean age in epochs of what the layers read through stale exchanges, under the
+    moving average's weights (``staleness.smoothing`` keeps older buffers in it), over
+    every rank's reads in ``staleness_by_tag``; 0 where none was stale."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``metrics.jsonl`` object: every field, plus its older name where it has one."""
@@ -113,6 +118,7 @@ class EpochRecord:
                 t: {str(s): v for s, v in sorted(h.items())} for t, h in c.staleness_by_tag.items()
             },
             max_staleness=c.max_staleness,
+            effective_staleness=c.effective_staleness,
             hidden_by_tag=hidden_fractions(c.comm_time_by_tag, c.comm_wait_by_tag),
             exchange_span_by_tag=dict(c.exchange_span_by_tag),
             exchange_after_arrival_by_tag=c.exchange_after_arrival_by_tag,

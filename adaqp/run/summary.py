@@ -73,7 +73,8 @@ class Summary:
     avg_bits: float
     """Average bits per transmitted value (32 for full precision)."""
     max_staleness: int
-    """Largest halo staleness used, in epochs (0 for synchronous modes)."""
+    """Largest halo staleness used, in epochs (0 for synchronous modes): the age of the
+    oldest buffer a read chose, which ``staleness.bound`` bounds."""
     comm_wait_s: float
     allreduce_time_s: float
     total_time_s: float
@@ -122,6 +123,9 @@ class Summary:
     """Epochs run past that checkpoint before the failure, and so trained again."""
     final_test_acc: float = 0.0
     """Test accuracy at the last evaluated epoch (beside ``test_acc_at_best_val``)."""
+    effective_staleness: float = 0.0
+    """Mean age in epochs of what the layers read through stale exchanges, under the
+    moving average's weights, over every read of the run (0 for synchronous modes)."""
     threads: int = 0
     """Intra-op threads each worker trained with (torch's and the compiled kernels')."""
     host_of_rank: list[int] = field(default_factory=list)
@@ -205,6 +209,7 @@ def summarize(config: Config, world_size: int, outcome: Outcome, facts: RunFacts
         halo_bytes_per_epoch=last.halo_bytes_per_epoch,
         avg_bits=last.avg_bits,
         max_staleness=max(r.max_staleness for r in records),
+        effective_staleness=_per_read(records),
         comm_wait_s=wait,
         allreduce_time_s=median("allreduce_time_s"),
         total_time_s=outcome.total_time_s,
@@ -261,6 +266,14 @@ def settled_records(records: list[EpochRecord], warmup: int) -> list[EpochRecord
     """The epochs under the last plans that ran (after warm-up where nothing was solved)."""
     solved_at = last_solve(records)
     return [r for r in records if r.epoch > solved_at] if solved_at else records[warmup:]
+
+
+def _per_read(records: list[EpochRecord]) -> float:
+    """``effective_staleness`` over the run: the epochs' figures weighted by their reads."""
+    reads = [sum(n for h in r.staleness_by_tag.values() for n in h.values()) for r in records]
+    total = sum(reads)
+    weighted = sum(r.effective_staleness * n for r, n in zip(records, reads, strict=True))
+    return weighted / total if total else 0.0
 
 
 def _sum_histograms(histograms) -> dict[str, dict[str, int]]:

@@ -14,6 +14,7 @@ from adaqp.data import load_dataset
 from adaqp.exchange.choice import DRIFT_DECAY, choose, drift_figures, pooled
 from adaqp.partitioning.build import make_partition
 from tests.distributed import run_workers
+from tests.exchange.landings import delay_landings
 from tests.run.test_checkpoint import _Records
 from tests.run.test_trainer import _config as exact_config
 from tests.run.test_trainer import rank_trainer
@@ -44,7 +45,7 @@ def _worker(rank, world_size, init_method, part_dir: str, cases: dict):
             ),
         )
         with rank_trainer(config, init_method + name, rank, world_size, part_dir) as (trainer, _):
-            trainer.transport.emulated_delay_s = delay if rank == 1 else 0.0
+            delay_landings(trainer.transport, delay if rank == 1 else 0.0)
             if name == "split" and rank == 1:  # rank 1 times its epochs 1000 times longer
 
                 def slow_clock(epoch, *args, epoch_s=0.0, end=trainer.policy.end_epoch, **kw):

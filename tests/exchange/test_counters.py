@@ -49,6 +49,7 @@ def _ranks() -> list[EpochCounters]:
         bytes_by_tag={L0F: 60, L1B: 40},
         staleness_by_tag={L0F: {0: 2, 1: 1}},
         max_staleness=1,
+        effective_staleness=1.0,
         comm_time_by_tag={L0F: 0.75, L1B: 0.25},
         comm_wait_by_tag={L0F: 0.5},
         exchange_span_by_tag={L0F: 2.0},
@@ -66,6 +67,7 @@ def _ranks() -> list[EpochCounters]:
         bytes_by_tag={L0F: 250},
         staleness_by_tag={L0F: {2: 3}, L1B: {0: 1}},
         max_staleness=2,
+        effective_staleness=2.5,
         comm_time_by_tag={L0F: 2.0},
         comm_wait_by_tag={L0F: 1.0, L1B: 0.5},
         exchange_span_by_tag={L0F: 1.5, L1B: 3.0},
@@ -98,6 +100,8 @@ def _check_expected(out: EpochCounters) -> None:
     assert out.staleness_by_tag == {L0F: {0: 2, 1: 1, 2: 3}, L1B: {0: 1}}
     assert out.max_staleness == 2
     assert type(out.max_staleness) is int
+    # Per read, every rank's: 3 reads at 1.0 and 4 at 2.5 (rank 2 read nothing).
+    assert out.effective_staleness == pytest.approx((3 * 1.0 + 4 * 2.5) / 7)
     assert out.comm_time_by_tag == pytest.approx({L0F: 2.75 / 3, L1B: 0.75 / 3})
     assert out.comm_wait_by_tag == pytest.approx({L0F: 1.5 / 3, L1B: 0.5 / 3})
     assert out.exchange_span_by_tag == {L0F: 2.0, L1B: 3.0}
@@ -195,6 +199,11 @@ def test_record_staleness_and_allreduce():
     assert c.max_staleness == 2
     c.record_staleness(L1B, 0)  # a smaller one keeps the maximum
     assert c.max_staleness == 2
+    # Without an effective age, a read's is its buffer's: the mean of 0, 2, 2, 1, 0, 0.
+    assert c.effective_staleness == pytest.approx(5 / 6)
+    c.record_staleness(L1B, 1, effective=9.5)  # a moving average remembers older rows
+    assert c.effective_staleness == pytest.approx((5 + 9.5) / 7)
+    assert c.max_staleness == 2 and c.stale_reads == 7
     c.record_allreduce(0.25)
     c.record_allreduce(0.5)
     assert c.allreduce_time_s == 0.75
@@ -228,6 +237,11 @@ def test_reduced_on_one_rank_is_identity():
     out = c.reduced(lambda tensor, how: tensor, 1, TAGS, 1)
     assert out == c
     assert out is not c and out.bits_histogram is not c.bits_histogram
+
+
+def test_effective_staleness_is_zero_without_reads():
+    out = EpochCounters().reduced(lambda tensor, how: tensor, 2, TAGS)
+    assert out.effective_staleness == 0.0 and out.stale_reads == 0
 
 
 def test_reduced_drops_zero_entries():
@@ -279,6 +293,7 @@ def _check_expected_two(out: EpochCounters) -> None:
     assert out.bytes_by_tag == {L0F: 310, L1B: 40}
     assert out.staleness_by_tag == {L0F: {0: 2, 1: 1, 2: 3}, L1B: {0: 1}}
     assert out.max_staleness == 2
+    assert out.effective_staleness == pytest.approx(13 / 7)
     assert out.comm_time_by_tag == {L0F: 1.375, L1B: 0.125}
     assert out.comm_wait_by_tag == {L0F: 0.75, L1B: 0.25}
     assert out.exchange_span_by_tag == {L0F: 2.0, L1B: 3.0}

@@ -5,6 +5,7 @@ link is slow), and the ownership of exchange state."""
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,13 +15,14 @@ from adaqp.config import StalenessConfig, load_config
 from adaqp.data import GraphData, load_dataset
 from adaqp.exchange.counters import EpochCounters
 from adaqp.exchange.stale import StalePolicy
-from adaqp.exchange.transport import BitPlan, ExchangeKey, NoCommTransport
+from adaqp.exchange.transport import BitPlan, ExchangeKey, NoCommTransport, PendingExchange
 from adaqp.graph.local import LocalGraph
 from adaqp.partitioning.build import make_partition
 from adaqp.partitioning.format import load_part, read_metadata
 from adaqp.run.trainer import Trainer
 from adaqp.runtime import init_distributed, shutdown
 from tests.distributed import NullWriter, run_workers
+from tests.exchange.landings import delay_landings
 
 
 def _two_components(size_a: int = 24, size_b: int = 48, seed: int = 0) -> GraphData:
@@ -143,7 +145,7 @@ def _delayed_worker(rank, world_size, init_method, part_dir: str, bound: int):
         meta = read_metadata(part_dir)
         graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
         trainer = Trainer(config, graph, meta, world)
-        trainer.transport.emulated_delay_s = DELAY_S if rank == 1 else 0.0
+        delay_landings(trainer.transport, DELAY_S if rank == 1 else 0.0)
         used, blocked = [], []
         try:
             for epoch in range(1, 5):
@@ -220,3 +222,94 @@ def test_a_layer_splits_its_rows_only_where_an_exchange_may_wait(settings, waiti
         assert policy.waits(1)  # outside training: evaluation
     policy.close()
     assert waits == waiting_epochs
+
+
+class _EpochRows(NoCommTransport):
+    """Every row of the exchange started at epoch ``epoch`` is that epoch's number, so that
+    what a layer reads is the weighted mean start epoch of the buffers it averaged; the
+    exchange started at epoch s has landed at epoch t iff ``landed(s, t)``."""
+
+    class _Work:
+        def __init__(self, transport: _EpochRows, started: int):
+            self._transport, self._started = transport, started
+
+        def is_completed(self) -> bool:
+            return self._transport.landed(self._started, self._transport.epoch)
+
+        def wait(self, timeout=None) -> bool:
+            return True
+
+        def get_future(self):
+            return SimpleNamespace(add_done_callback=lambda callback: None)
+
+    def __init__(self, landed):
+        super().__init__(0, [0, 2], [0, 3])
+        self.landed = landed
+        self.epoch = 0
+
+    def start(self, rows_RD, key, plan=None) -> PendingExchange:
+        _, in_counts = self.counts(key)
+        recv = torch.full((sum(in_counts), rows_RD.shape[1]), float(self.epoch))
+        work = self._Work(self, self.epoch)
+        return PendingExchange(self, key, work, recv, bytes_sent=0, bits_histogram={})
+
+
+def _reads(landed, epochs: int, **settings) -> tuple[list[float], list[float], list[int]]:
+    """Per epoch: what one stale exchange's layer read (its rows' value), and the epoch's
+    ``effective_staleness`` and ``max_staleness``."""
+    transport = _EpochRows(landed)
+    policy = StalePolicy(transport, StalenessConfig(**settings), "cpu")
+    read, effective, oldest = [], [], []
+    for epoch in range(1, epochs + 1):
+        transport.epoch = epoch
+        counters = EpochCounters()
+        policy.begin_epoch(epoch, counters)
+        with policy.training():
+            rows = policy.start(ExchangeKey.forward(1), torch.zeros(2, 4)).wait()
+        assert (rows == rows[0, 0]).all()
+        read.append(float(rows[0, 0]))
+        effective.append(counters.effective_staleness)
+        oldest.append(counters.max_staleness)
+    policy.close()
+    return read, effective, oldest
+
+
+def test_a_landed_buffer_enters_the_moving_average_once():
+    """Epoch 2's exchange lands at once, epoch 3's a epoch late: epoch 3 reads epoch 2's
+    buffer again, which is in the average already, so the average stays as it was (blending
+    it again would read 1.75 at epoch 3)."""
+    delays = {1: 0, 2: 0, 3: 1, 4: 0}
+    read, effective, oldest = _reads(
+        lambda s, t: t >= s + delays[s], 4, smoothing=0.5, bound=1, landing="newest"
+    )
+    assert read == [1.0, 1.5, 1.5, 2.75]  # 1; (1 + 2) / 2; unchanged; (1.5 + 4) / 2
+    assert oldest == [0, 0, 1, 0]  # the chosen buffer stays within the bound ...
+    assert effective == pytest.approx([0.0, 0.5, 1.5, 1.25])  # ... what is read is older
+
+
+@pytest.mark.parametrize(
+    ("landing", "smoothing", "age"),
+    [
+        # Always a buffer one epoch old: the average settles at 1 / (1 - g) = 10 epochs.
+        ("fixed", 0.9, lambda t: 10 - 9 * 0.9 ** (t - 2) if t > 1 else 0.0),
+        # Without smoothing, the chosen buffer's own age.
+        ("fixed", 0.0, lambda t: 1.0 if t > 1 else 0.0),
+        # Every exchange landed at once (its own epoch's): g / (1 - g) = 9.
+        ("newest", 0.9, lambda t: 9 * (1 - 0.9 ** (t - 1))),
+        ("newest", 0.0, lambda t: 0.0),
+    ],
+)
+def test_effective_staleness_is_the_age_of_what_the_average_holds(landing, smoothing, age):
+    """The mean age under the average's weights: ``t - m`` with ``m <- g m + (1 - g) s``
+    for the buffer started at s, which is what the layer reads when rows carry their
+    epoch."""
+    epochs = 60
+    read, effective, _ = _reads(
+        lambda s, t: True, epochs, smoothing=smoothing, bound=1, landing=landing
+    )
+    expected = [age(t) for t in range(1, epochs + 1)]
+    assert effective == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    # The rows say the same (float32 rounding of the average).
+    assert [t - r for t, r in enumerate(read, 1)] == pytest.approx(expected, abs=1e-3)
+    if smoothing:
+        assert effective[-1] == pytest.approx(10.0 if landing == "fixed" else 9.0, abs=0.02)

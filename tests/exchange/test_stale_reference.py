@@ -10,6 +10,13 @@ attention, checked on its own against a dense GAT in tests/model/test_gat.py, ov
 whole graph with a stale copy of every cross-part source). The distributed mode (``onebit`` at
 ``staleness.bits = 32``, ``landing = "fixed"``, dropout 0) must match it to float
 tolerance, and must not match the references one epoch fresher or staler.
+
+Under ``landing = "newest"`` what a layer reads depends on which exchanges have landed;
+with a landing schedule injected (``tests/exchange/landings.py``) it depends on the
+schedule alone, and the reference chooses by the same schedule: per exchange, the newest
+landed buffer started within the bound, else the oldest within it. With smoothing, each
+chosen buffer enters the moving average once; a buffer chosen again (nothing newer has
+landed) leaves the average as it is.
 """
 
 from __future__ import annotations
@@ -20,10 +27,12 @@ import torch
 import torch.nn.functional as F
 
 from adaqp.data import load_dataset
+from adaqp.exchange.transport import Direction, ExchangeKey
 from adaqp.graph.aggregate import SparseAdjacency
 from adaqp.model.gnn import GNN
 from adaqp.partitioning.build import make_partition
 from tests.distributed import run_workers
+from tests.exchange.landings import delay_landings, schedule_landings
 from tests.run.test_checkpoint import _Records
 from tests.run.test_trainer import (
     _close,
@@ -67,6 +76,19 @@ def _config(model: str, part_dir: str, extra: tuple[str, ...] = ()):
     return exact_config(model, part_dir, (*STALE, *extra))
 
 
+# Per direction, the epochs after its start at which the exchange started at epoch s
+# (1..6) lands. Forward: read at once (epochs 1, 2, 5), one epoch late, and chosen again
+# where the next has not landed (epochs 3, 6). Backward: blocked on at epoch 1, chosen
+# again at ages 1 and 2, blocked on at age 2 where nothing within the bound has landed
+# (epoch 4).
+LANDING_DELAYS = {Direction.FORWARD: (0, 0, 1, 3, 0, 2), Direction.BACKWARD: (1, 5, 5, 5, 0, 5)}
+
+
+def scheduled(key: ExchangeKey, started: int, now: int) -> bool:
+    """Whether the exchange of ``key`` started at epoch ``started`` has landed at ``now``."""
+    return now >= started + LANDING_DELAYS[key.direction][started - 1]
+
+
 def _worker(
     rank,
     world_size,
@@ -75,8 +97,10 @@ def _worker(
     extra: tuple[str, ...],
     delay: float,
     models: tuple[str, ...] = MODELS,
+    landed=None,
 ):
-    """Trains each model for EPOCHS epochs; ``delay``: rank 1's exchanges land that late."""
+    """Trains each model for EPOCHS epochs; ``delay``: rank 1's exchanges land that late;
+    ``landed``: a landing schedule for every rank (see ``scheduled``)."""
     result = {}
     for model in models:
         config = _config(model, part_dir, extra)
@@ -84,12 +108,17 @@ def _worker(
             trainer,
             graph,
         ):
-            trainer.transport.emulated_delay_s = delay if rank == 1 else 0.0
+            delay_landings(trainer.transport, delay if rank == 1 else 0.0)
+            if landed is not None:
+                schedule_landings(trainer, landed)
             result[f"{model}/initial"] = _flat_params(trainer.model)
             records = _Records()
             trainer.fit(records)
             result[f"{model}/losses"] = np.array([r.train_loss for r in records.records])
             result[f"{model}/staleness"] = np.array([r.max_staleness for r in records.records])
+            result[f"{model}/effective"] = np.array(
+                [r.effective_staleness for r in records.records]
+            )
             result[f"{model}/weights"] = _flat_params(trainer.model)
             result[f"{model}/global_ids"] = graph.global_ids
     return result
@@ -97,41 +126,73 @@ def _worker(
 
 class _Ring:
     """Past rows and past cross-part gradients, by (layer, epoch); with ``smoothing = g``
-    also their moving averages by layer (what the layer then reads)."""
+    also their moving averages by exchange (what the layer then reads). ``ages``: per
+    epoch, the age of every read under the average's weights. ``blend_again``: a buffer
+    read again is blended again (what the comparison must tell apart)."""
 
-    def __init__(self, smoothing: float = 0.0):
+    def __init__(self, smoothing: float = 0.0, blend_again: bool = False):
+        self.blend_again = blend_again
         self.rows: dict[tuple[int, int], torch.Tensor] = {}
         self.grads: dict[tuple[int, int], torch.Tensor] = {}
         self.smoothing = smoothing
-        self.averages: dict[tuple[str, int], torch.Tensor] = {}
+        self.averages: dict[ExchangeKey, torch.Tensor] = {}
+        # Per exchange: (the epoch whose buffer was read last, the mean epoch of what the
+        # layer read, under the average's weights).
+        self.last: dict[ExchangeKey, tuple[int, float]] = {}
+        self.ages: dict[int, list[float]] = {}
 
-    def smooth(self, kind: str, layer: int, value: torch.Tensor, fresh: bool) -> torch.Tensor:
-        """``value``, or its moving average; a synchronous read restarts the average."""
-        g = self.smoothing
-        if not g:
-            return value.clone()
-        last = self.averages.get((kind, layer))
-        value = value.clone() if last is None or fresh else last * g + value * (1 - g)
-        self.averages[kind, layer] = value
-        return value.clone()
+    def smooth(
+        self, key: ExchangeKey, epoch: int, source: int, value: torch.Tensor, fresh: bool
+    ) -> torch.Tensor:
+        """``value`` (epoch ``source``'s), or its moving average; a synchronous read
+        restarts the average, a buffer read again leaves it as it is."""
+        g, last = self.smoothing, self.last.get(key)
+        if not g or last is None or fresh:
+            mean = float(source)
+            self.averages[key] = value.clone()
+        elif last[0] == source and not self.blend_again:
+            mean = last[1]
+        else:
+            mean = g * last[1] + (1 - g) * source
+            self.averages[key] = self.averages[key] * g + value * (1 - g)
+        self.last[key] = (source, mean)
+        self.ages.setdefault(epoch, []).append(epoch - mean)
+        return self.averages[key].clone()
 
 
 class _Stale(torch.autograd.Function):
-    """Forward: the rows of epoch ``source`` (this epoch's are kept for later). Backward:
-    the cross-part gradient of epoch ``source`` (this epoch's is kept for later)."""
+    """Forward: the rows of epoch ``sources[0]`` (this epoch's are kept for later).
+    Backward: the cross-part gradient of epoch ``sources[1]`` (this epoch's are kept)."""
 
     @staticmethod
-    def forward(ctx, h, ring: _Ring, layer: int, epoch: int, source: int, fresh: bool):
-        ctx.ring, ctx.layer, ctx.epoch, ctx.source, ctx.fresh = ring, layer, epoch, source, fresh
+    def forward(ctx, h, ring: _Ring, layer: int, epoch: int, sources: tuple, fresh: bool):
+        ctx.ring, ctx.layer, ctx.epoch, ctx.sources, ctx.fresh = ring, layer, epoch, sources, fresh
         ring.rows[layer, epoch] = h.detach().clone()
-        return ring.smooth("rows", layer, ring.rows[layer, source], fresh)
+        rows = ring.rows[layer, sources[0]]
+        return ring.smooth(ExchangeKey.forward(layer), epoch, sources[0], rows, fresh)
 
     @staticmethod
     def backward(ctx, grad):
-        ring = ctx.ring
-        ring.grads[ctx.layer, ctx.epoch] = grad.detach().clone()
-        grads = ring.grads[ctx.layer, ctx.source]
-        return ring.smooth("grads", ctx.layer, grads, ctx.fresh), *[None] * 5
+        ring, layer, epoch, source = ctx.ring, ctx.layer, ctx.epoch, ctx.sources[1]
+        ring.grads[layer, epoch] = grad.detach().clone()
+        grads = ring.grads[layer, source]
+        return ring.smooth(ExchangeKey.backward(layer), epoch, source, grads, ctx.fresh), *[
+            None
+        ] * 5
+
+
+def newest_landed(landed, bound: int, keys, epochs: int) -> dict[tuple[ExchangeKey, int], int]:
+    """Per exchange and epoch t, the epoch whose buffer ``landing = "newest"`` reads under
+    the schedule ``landed``: the newest started within the bound (at t - bound or later)
+    that has landed, or was read before (waited for); if none has, the oldest of them."""
+    chosen = {}
+    for key in keys:
+        last = 0
+        for t in range(1, epochs + 1):
+            within = range(max(1, t - bound), t + 1)
+            ready = [s for s in within if landed(key, s, t) or s == last]
+            last = chosen[key, t] = max(ready) if ready else within[0]
+    return chosen
 
 
 def _stale_reference(
@@ -143,11 +204,15 @@ def _stale_reference(
     warmup: int = 0,
     smoothing: float = 0.0,
     fresh_last: bool = False,
+    landed=None,
+    blend_again: bool = False,
 ):
     """Whole-graph training in which cross-part edges read rows ``staleness`` epochs old
-    (epoch 1's in the first epochs); layer 0 reads the input, which never changes. The
+    (epoch 1's in the first epochs), or with a landing schedule ``landed`` those that
+    ``newest_landed`` chooses; layer 0 reads the input, which never changes. The
     first ``warmup`` epochs, and with ``fresh_last`` the last layer, read the current
-    epoch; ``smoothing`` averages what cross-part edges read (rows and gradients)."""
+    epoch; ``smoothing`` averages what cross-part edges read (rows and gradients).
+    Returns the losses, the final weights and per epoch the mean age of the reads."""
     config = _config(model_name, "unused")
     last = config.model.layers - 1
     torch.manual_seed(0)
@@ -166,14 +231,20 @@ def _stale_reference(
     mask = torch.from_numpy(graph.train_mask)
     train = config.train
     optimizer = torch.optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
-    ring, losses = _Ring(smoothing), []
+    ring, losses = _Ring(smoothing, blend_again), []
+    keys = [ExchangeKey(layer, d) for layer in range(1, last + 1) for d in LANDING_DELAYS]
+    newest = newest_landed(landed, staleness, keys, EPOCHS) if landed is not None else {}
     for epoch in range(1, EPOCHS + 1):
 
         def fresh(layer: int, e: int = epoch) -> bool:
             return e <= warmup or (fresh_last and layer == last) or staleness == 0
 
-        def source(layer: int, e: int = epoch) -> int:
-            return e if fresh(layer, e) else max(1, e - staleness)
+        def source(layer: int, e: int = epoch) -> tuple[int, int]:
+            if fresh(layer, e):
+                return e, e
+            if newest:
+                return newest[ExchangeKey.forward(layer), e], newest[ExchangeKey.backward(layer), e]
+            return max(1, e - staleness), max(1, e - staleness)
 
         def propagate(h, layer, finish=lambda agg, rows: agg, aggregate=None, e=epoch):
             every = slice(0, h.shape[0])
@@ -193,7 +264,8 @@ def _stale_reference(
         losses.append(loss.item())
         optimizer.step()
     weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    return torch.tensor(losses), weights
+    ages = [float(np.mean(ring.ages[e])) for e in range(1, EPOCHS + 1)]
+    return torch.tensor(losses), weights, np.array(ages)
 
 
 def _attention_edges(graph, owner: np.ndarray):
@@ -239,7 +311,7 @@ def test_stale_mode_matches_the_single_process_stale_reference(world_size, model
     owner = _owner(results, cora.num_nodes)
     for model in models:
         initial = results[0][f"{model}/initial"]
-        losses, weights = _stale_reference(cora, owner, model, initial, staleness=1)
+        losses, weights, _ = _stale_reference(cora, owner, model, initial, staleness=1)
         for r in results:
             assert r[f"{model}/staleness"].tolist() == [0] + [1] * (EPOCHS - 1)
             _close(r[f"{model}/losses"], losses, LOSS_RTOL, f"{model} losses, P={world_size}")
@@ -248,7 +320,7 @@ def test_stale_mode_matches_the_single_process_stale_reference(world_size, model
             )
         # Both comparisons can fail: one epoch fresher or staler is another run.
         for other in (0, 2):
-            wrong_losses, wrong = _stale_reference(cora, owner, model, initial, staleness=other)
+            wrong_losses, wrong, _ = _stale_reference(cora, owner, model, initial, staleness=other)
             with pytest.raises(AssertionError):
                 _close(results[0][f"{model}/losses"], wrong_losses, LOSS_RTOL, f"S={other}")
             with pytest.raises(AssertionError):
@@ -288,14 +360,48 @@ def test_compensations_match_the_reference_with_the_same_compensations(cora, tmp
     for model in MODELS:
         initial = results[0][f"{model}/initial"]
         options = dict(warmup=2, smoothing=0.9, fresh_last=True)
-        losses, weights = _stale_reference(cora, owner, model, initial, 1, **options)
+        losses, weights, _ = _stale_reference(cora, owner, model, initial, 1, **options)
         for r in results:
             # Layer 1 is stale from epoch 3 on; the last layer (2) never is.
             assert r[f"{model}/staleness"].tolist() == [0, 0] + [1] * (EPOCHS - 2)
             _close(r[f"{model}/losses"], losses, LOSS_RTOL, f"{model} losses")
             _close_weights(r[f"{model}/weights"], weights, WEIGHTS_RTOL, f"{model} weights")
-        plain_losses, plain = _stale_reference(cora, owner, model, initial, 1)
+        plain_losses, plain, _ = _stale_reference(cora, owner, model, initial, 1)
         with pytest.raises(AssertionError):
             _close(results[0][f"{model}/losses"], plain_losses, LOSS_RTOL, "without them")
         with pytest.raises(AssertionError):
             _close_weights(results[0][f"{model}/weights"], plain, WEIGHTS_RTOL, "without them")
+
+
+@pytest.mark.distributed
+def test_newest_landing_matches_the_reference_under_a_landing_schedule(cora, tmp_path):
+    """Landing "newest", S = 2, smoothing 0.9, every rank's exchanges landing by the
+    schedule ``LANDING_DELAYS``, P = 2: the distributed run is the reference that reads
+    the same buffers and blends each into the average once, its ages (``max_staleness``
+    and ``effective_staleness``) included; the reference that blends a buffer chosen
+    again a second time is another run (its losses)."""
+    keys = [ExchangeKey.forward(1), ExchangeKey.backward(1)]
+    chosen = newest_landed(scheduled, 2, keys, EPOCHS)
+    assert [chosen[keys[0], t] for t in range(1, EPOCHS + 1)] == [1, 2, 2, 3, 5, 5]
+    assert [chosen[keys[1], t] for t in range(1, EPOCHS + 1)] == [1, 1, 1, 2, 5, 5]
+    part_dir = tmp_path / "parts"
+    make_partition(cora, part_dir, num_parts=2, spec=_config("gcn", "").data.spec())
+    extra = ("staleness.landing=newest", "staleness.bound=2", "staleness.smoothing=0.9")
+    results = run_workers(_worker, 2, tmp_path, str(part_dir), extra, 0.0, MODELS, scheduled)
+    owner = _owner(results, cora.num_nodes)
+    for model in MODELS:
+        initial = results[0][f"{model}/initial"]
+        options = dict(smoothing=0.9, landed=scheduled)
+        losses, weights, ages = _stale_reference(cora, owner, model, initial, 2, **options)
+        for r in results:
+            assert r[f"{model}/staleness"].tolist() == [0, 1, 2, 2, 0, 1]
+            np.testing.assert_allclose(r[f"{model}/effective"], ages, rtol=1e-9)
+            _close(r[f"{model}/losses"], losses, LOSS_RTOL, f"{model} losses")
+            _close_weights(r[f"{model}/weights"], weights, WEIGHTS_RTOL, f"{model} weights")
+        # The losses tell it apart (by 1.7-6.9e-4, measured); after 6 epochs the final
+        # weights are only 4-5e-3 apart, inside their loose bound.
+        twice_losses, _, _ = _stale_reference(
+            cora, owner, model, initial, 2, **options, blend_again=True
+        )
+        with pytest.raises(AssertionError):
+            _close(results[0][f"{model}/losses"], twice_losses, LOSS_RTOL, "blended twice")

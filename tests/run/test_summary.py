@@ -40,7 +40,7 @@ RECORD_KEYS = {
     "staleness_by_tag", "test_acc", "train_acc", "train_loss", "val_acc", "values_by_bits",
     "wall_time_s",
 }  # fmt: skip
-ADDED_KEYS = {"cpu_time_s"}
+ADDED_KEYS = {"cpu_time_s", "effective_staleness"}
 """Fields added since, in both files."""
 
 
@@ -109,6 +109,25 @@ def test_summary_is_assembled_from_outcome_config_and_launcher_facts():
     assert obj["test_acc"] == obj["test_acc_at_best_val"] == summary.test_acc == 0.65
 
 
+def test_effective_staleness_is_a_mean_over_every_read_of_the_run():
+    config = load_config(CORA_CONFIG, ["comm.mode=onebit"])
+    records = [
+        _record(1, staleness_by_tag={"layer1/forward": {"0": 2}}),
+        _record(2),  # no stale read (an adaqp-s epoch that left every exchange fresh)
+        _record(
+            3,
+            staleness_by_tag={"layer1/forward": {"1": 4}, "layer1/backward": {"0": 1, "1": 1}},
+            max_staleness=1,
+            effective_staleness=3.0,
+        ),
+    ]
+    summary = summarize(config, 2, _outcome(records), RunFacts())
+    assert summary.effective_staleness == pytest.approx((2 * 0.0 + 6 * 3.0) / 8)
+    assert summary.max_staleness == 1
+    synchronous = summarize(config, 2, _outcome([_record(1), _record(2)]), RunFacts())
+    assert synchronous.effective_staleness == 0.0
+
+
 def test_settled_epochs_are_those_after_the_last_solve_that_ran():
     records = [_record(e, solver_time_s=0.1 if e in (2, 4) else 0.0) for e in range(1, 5)]
     # The solve after the final epoch (4) plans nothing that ran: epoch 2's plans count.
@@ -171,3 +190,8 @@ def test_every_mode_writes_every_summary_and_metrics_field(tmp_path, mode):
         assert sorted(summary["stale_exchanges"]) == sorted(summary["drift_by_tag"])
     if mode == "onebit":
         assert summary["staleness_bound"] == 1 and summary["avg_bits"] == 1.0
+    if mode in ("onebit", "adaqp-s"):  # 4 epochs: nothing read is older than 3 epochs
+        assert 0 < summary["effective_staleness"] <= 3
+        assert all(0 <= line["effective_staleness"] <= 3 for line in lines)
+    else:
+        assert summary["effective_staleness"] == 0
