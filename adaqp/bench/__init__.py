@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from adaqp.bits import SUPPORTED_BITS
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_OUT_DIR = Path("results/local/bench")
@@ -43,6 +45,26 @@ MODE_VARIANTS: dict[str, tuple[str, ...]] = {
     "onebit-s2": ("--mode", "onebit", "--set", "staleness.bound=2"),
 }
 """Benchmark variants: a name and the ``adaqp.train`` flags that select it."""
+
+UNIFORM_VARIANTS: dict[str, tuple[str, ...]] = {
+    f"uniform-{bits}": (
+        "--mode",
+        "adaqp",
+        "--set",
+        "quant.scheme=uniform",
+        "--set",
+        f"quant.bits={bits}",
+    )
+    for bits in SUPPORTED_BITS
+}
+"""``adaqp``'s exchange with overlap, every message at one width (``uniform-1`` to
+``uniform-8``): they differ from ``adaqp`` only in how the widths are chosen, so they are
+the constant widths the adaptive planner must beat."""
+
+NOCOMM_ACC_NOTE = "no halo"
+"""How tables mark ``nocomm``'s accuracy: each part trained without its halo rows, which
+says what the exchange carries (a graph whose cut edges carry signal loses accuracy
+there), not what a mode that exchanges would reach."""
 
 COST_MODEL_VARIANTS: dict[str, tuple[str, ...]] = {
     "adaqp-shared": ("--mode", "adaqp", "--set", "quant.cost_model=shared"),

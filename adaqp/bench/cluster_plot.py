@@ -1,4 +1,5 @@
-"""The figures of ``bench cluster``: epoch time breakdown, time to accuracy, bytes by layer.
+"""The figures of ``bench cluster``: epoch time breakdown, time to accuracy, bytes by layer,
+and test accuracy against time to accuracy (``pareto.png``).
 
 Drawn from the runs and aggregates ``adaqp.bench.cluster`` reads; without matplotlib
 nothing is drawn and one warning says so (the JSON and table are written regardless).
@@ -11,7 +12,13 @@ from typing import Any
 
 from adaqp.bench import pyplot
 
-FIGURES = ("breakdown.png", "time_to_accuracy.png", "curves.png", "bytes_by_layer.png")
+FIGURES = (
+    "breakdown.png",
+    "time_to_accuracy.png",
+    "curves.png",
+    "bytes_by_layer.png",
+    "pareto.png",
+)
 
 
 def plot(out_dir: Path, runs: dict[str, list[dict[str, Any]]], agg: dict[str, Any]) -> bool:
@@ -54,6 +61,7 @@ def plot(out_dir: Path, runs: dict[str, list[dict[str, Any]]], agg: dict[str, An
     plt.close(fig)
 
     _curves(plt, out_dir, runs, modes)
+    _pareto(plt, out_dir, agg)
 
     tags = sorted({t for m in modes for t in runs[m][0]["summary"]["halo_bytes_by_tag"]})
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -114,4 +122,48 @@ def _curves(plt, out_dir: Path, runs: dict[str, list[dict[str, Any]]], modes: li
     fig.suptitle("Accuracy against epochs and against time")
     fig.tight_layout()
     fig.savefig(out_dir / "curves.png", dpi=120)
+    plt.close(fig)
+
+
+def pareto_points(agg: dict[str, Any]) -> tuple[list[tuple[str, float, float, float]], list[str]]:
+    """``(mode, time to Vanilla's val as a ratio to Vanilla's, test acc, its std)`` of the
+    modes that reached Vanilla's final validation accuracy in some seed, and the names of
+    those that never did (drawn apart: they have no time)."""
+    points, never = [], []
+    for mode, a in agg.items():
+        ratio = a.get("time_to_accuracy_ratio")
+        if ratio is None:
+            never.append(mode)
+        else:
+            points.append((mode, ratio, a["test_acc"], a["test_acc_std"]))
+    return points, never
+
+
+def _pareto(plt, out_dir: Path, agg: dict[str, Any]) -> None:
+    """pareto.png: each mode's test accuracy (mean ± std over seeds) against its time to
+    Vanilla's final validation accuracy; modes that never reach it sit in a column at the
+    right, and ``nocomm``'s accuracy is a dotted line (what no halo rows at all give)."""
+    points, never = pareto_points(agg)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    right = max((p[1] for p in points), default=1.0) * 1.25
+    for mode, x, acc, std in points:
+        ax.errorbar([x], [acc], yerr=[std], fmt="o", capsize=3)
+        ax.annotate(mode, (x, acc), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    for mode in never:
+        a = agg[mode]
+        ax.errorbar([right], [a["test_acc"]], yerr=[a["test_acc_std"]], fmt="x", capsize=3)
+        ax.annotate(
+            f"{mode} (never)",
+            (right, a["test_acc"]),
+            fontsize=8,
+            xytext=(4, -10),
+            textcoords="offset points",
+        )
+    if "nocomm" in agg:
+        ax.axhline(agg["nocomm"]["test_acc"], color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("time to Vanilla's final val acc (x Vanilla's; right column: never)")
+    ax.set_ylabel("test accuracy (mean ± std over seeds)")
+    ax.set_title("Accuracy against time to accuracy")
+    fig.tight_layout()
+    fig.savefig(out_dir / "pareto.png", dpi=120)
     plt.close(fig)

@@ -1,6 +1,6 @@
-"""Modes side by side: vanilla, adaqp-q, adaqp-p, adaqp, onebit (S = 1, 2) and uniform
-2/4/8-bit quantization, several seeds each, every run a real ``torchrun`` job of the
-unchanged trainer.
+"""Modes side by side: vanilla, adaqp-q, adaqp-p, adaqp, onebit (S = 1, 2), ``adaqp`` at a
+uniform 1, 2, 4 and 8 bits and the no-exchange reference ``nocomm``, several seeds each,
+every run a real ``torchrun`` job of the unchanged trainer.
 
 Writes ``<--out-dir>/modes-<dataset>.json`` (every run's summary plus aggregates) and
 ``<--out-dir>/modes-<dataset>.md`` (the table), by default under ``results/local/bench/``
@@ -24,7 +24,9 @@ from adaqp.bench import (
     COST_MODEL_VARIANTS,
     DEFAULT_OUT_DIR,
     MODE_VARIANTS,
+    NOCOMM_ACC_NOTE,
     STALENESS_VARIANTS,
+    UNIFORM_VARIANTS,
     add_run_options,
     chosen_variants,
     merge_overrides,
@@ -35,15 +37,15 @@ from adaqp.bench import (
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_VARIANTS = (*MODE_VARIANTS, "uniform-2", "uniform-4", "uniform-8")
+DEFAULT_VARIANTS = (*MODE_VARIANTS, *UNIFORM_VARIANTS, "nocomm")
 VARIANTS: dict[str, tuple[str, ...]] = {
     **MODE_VARIANTS,
+    **UNIFORM_VARIANTS,
+    "nocomm": ("--mode", "nocomm"),
     **COST_MODEL_VARIANTS,
     **STALENESS_VARIANTS,
-    "uniform-2": ("--mode", "adaqp-q", "--set", "quant.scheme=uniform", "--set", "quant.bits=2"),
-    "uniform-4": ("--mode", "adaqp-q", "--set", "quant.scheme=uniform", "--set", "quant.bits=4"),
-    "uniform-8": ("--mode", "adaqp-q", "--set", "quant.scheme=uniform", "--set", "quant.bits=8"),
 }
+"""Every variant this benchmark can run: the same names, and flags, as ``bench cluster``'s."""
 
 DATASETS: dict[str, tuple[str, tuple[str, ...]]] = {
     # Cora and CiteSeer as in AdaQP's evaluation: 3 layers, hidden 256.
@@ -117,7 +119,9 @@ def _table(dataset: str, results: dict[str, dict[str, Any]], meta: dict[str, Any
         f"{', '.join(merge_overrides(meta['overrides'])) or 'no overrides'}.",
         "Times are medians after warm-up, means over seeds, on a shared 2-core machine over "
         "loopback, where the exchange is nearly free: compare bytes and accuracy here, and "
-        "see the emulated-cluster benchmark for what overlap and quantization save in time.",
+        "see the emulated-cluster benchmark for what overlap and quantization save in time. "
+        f"`nocomm` skips the exchange: its accuracy ({NOCOMM_ACC_NOTE}) is each part trained "
+        "without its halo rows. `uniform-N`: `adaqp` with every message at N bits.",
         "",
         "| mode | test acc (mean ± std) | halo MB/epoch | vs vanilla | avg bits | epoch ms "
         "| exchange wait ms | quant+dequant ms | all-reduce ms |",
@@ -125,10 +129,12 @@ def _table(dataset: str, results: dict[str, dict[str, Any]], meta: dict[str, Any
     ]
     for name, entry in results.items():
         a = entry["aggregate"]
-        ratio = base["halo_bytes_per_epoch"]["mean"] / max(a["halo_bytes_per_epoch"]["mean"], 1)
+        nbytes = a["halo_bytes_per_epoch"]["mean"]
+        ratio = f"1/{base['halo_bytes_per_epoch']['mean'] / nbytes:.1f}" if nbytes else "-"
+        note = f" ({NOCOMM_ACC_NOTE})" if name == "nocomm" else ""
         lines.append(
-            f"| {name} | {a['test_acc']['mean']:.4f} ± {a['test_acc']['std']:.4f} "
-            f"| {a['halo_bytes_per_epoch']['mean'] / 1e6:.3f} | 1/{ratio:.1f} "
+            f"| {name} | {a['test_acc']['mean']:.4f} ± {a['test_acc']['std']:.4f}{note} "
+            f"| {nbytes / 1e6:.3f} | {ratio} "
             f"| {a['avg_bits']['mean']:.2f} | {1e3 * a['epoch_time_s']['mean']:.1f} "
             f"| {1e3 * a['comm_wait_s']['mean']:.1f} "
             f"| {1e3 * (a['quant_time_s']['mean'] + a['dequant_time_s']['mean']):.1f} "

@@ -1,0 +1,120 @@
+"""The benchmark variants (uniform widths, nocomm) and the tables that show them."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaqp.bench import NOCOMM_ACC_NOTE, UNIFORM_VARIANTS, cluster, modes
+from adaqp.bench.cluster_plot import pareto_points
+from adaqp.config import load_config
+
+
+def _flags(variant: tuple[str, ...]) -> tuple[str, list[str]]:
+    """The ``--mode`` and the ``--set`` overrides of a variant's train flags."""
+    mode = variant[variant.index("--mode") + 1]
+    sets = [variant[i + 1] for i, flag in enumerate(variant) if flag == "--set"]
+    return mode, sets
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_uniform_variants_are_adaqp_at_one_width(bits):
+    name = f"uniform-{bits}"
+    assert cluster.VARIANTS[name] == modes.VARIANTS[name] == UNIFORM_VARIANTS[name]
+    mode, sets = _flags(UNIFORM_VARIANTS[name])
+    # adaqp's exchange with overlap: only how the widths are chosen differs from adaqp.
+    assert mode == "adaqp" == _flags(cluster.VARIANTS["adaqp"])[0]
+    quant = load_config(None, sets).quant
+    assert (quant.scheme, quant.bits) == ("uniform", bits)
+    assert load_config(None, sets).comm == load_config(None, []).comm
+
+
+def test_every_uniform_width_and_nocomm_is_a_variant_of_both_benchmarks():
+    uniform = {"uniform-1", "uniform-2", "uniform-4", "uniform-8"}
+    assert set(UNIFORM_VARIANTS) == uniform
+    for variants in (cluster.VARIANTS, modes.VARIANTS):
+        assert uniform | {"nocomm"} <= set(variants)
+        assert _flags(variants["nocomm"]) == ("nocomm", [])
+    assert uniform | {"nocomm"} <= set(modes.DEFAULT_VARIANTS)
+
+
+def _summary(test_acc: float, nbytes: float, epoch_s: float) -> dict:
+    return {
+        "epoch_time_s": epoch_s,
+        "comm_wait_s": epoch_s / 2,
+        "quant_time_s": 0.0,
+        "dequant_time_s": 0.0,
+        "allreduce_time_s": 0.01,
+        "test_acc": test_acc,
+        "halo_bytes_per_epoch": nbytes,
+        "avg_bits": 32.0,
+        "hidden_comm_fraction": 0.0,
+        "halo_bytes_by_tag": {},
+    }
+
+
+def _run(test_acc, nbytes, epoch_s, val_curve):
+    epochs = [
+        {"epoch": i + 1, "val_acc": v, "epoch_time_s": epoch_s, "train_time_s": (i + 1) * epoch_s}
+        for i, v in enumerate(val_curve)
+    ]
+    return {"summary": _summary(test_acc, nbytes, epoch_s), "epochs": epochs}
+
+
+@pytest.fixture
+def cluster_runs():
+    return {
+        "vanilla": [_run(0.75, 1000, 1.0, [0.5, 0.6, 0.7])],
+        "uniform-2": [_run(0.7412, 125, 0.4, [0.5, 0.7, 0.71])],
+        "nocomm": [_run(0.6543, 0, 0.3, [0.4, 0.5, 0.6])],
+    }
+
+
+META = {
+    "hosts": 4,
+    "procs_per_host": 1,
+    "bandwidth": "300mbit",
+    "epochs": 3,
+    "seeds": [0],
+    "config": "c.toml",
+    "overrides": [],
+    "tta_tolerance": 0.0,
+}
+
+
+def test_cluster_table_shows_nocomm_accuracy_marked_and_names_uniform_rows(cluster_runs):
+    agg = cluster._aggregate(cluster_runs, [0])
+    rows = {line.split(" | ")[0]: line for line in cluster._table("t", META, agg).splitlines()}
+    assert f"| 0.6543 ± 0.0000 ({NOCOMM_ACC_NOTE}) |" in rows["| nocomm"]
+    assert "| 0.7412 ± 0.0000 |" in rows["| uniform-2"]  # unmarked
+    assert NOCOMM_ACC_NOTE not in rows["| vanilla"] + rows["| uniform-2"]
+    assert agg["uniform-2"]["time_to_accuracy_ratio"] == pytest.approx(0.8 / 3.0)
+
+
+def test_pareto_points_put_modes_that_never_reach_vanilla_apart(cluster_runs):
+    points, never = pareto_points(cluster._aggregate(cluster_runs, [0]))
+    assert [(m, round(x, 4), acc) for m, x, acc, _ in points] == [
+        ("vanilla", 1.0, 0.75),
+        ("uniform-2", round(0.8 / 3.0, 4), 0.7412),
+    ]
+    assert never == ["nocomm"]
+
+
+def test_modes_table_shows_nocomm_accuracy_and_no_byte_ratio():
+    def entry(acc, nbytes):
+        summary = {key: 1.0 for key in modes.SUMMARY_KEYS}
+        summary.update(test_acc=acc, halo_bytes_per_epoch=nbytes)
+        return {"runs": [summary], "aggregate": modes._aggregate([summary])}
+
+    results = {
+        "vanilla": entry(0.75, 8e6),
+        "uniform-4": entry(0.7488, 1e6),
+        "nocomm": entry(0.6543, 0.0),
+    }
+    meta = {"world_size": 4, "epochs": 2, "seeds": [0], "config": "c.toml", "overrides": []}
+    rows = {
+        line.split(" | ")[0]: line for line in modes._table("synthetic", results, meta).splitlines()
+    }
+    assert rows["| nocomm"].startswith(
+        f"| nocomm | 0.6543 ± 0.0000 ({NOCOMM_ACC_NOTE}) | 0.000 | - |"
+    )
+    assert rows["| uniform-4"].startswith("| uniform-4 | 0.7488 ± 0.0000 | 1.000 | 1/8.0 |")
