@@ -23,10 +23,8 @@ from adaqp.bench import (
     CLUSTER_CONFIG,
     COST_MODEL_VARIANTS,
     DEFAULT_OUT_DIR,
-    LAMBDA_VARIANTS,
     MODE_VARIANTS,
     NOCOMM_ACC_NOTE,
-    SIGNAL_CONFIG,
     STALENESS_VARIANTS,
     UNIFORM_VARIANTS,
     add_run_options,
@@ -44,7 +42,6 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     **MODE_VARIANTS,
     **UNIFORM_VARIANTS,
     "nocomm": ("--mode", "nocomm"),
-    **LAMBDA_VARIANTS,
     **COST_MODEL_VARIANTS,
     **STALENESS_VARIANTS,
 }
@@ -54,10 +51,8 @@ DATASETS: dict[str, tuple[str, tuple[str, ...]]] = {
     # Cora and CiteSeer as in AdaQP's evaluation: 3 layers, hidden 256.
     "cora": ("configs/cora-gcn.toml", ("model.layers=3", "model.hidden=256")),
     "citeseer": ("configs/citeseer-gcn.toml", ("model.layers=3", "model.hidden=256")),
-    # The earlier cluster workload, sized for a 2-core machine (20k nodes).
+    # The README cluster workload, sized for a 2-core machine (20k nodes).
     "synthetic": (CLUSTER_CONFIG, ("train.eval_every=5",)),
-    # The cluster's default workload: the same size, halo rows that carry signal.
-    "synthetic-signal": (SIGNAL_CONFIG, ("train.eval_every=5",)),
 }
 
 SUMMARY_KEYS = (
@@ -157,9 +152,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dataset",
         choices=sorted(DATASETS),
         default="cora",
-        help="cora or citeseer (3 layers, hidden 256), synthetic "
-        "(configs/cluster-synthetic-gcn.toml, 20k nodes) or synthetic-signal "
-        "(configs/cluster-synthetic-signal-gcn.toml, the same size, halo rows carry signal)",
+        help="cora or citeseer (3 layers, hidden 256), or synthetic "
+        "(configs/cluster-synthetic-gcn.toml, 20k nodes)",
     )
     parser.add_argument(
         "--world-size", type=int, default=4, help="workers per run (torchrun on this machine)"
