@@ -29,9 +29,16 @@ COMMITTED_OUT_DIR = Path("results/bench")
 """The committed readings the docs quote (``--out-dir results/bench`` to update them)."""
 
 CLUSTER_CONFIG = "configs/cluster-synthetic-gcn.toml"
-"""The README cluster workload: a synthetic graph sized for a 2-core machine (20k nodes,
-190k edges, 3 layers, hidden 256); the 1M-node ``configs/synthetic-*.toml`` are for real
-hosts."""
+"""The earlier cluster workload (``--workload synthetic``): a synthetic graph sized for a
+2-core machine (20k nodes, 190k edges, 3 layers, hidden 256) without communities, where
+METIS cuts mostly edges between classes, so its halo rows lower the accuracy; the 1M-node
+``configs/synthetic-*.toml`` are for real hosts."""
+
+SIGNAL_CONFIG = "configs/cluster-synthetic-signal-gcn.toml"
+"""The default cluster workload (``--workload synthetic-signal``): the same size with 32
+communities that each hold every class and enough edges between them that METIS cuts
+about a quarter of the edges, each as informative as an internal one; training without
+the halo rows (``nocomm``) loses accuracy (results/bench/workload-search/)."""
 
 MATPLOTLIB_HINT = "pip install -e .[bench] (or bash launch/setup.sh --bench)"
 
@@ -60,6 +67,12 @@ UNIFORM_VARIANTS: dict[str, tuple[str, ...]] = {
 """``adaqp``'s exchange with overlap, every message at one width (``uniform-1`` to
 ``uniform-8``): they differ from ``adaqp`` only in how the widths are chosen, so they are
 the constant widths the adaptive planner must beat."""
+
+LAMBDA_VARIANTS: dict[str, tuple[str, ...]] = {
+    f"adaqp-lam{lam}": ("--mode", "adaqp", "--set", f"quant.lam={lam}") for lam in (0.1, 0.9)
+}
+"""``adaqp`` with the solver's trade-off ``quant.lam`` (0.5 by default) near either end:
+0.1 weighs the predicted exchange time most, 0.9 the variance (not run unless asked for)."""
 
 NOCOMM_ACC_NOTE = "no halo"
 """How tables mark ``nocomm``'s accuracy: each part trained without its halo rows, which

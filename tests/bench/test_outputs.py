@@ -222,3 +222,18 @@ def test_synthetic_workloads_resolve_as_the_earlier_overrides_did():
         assert config == "configs/cluster-synthetic-gcn.toml"
         earlier = load_config(base, [*EARLIER_OVERRIDES, f"train.eval_every={eval_every}"])
         assert load_config(ROOT / config, list(overrides)) == earlier
+
+
+def test_cluster_default_workload_is_the_signal_graph_and_the_earlier_one_stays():
+    """The default: configs/synthetic-local-gcn.toml with 30% of edges between communities
+    (results/bench/workload-search/); --workload synthetic is the earlier default."""
+    from adaqp.bench import modes
+
+    args = build_parser("cluster").parse_args(["cluster"])
+    assert args.workload == "synthetic-signal"
+    config, overrides = cluster.WORKLOADS[args.workload]
+    local = ROOT / "configs" / "synthetic-local-gcn.toml"
+    expected = load_config(local, ["data.synthetic.inter_community=0.3", *overrides])
+    assert load_config(ROOT / config, list(overrides)) == expected
+    assert modes.DATASETS["synthetic-signal"][0] == config
+    assert cluster.WORKLOADS["synthetic"][0] == "configs/cluster-synthetic-gcn.toml"

@@ -118,3 +118,14 @@ def test_modes_table_shows_nocomm_accuracy_and_no_byte_ratio():
         f"| nocomm | 0.6543 ± 0.0000 ({NOCOMM_ACC_NOTE}) | 0.000 | - |"
     )
     assert rows["| uniform-4"].startswith("| uniform-4 | 0.7488 ± 0.0000 | 1.000 | 1/8.0 |")
+
+
+@pytest.mark.parametrize("lam", [0.1, 0.9])
+def test_lambda_variants_are_adaqp_at_another_trade_off(lam):
+    name = f"adaqp-lam{lam}"
+    assert cluster.VARIANTS[name] == modes.VARIANTS[name]
+    mode, sets = _flags(cluster.VARIANTS[name])
+    assert mode == "adaqp"
+    config = load_config(None, sets)
+    assert config.quant.lam == lam
+    assert config.quant.scheme == "adaptive" == load_config(None, []).quant.scheme
