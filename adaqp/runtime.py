@@ -42,18 +42,6 @@ class World:
             return int(torch.cuda.max_memory_allocated(self.device))
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
-    def rng_state(self) -> dict[str, torch.Tensor]:
-        """The random generators that training draws from (dropout, initialisation)."""
-        state = {"torch": torch.get_rng_state()}
-        if self.device.type == "cuda":
-            state["device"] = torch.cuda.get_rng_state(self.device)
-        return state
-
-    def set_rng_state(self, state: dict[str, torch.Tensor]) -> None:
-        torch.set_rng_state(state["torch"])
-        if self.device.type == "cuda" and "device" in state:
-            torch.cuda.set_rng_state(state["device"], self.device)
-
     def shares_cores(self) -> bool:
         """Whether every rank runs on this host's CPU and their threads outnumber its cores
         (``torch.get_num_threads()`` each, as ``init_distributed`` set them)."""

@@ -200,7 +200,7 @@ def _dies_after_one_step(rank: int, world_size: int, init_method: str, part_dir:
     world = init_distributed(config.comm, init_method, rank, world_size)
     meta = read_metadata(part_dir)
     trainer = Trainer(config, LocalGraph.from_part(load_part(part_dir, rank, meta)), meta, world)
-    trainer.train_step()
+    trainer.train_step(epoch=1)
     if rank == 1:
         os._exit(3)  # a peer dies without a word
     try:

@@ -46,6 +46,7 @@ from adaqp.quant import (
     row_step,
 )
 from adaqp.quant import kernels as quant_kernels
+from adaqp.quant.draws import Draw, RowKeys, draw_key
 from adaqp.quant.segment import decode_segment, encode_segment
 
 logger = logging.getLogger(__name__)
@@ -204,6 +205,8 @@ def _time_copy(x: Tensor, repeats: int) -> dict[str, float]:
 def _time_dropout(x: Tensor, repeats: int, p: float) -> dict[str, float]:
     """nn.Dropout against the compiled mask, forward and forward + backward, interleaved."""
     sides = {"nn": nn.Dropout(p), "compiled": Dropout(p, "compiled")}
+    # The compiled mask is keyed (a base key, a global id a row): the keys a layer passes.
+    keys = {"nn": (), "compiled": (RowKeys.of(draw_key(0, 1, 0, Draw.DROPOUT), count=len(x)),)}
     grad = torch.ones_like(x)
     forward = {side: [] for side in sides}
     both = {side: [] for side in sides}
@@ -211,7 +214,7 @@ def _time_dropout(x: Tensor, repeats: int, p: float) -> dict[str, float]:
         for side, module in sides.items():
             leaf = x.detach().requires_grad_()
             t0 = time.thread_time()
-            y = module(leaf)
+            y = module(leaf, *keys[side])
             t1 = time.thread_time()
             y.backward(grad)
             t2 = time.thread_time()

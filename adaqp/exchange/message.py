@@ -6,9 +6,10 @@ float32 rows) sits in the buffer that ``all_to_all_single`` sends or receives. A
 layouts are computed once per row width and reused by every exchange that runs it.
 
 ``encode`` and ``decode`` fill and read such a buffer. On the compiled path, where no row
-travels at full precision, the whole buffer is one kernel call (one seed from the
-generator for all segments): per-segment calls would spend as much time in Python around
-the kernel as in the kernel itself on narrow rows (docs/kernels.md).
+travels at full precision, the whole buffer is one kernel call (one base key for all
+segments, each row keyed by the global id of the node it is, ``adaqp/quant/draws.py``):
+per-segment calls would spend as much time in Python around the kernel as in the kernel
+itself on narrow rows (docs/kernels.md).
 Elsewhere (the torch path, float32 rows among them) each segment is encoded on its own.
 Either way each segment is a valid message of its own, byte for byte in one format.
 
@@ -26,6 +27,7 @@ import torch
 
 from adaqp.bits import FULL_PRECISION_BITS
 from adaqp.quant import kernels as quant_kernels
+from adaqp.quant.draws import RowKeys
 from adaqp.quant.segment import decode_segment, encode_segment, segment_bytes
 
 
@@ -81,15 +83,22 @@ def encode(
     out: torch.Tensor,
     has_full: bool,
     kernels: str | None,
+    keys: RowKeys | None = None,
 ) -> None:
     """Fills uint8 ``out`` (``sum(layout.segment_bytes)`` bytes) with ``rows_RD``'s segments;
-    ``has_full``: whether any row of the plan travels at full precision."""
+    ``has_full``: whether any row of the plan travels at full precision. ``keys``: one per
+    row of ``rows_RD`` (``adaqp/quant/draws.py``), which the draws then come from on either
+    path (``generator`` unused)."""
     if _one_call(has_full, kernels, rows_RD.device):
         rows = rows_RD if rows_RD.dtype == torch.float32 else rows_RD.to(torch.float32)
-        quant_kernels.quantize_segments(rows, layout.compiled, generator, out)
+        quant_kernels.quantize_segments(rows, layout.compiled, generator, out, keys)
         return
-    for seg_rows, seg_bits, seg_out in layout.segments(rows_RD, out):
-        encode_segment(seg_rows, seg_bits, generator, seg_out, has_full, kernels)
+    seg_keys = [None] * len(layout.counts) if keys is None else keys.split(layout.counts)
+    seg_keys = [k for k, count in zip(seg_keys, layout.counts, strict=True) if count]
+    for (seg_rows, seg_bits, seg_out), k in zip(
+        layout.segments(rows_RD, out), seg_keys, strict=True
+    ):
+        encode_segment(seg_rows, seg_bits, generator, seg_out, has_full, kernels, k)
 
 
 def decode(

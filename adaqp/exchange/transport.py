@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -40,6 +41,7 @@ from adaqp.bits import FULL_PRECISION_BITS
 from adaqp.exchange import message
 from adaqp.exchange.message import BitPlan
 from adaqp.quant import kernels as quant_kernels
+from adaqp.quant.draws import Draw, RowKeys, draw_key
 from adaqp.quant.mixed import blend_
 
 logger = logging.getLogger(__name__)
@@ -241,13 +243,16 @@ class HaloTransport:
         recv_counts: halo rows received from each peer, length P.
         timeout_s: bound on every wait.
         group: process group (default: the world).
-        seed: seed of the stochastic rounding (offset by rank).
+        seed: seed of the stochastic rounding, keyed (``adaqp/quant/draws.py``) by it, the
+            epoch, the layer, the direction and the global id of the node each row is.
         device: where quantization buffers live.
         kernels: the quantizer's path, ``auto``, ``torch`` or ``compiled`` (None: the process
             default; see adaqp/quant/kernels.py), resolved here for ``device``.
         send_idx: the inner row each forward row is (``[S]``), if forward rows are always
             ``rows.index_select(0, send_idx)``: a row sent to several peers is then
             quantized once (``adaqp/exchange/message.py``).
+        send_ids, halo_ids: the global ids of the nodes of the forward rows sent (``[S]``)
+            and of the halo rows (``[H]``, the backward rows sent); None: the row index.
     """
 
     def __init__(
@@ -261,6 +266,8 @@ class HaloTransport:
         device: torch.device | str = "cpu",
         kernels: str | None = None,
         send_idx: torch.Tensor | None = None,
+        send_ids: np.ndarray | None = None,
+        halo_ids: np.ndarray | None = None,
     ):
         self.rank = rank
         self.send_idx = send_idx
@@ -270,8 +277,10 @@ class HaloTransport:
         self.group = group
         self.step = "set-up"
         """Where training is (e.g. "epoch 3"), quoted in errors; set through ``at``."""
-        self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(seed * 1_000_003 + rank)
+        self.seed = seed
+        self.send_ids, self.halo_ids = send_ids, halo_ids
+        self.epoch = 0
+        """The epoch the rounding is keyed by; set by the trainer (``begin_epoch``)."""
         self.kernels = "compiled" if quant_kernels.use_compiled(kernels, device) else "torch"
         """The quantizer's path for this transport's device: compiled or torch."""
 
@@ -285,12 +294,27 @@ class HaloTransport:
         """Names the step that errors quote from now on."""
         self.step = step
 
+    def begin_epoch(self, epoch: int) -> None:
+        """Exchanges from now on round with the draws of ``epoch``."""
+        self.epoch = epoch
+
+    def draw_keys(self, key: ExchangeKey, rows: int) -> RowKeys:
+        """The keys of an exchange's rounding: its base key hashes (seed, epoch, layer,
+        direction; the sending rank too for gradients, partial sums that the owner adds, so
+        that their rounding errors are independent), each row's key is its node's global id.
+        A node's row is thus rounded alike whichever rank sends it to whichever peer."""
+        if key.direction.sends_inner:
+            base = draw_key(self.seed, self.epoch, key.layer, Draw.FORWARD)
+            return RowKeys.of(base, self.send_ids, rows)
+        base = draw_key(self.seed, self.epoch, key.layer, Draw.BACKWARD, self.rank)
+        return RowKeys.of(base, self.halo_ids, rows)
+
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The stochastic rounding's generator state (for checkpoints)."""
-        return {"generator": self.generator.get_state()}
+        """Nothing: the rounding's draws are keyed, not drawn from a generator."""
+        return {}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.generator.set_state(state["generator"])
+        pass
 
     def counts(self, key: ExchangeKey) -> tuple[list[int], list[int]]:
         """(rows out per peer, rows in per peer) of an exchange in ``key``'s direction."""
@@ -329,7 +353,8 @@ class HaloTransport:
         sources = self.send_idx if key.direction is Direction.FORWARD else None
         sent, received = plan.layouts(dim, out_counts, in_counts, sources)
         send = torch.empty(sum(sent.segment_bytes), dtype=torch.uint8, device=rows_RD.device)
-        message.encode(rows_RD, sent, self.generator, send, plan.has_full, self.kernels)
+        keys = self.draw_keys(key, rows_RD.shape[0])
+        message.encode(rows_RD, sent, None, send, plan.has_full, self.kernels, keys)
         # The exchange clock starts once the payload is ready: quantization is counted
         # apart and is not communication that compute could hide.
         quantized = time.perf_counter()

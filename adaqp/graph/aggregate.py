@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from adaqp.quant.draws import edge_keys
+
 
 @dataclass(frozen=True)
 class SparseAdjacency:
@@ -25,6 +27,10 @@ class SparseAdjacency:
     """CSR tensor [N, M]: row u holds the coefficients of u's in-edges."""
     transpose: torch.Tensor
     """CSR tensor [M, N]: used to route gradients back to the sources."""
+    row_ids: np.ndarray | None = None
+    """int64 [N]: the global id of each row's node; None: the row index (a whole graph)."""
+    col_ids: np.ndarray | None = None
+    """int64 [M]: the global id of each column's node; None: the column index."""
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -38,8 +44,11 @@ class SparseAdjacency:
         values: np.ndarray,
         shape: tuple[int, int],
         device: torch.device | str = "cpu",
+        row_ids: np.ndarray | None = None,
+        col_ids: np.ndarray | None = None,
     ) -> SparseAdjacency:
-        """Builds both orientations from CSR arrays (int64 indptr/indices, float32 values)."""
+        """Builds both orientations from CSR arrays (int64 indptr/indices, float32 values);
+        ``row_ids``, ``col_ids``: the nodes' global ids (None: their indices)."""
         num_rows, num_cols = shape
         values = np.asarray(values, dtype=np.float32)
         rows = np.repeat(np.arange(num_rows, dtype=np.int64), np.diff(indptr))
@@ -49,7 +58,7 @@ class SparseAdjacency:
         np.cumsum(np.bincount(indices, minlength=num_cols), out=t_indptr[1:])
         forward = csr_tensor(indptr, indices, values, (num_rows, num_cols), device)
         transpose = csr_tensor(t_indptr, rows[order], values[order], (num_cols, num_rows), device)
-        return cls(forward=forward, transpose=transpose)
+        return cls(forward, transpose, row_ids, col_ids)
 
     def edges(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(row, column, transpose_order)`` of every stored entry, int64 [E] each, in CSR
@@ -67,6 +76,23 @@ class SparseAdjacency:
             self.__dict__["_edges"] = cached  # frozen: the cache bypasses __setattr__
         return cached
 
+    def edge_keys(self) -> np.ndarray:
+        """uint64 [E]: ``(row's global id << 32) | column's global id`` of every stored entry,
+        in CSR order (``adaqp.quant.draws.edge_keys``): what attention dropout keys an
+        edge's weights by. Computed once."""
+        cached = self.__dict__.get("_edge_keys")
+        if cached is None:
+            crow = self.forward.crow_indices().cpu().numpy()
+            rows = np.repeat(np.arange(self.shape[0], dtype=np.int64), np.diff(crow))
+            cols = self.forward.col_indices().cpu().numpy()
+            if self.row_ids is not None:
+                rows = self.row_ids[rows]
+            if self.col_ids is not None:
+                cols = self.col_ids[cols]
+            cached = edge_keys(rows, cols)
+            self.__dict__["_edge_keys"] = cached  # frozen: the cache bypasses __setattr__
+        return cached
+
     def row_slice(self, start: int, stop: int, num_cols: int | None = None) -> SparseAdjacency:
         """The block of rows start..stop (with its own transpose), [stop - start, M], or
         [stop - start, num_cols] when those rows are known to read only the first columns."""
@@ -75,8 +101,15 @@ class SparseAdjacency:
         indptr = (crow[start : stop + 1] - lo).cpu().numpy()
         indices = self.forward.col_indices()[lo:hi].cpu().numpy()
         values = self.forward.values()[lo:hi].cpu().numpy()
+        num_cols = num_cols or self.shape[1]
         return SparseAdjacency.from_csr(
-            indptr, indices, values, (stop - start, num_cols or self.shape[1]), self.forward.device
+            indptr,
+            indices,
+            values,
+            (stop - start, num_cols),
+            self.forward.device,
+            None if self.row_ids is None else self.row_ids[start:stop],
+            None if self.col_ids is None else self.col_ids[:num_cols],
         )
 
 

@@ -22,10 +22,12 @@ Shapes: N destination rows, M source columns, E edges, K heads, F features per h
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from adaqp.graph.aggregate import SparseAdjacency, csr_tensor
+from adaqp.quant.draws import RowKeys
 
 NEGATIVE_SLOPE = 0.2
 """LeakyReLU slope of the scores (the GAT paper's)."""
@@ -108,6 +110,7 @@ def attend(
     att_dst_KF: torch.Tensor,
     rows: slice,
     attn_dropout=None,
+    dropout_key: np.uint64 | None = None,
 ) -> torch.Tensor:
     """The attention-weighted sum of every destination's in-neighbours, [N, K, F].
 
@@ -116,7 +119,11 @@ def attend(
         x_MKF: transformed source rows, inner rows first.
         att_src_KF, att_dst_KF: the heads' source and destination attention vectors.
         rows: the inner rows the block's destinations are.
-        attn_dropout: applied to the weights after the softmax (a module or None).
+        attn_dropout: applied to the weights after the softmax (a module or None), each
+            edge's weights keyed by the edge (``adjacency.edge_keys()``: global ids), so that
+            every rank drops an edge's weights as one process on the whole graph does.
+        dropout_key: the base key of the dropout's draws (``adaqp.quant.draws``); None
+            outside training.
     """
     if x_MKF.shape[0] != adjacency.shape[1]:
         raise ValueError(
@@ -124,5 +131,6 @@ def attend(
         )
     alpha_EK = attention_weights(adjacency, x_MKF, att_src_KF, att_dst_KF, rows)
     if attn_dropout is not None:
-        alpha_EK = attn_dropout(alpha_EK)
+        keys = None if dropout_key is None else RowKeys(dropout_key, adjacency.edge_keys())
+        alpha_EK = attn_dropout(alpha_EK, keys)
     return _WeightedSum.apply(adjacency, alpha_EK, x_MKF)

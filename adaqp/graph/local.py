@@ -94,6 +94,11 @@ class LocalGraph:
         )
 
     @property
+    def local_global_ids(self) -> np.ndarray:
+        """int64 [I + H]: the global id of every local node (inner, then halo)."""
+        return np.concatenate([self.global_ids, self.halo_global_ids])
+
+    @property
     def num_marginal(self) -> int:
         return self.num_inner - self.num_central
 
@@ -108,6 +113,7 @@ class LocalGraph:
         ``mean``: 1 / in-degree (rows without in-edges aggregate to zero);
         ``gat``: the edges with self-loops, valued 1 / (in-degree + 1): the attention's
         structure, valued as uniform attention (what the planner weighs halo rows by).
+        Its rows and columns carry their nodes' global ids (the keys of attention dropout).
         """
         rows = np.repeat(np.arange(self.num_inner, dtype=np.int64), np.diff(self.indptr))
         cols = self.indices
@@ -135,4 +141,6 @@ class LocalGraph:
             values.astype(np.float32),
             (self.num_inner, self.num_inner + self.num_halo),
             self.device,
+            row_ids=self.global_ids,
+            col_ids=self.local_global_ids,
         )

@@ -1,51 +1,52 @@
-"""Dropout with a counter-based mask: nn.Dropout's distribution at a fraction of its cost.
+"""Dropout with a counter-based mask keyed by global identity: nn.Dropout's distribution,
+the same mask on every rank and in one process on the whole graph.
 
 Each value is kept with probability ``1 - p`` and scaled by ``1 / (1 - p)`` (the scale computed
-as nn.Dropout computes it, so kept values are bit for bit nn.Dropout's), else zeroed. On the
-compiled path (:mod:`adaqp.quant.kernels`; float32 CPU tensors) a call draws one 64-bit seed
-from torch's default generator and value ``i`` (flat index) is kept when its 32-bit draw, a
-hash of (seed, i) (:func:`adaqp.quant.compiled.masked_scale_serial`), is at least
-``round(p·2**32)``: ``P(keep)`` is within ``2**-33`` of ``1 - p``, exactly uniform draws for a
-uniform seed as for the quantizer. Nothing is stored for backward but the seed: the gradient
-is scaled by the same mask, drawn again. The torch generator's state (checkpointed with the
-run) therefore replays the masks, and the thread count does not change them. Elsewhere (CUDA,
-other dtypes, or ``kernels = "torch"``) it is nn.Dropout. In evaluation, or with ``p = 0``,
-the input is returned as it is and no random number is drawn.
+as nn.Dropout computes it, so kept values are bit for bit nn.Dropout's), else zeroed. A call
+takes :class:`~adaqp.quant.draws.RowKeys`: a base key hashed from (seed, epoch, layer, kind of
+draw) and one key per row, the global id of the node the row is (an edge's key for attention
+weights). Value ``(r, j)`` is kept when its 32-bit draw, a hash of (base key, row key, j), is
+at least ``round(p·2**32)`` (:mod:`adaqp.quant.mask`): ``P(keep)`` is within ``2**-33`` of
+``1 - p``. The mask depends on nothing else: not on the rank, the rows' local order, the
+thread count, the path (compiled kernel for float32 CPU tensors, torch operators elsewhere:
+the same bits) or any generator's state, so P workers drop exactly what one process drops,
+and nothing needs saving to replay it. Nothing is stored for backward but the keys: the
+gradient is scaled by the same mask, drawn again. In evaluation, or with ``p = 0``, the input
+is returned as it is.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
 from adaqp.quant import kernels as quant_kernels
+from adaqp.quant.draws import RowKeys
+from adaqp.quant.mask import keep_threshold, masked_scale
 
 
 class _MaskedScale(torch.autograd.Function):
-    """``x·mask·scale`` with the mask of (seed, threshold); backward: the same for the gradient."""
+    """``x·mask·scale`` with the mask of (keys, threshold); backward: the same for the gradient."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, seed, threshold: int, scale: float) -> torch.Tensor:
-        ctx.mask = (seed, threshold, scale)
-        return quant_kernels.masked_scale(x.contiguous(), seed, threshold, scale)
+    def forward(ctx, x: torch.Tensor, keys: RowKeys, threshold: int, scale: float, kernels):
+        ctx.mask = (keys, threshold, scale, kernels)
+        return masked_scale(x, keys, threshold, scale, kernels)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        seed, threshold, scale = ctx.mask
-        grad = grad.to(torch.float32).contiguous()
-        return quant_kernels.masked_scale(grad, seed, threshold, scale), None, None, None
+        return masked_scale(grad, *ctx.mask), None, None, None, None
 
 
-def keep_scale(p: float) -> float:
-    """``1 / (1 - p)`` in float32, as nn.Dropout computes its scale (``ones.div_(1 - p)``)."""
-    return float(torch.ones((), dtype=torch.float32).div_(1 - p))
+def keep_scale(p: float, dtype: torch.dtype = torch.float32) -> float:
+    """``1 / (1 - p)`` in ``dtype``, as nn.Dropout computes its scale (``ones.div_(1 - p)``)."""
+    return float(torch.ones((), dtype=dtype).div_(1 - p))
 
 
 class Dropout(nn.Dropout):
-    """nn.Dropout whose mask comes from a compiled counter-based kernel on CPU.
+    """nn.Dropout whose mask is a function of the rows' keys (see the module docstring).
 
     Args:
         p: probability of zeroing a value, in ``[0, 1)``.
@@ -58,16 +59,20 @@ class Dropout(nn.Dropout):
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")
         super().__init__(p)
         self.kernels = kernels if kernels is None else quant_kernels.check_kernels(kernels)
-        self._threshold = quant_kernels.keep_threshold(p)
-        self._scale = keep_scale(p)
+        self._threshold = keep_threshold(p)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, keys: RowKeys | None = None) -> torch.Tensor:
+        """``x`` [R, ...] with values dropped; ``keys``: the call's keys, one per row of ``x``
+        (needed in training with ``p > 0``)."""
         if not self.training or self.p == 0 or x.numel() == 0:
             return x
-        if x.dtype == torch.float32 and quant_kernels.use_compiled(self.kernels, x.device):
-            seed = quant_kernels.message_seed(None)  # torch's default (CPU) generator
-            return _MaskedScale.apply(x, seed, self._threshold, self._scale)
-        return F.dropout(x, self.p, True)
+        if keys is None:
+            raise ValueError(
+                "dropout in training needs its rows' keys (RowKeys: the epoch, layer and "
+                "global ids its mask is drawn for); pass the epoch to the model"
+            )
+        scale = keep_scale(self.p, x.dtype)
+        return _MaskedScale.apply(x, keys, self._threshold, scale, self.kernels)
 
     def warm_up(self) -> None:
         """Loads the mask kernel now (before timed steps) if this module will use it on CPU."""

@@ -1,18 +1,24 @@
 """GNN models: a stack of graph convolutions with dropout, optional LayerNorm and ReLU.
 
 Dropout is :class:`adaqp.model.dropout.Dropout` (nn.Dropout's distribution, a compiled mask on
-CPU), its kernel loaded when the model is built so that no timed epoch compiles it."""
+CPU), its kernel loaded when the model is built so that no timed epoch compiles it. Its masks
+are keyed, not drawn from a generator: layer ``l``'s input dropout in epoch ``e`` hashes
+(``seed``, ``e``, ``l``, :class:`~adaqp.quant.draws.Draw`) into a base key and keys each row
+by its node's global id, GAT's attention dropout each edge by its global ids; so every rank
+drops what one process on the whole graph drops."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch import nn
 
 from adaqp.config import ModelConfig
 from adaqp.model.dropout import Dropout
 from adaqp.model.layers import GATConv, GCNConv, SAGEConv
+from adaqp.quant.draws import Draw, RowKeys, draw_key
 
 CONVS = {"gcn": GCNConv, "sage": SAGEConv, "gat": GATConv}
 
@@ -33,6 +39,7 @@ class GNN(nn.Module):
         cached_input: layer 0 receives its halo rows with the input (nothing to narrow).
         kernels: the dropout mask's path (``auto``, ``torch``, ``compiled``; None: the process
             default, see adaqp/quant/kernels.py).
+        seed: the seed the dropout masks are keyed by (``train.seed``).
     """
 
     def __init__(
@@ -43,8 +50,10 @@ class GNN(nn.Module):
         transform_first: bool = False,
         cached_input: bool = False,
         kernels: str | None = None,
+        seed: int = 0,
     ):
         super().__init__()
+        self.seed = seed
         conv = CONVS[config.name]
         if config.name == "gat":
             # Hidden layers: heads x hidden, concatenated; the output layer's heads averaged.
@@ -77,14 +86,33 @@ class GNN(nn.Module):
                     module.warm_up()
         self.norm = conv.norm
 
-    def forward(self, x_ID: torch.Tensor, propagate: Propagate) -> torch.Tensor:
+    def forward(
+        self,
+        x_ID: torch.Tensor,
+        propagate: Propagate,
+        epoch: int | None = None,
+        row_ids: np.ndarray | None = None,
+    ) -> torch.Tensor:
         """Returns logits [I, out_dim] for the inner nodes.
 
-        ``x`` is [I, F], or [I + H, F] with the halo rows of the input appended (cached).
+        Args:
+            x_ID: [I, F], or [I + H, F] with the halo rows of the input appended (cached).
+            propagate: the aggregation (``adaqp.model.layers.Propagation``).
+            epoch: the epoch the dropout masks are keyed by; needed in training with
+                dropout, unused in evaluation.
+            row_ids: int64 [rows of x]: the global id of each row's node, inner rows first
+                (a layer's output rows are the inner nodes, the first rows of ``x``); None:
+                the row index (one process on the whole graph, global ids 0..N-1).
         """
         h = x_ID
         for layer, conv in enumerate(self.convs):
-            h = conv(self.dropout(h), propagate, layer)
+            ids = None if row_ids is None else row_ids[: h.shape[0]]
+            keys = None
+            if epoch is not None:
+                base = draw_key(self.seed, epoch, layer, Draw.DROPOUT)
+                keys = RowKeys.of(base, ids, h.shape[0])
+            key = None if epoch is None else draw_key(self.seed, epoch, layer, Draw.ATTENTION)
+            h = conv(self.dropout(h, keys), propagate, layer, key)
             if layer < len(self.convs) - 1:
                 h = torch.relu(self.norms[layer](h))
         return h

@@ -176,7 +176,8 @@ class GCNConv(nn.Module):
         self.linear = nn.Linear(in_dim, out_dim)
         self.transform_first = transform_first
 
-    def forward(self, h: torch.Tensor, propagate, layer: int) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, propagate, layer: int, key=None) -> torch.Tensor:
+        """``key``: the base key of the layer's own draws (GAT's); unused here."""
         if self.transform_first:
             hw = nn.functional.linear(h, self.linear.weight)
             return propagate(hw, layer) + self.linear.bias
@@ -198,7 +199,8 @@ class SAGEConv(nn.Module):
         self.neigh = nn.Linear(in_dim, out_dim, bias=False)
         self.transform_first = transform_first
 
-    def forward(self, h: torch.Tensor, propagate, layer: int) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, propagate, layer: int, key=None) -> torch.Tensor:
+        """``key``: the base key of the layer's own draws (GAT's); unused here."""
         # h may carry halo rows after the inner ones (cached input): the root term is
         # taken over the inner rows, row range by row range with the aggregation.
         if self.transform_first:
@@ -214,7 +216,8 @@ class GATConv(nn.Module):
 
     Rows are transformed first: the exchanged rows are the ``heads x out_dim`` transformed
     ones, so a halo neighbour's score and message both come from its row as received
-    (quantized or stale in those modes).
+    (quantized or stale in those modes). Attention dropout keys each edge's weights by the
+    edge's global ids (the block's ``edge_keys``), head by head.
     """
 
     norm = "gat"
@@ -238,16 +241,18 @@ class GATConv(nn.Module):
         for weight in (self.linear.weight, self.att_src, self.att_dst):
             nn.init.xavier_uniform_(weight)
 
-    def forward(self, h: torch.Tensor, propagate, layer: int) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, propagate, layer: int, key=None) -> torch.Tensor:
+        """``key``: the base key of the attention dropout's draws (None outside training)."""
         hw = nn.functional.linear(h, self.linear.weight)
-        out = propagate(hw, layer, aggregate=self._attend)
+        out = propagate(hw, layer, aggregate=lambda *block: self._attend(*block, key))
         if not self.concat:
             out = out.view(out.shape[0], self.heads, self.out_dim).mean(1)
         return out + self.bias
 
-    def _attend(self, block: SparseAdjacency, x_MD: torch.Tensor, rows: slice) -> torch.Tensor:
+    def _attend(self, block: SparseAdjacency, x_MD: torch.Tensor, rows: slice, key):
         # Explicit shapes: a block may have no rows (a part without central or marginal
         # nodes), and -1 cannot be inferred from 0 elements.
         x_MKF = x_MD.view(x_MD.shape[0], self.heads, self.out_dim)
-        out = attend(block, x_MKF, self.att_src, self.att_dst, rows, self.attn_dropout)
+        args = (block, x_MKF, self.att_src, self.att_dst, rows, self.attn_dropout, key)
+        out = attend(*args)
         return out.view(out.shape[0], self.heads * self.out_dim)

@@ -22,6 +22,9 @@ Where each piece lives (each module documents the part of the wire format it imp
   ``compiled``), and the compiled path's seeds, threads and warm-up;
   :mod:`adaqp.quant.compiled`: the compiled (numba) CPU kernels, their counter-based draws and
   unbiasedness bound, and the dropout mask's kernel.
+* :mod:`adaqp.quant.draws`: the keys every random draw of training is a function of (a base
+  key from seed, epoch, layer and kind, and each row's global id), and the torch path's hash;
+  :mod:`adaqp.quant.mask`: dropout's keyed mask on either path.
 
 All functions are pure tensor functions: they run unchanged on any device, allocate on the
 input's device, and do not communicate. ``rows`` and ``mixed`` are the torch path (the

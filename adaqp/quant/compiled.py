@@ -7,21 +7,22 @@ divides) and a counter-based random draw in place of the torch generator's strea
 wrappers, the choice of path and the threads live in :mod:`adaqp.quant.kernels`; this module
 holds only the numba code.
 
-**The random draw.** A message (one call) takes one 64-bit seed ``s``, drawn from the torch
-generator by the caller (:func:`adaqp.quant.kernels.message_seed`). Row ``r`` of an ``[R, D]``
-message (an exchange's buffer of peer segments is one message, its rows counted across the
-segments, :mod:`adaqp.exchange.message`) takes the key ``K_r = mix64(s + (r + 1)·γ mod
-2**64)``, output ``r + 1`` of SplitMix64 (Steele, Lea and Flood, 2014) seeded with ``s``
+**The random draw.** A message (one call) takes a 64-bit base key ``s`` and a uint64 key
+``k_r`` per row (:mod:`adaqp.quant.draws`: in training, ``s`` hashes the seed, epoch, layer
+and direction, and ``k_r`` is the global id of the node whose row it is; a plain call with a
+generator draws ``s`` from it, :func:`adaqp.quant.kernels.message_seed`, and takes
+``k_r = r``). Row ``r`` of an ``[R, D]`` message (an exchange's buffer of peer segments is one
+message, :mod:`adaqp.exchange.message`) takes ``K_r = mix64(s + (k_r + 1)·γ mod 2**64)``,
+output ``k_r + 1`` of SplitMix64 (Steele, Lea and Flood, 2014) seeded with ``s``
 (``γ = 0x9E3779B97F4A7C15``, ``mix64`` its finaliser), split into 32-bit halves ``a_r`` (low)
 and ``b_r`` (high). Value ``(r, j)`` draws the 16-bit lane ``j mod 2`` (bits ``16·(j mod 2)``
 and up) of the word ``h(a_r + (j // 2)·0x9E3779B9 mod 2**32)``, where ``h`` is lowbias32
 (Wellons' hash-prospector function: xor-shift 16, multiply by ``0x7FEB352D``, xor-shift 15,
 multiply by ``0x846CA68B``, xor-shift 16) with ``b_r`` xored in after its first multiply.
-Codes therefore depend on ``(s, r, j)`` and the value only: not on the thread count, the order
-rows are visited in or how rows split into widths, and a checkpoint of the torch generator
-replays them bit for bit. (A 32-bit word hash vectorises in eight lanes of native 32-bit
-multiplies; SplitMix64 per word, as before, cost three times as much and a quarter of the
-quantizer's time.)
+Codes therefore depend on ``(s, k_r, j)`` and the value only: not on the thread count, the
+order rows are visited in or how rows split into widths. (A 32-bit word hash vectorises in
+eight lanes of native 32-bit multiplies; SplitMix64 per word, as before, cost three times as
+much and a quarter of the quantizer's time.)
 
 **Rounding.** ``Δ = (M - m) / L`` (1 where it is 0) as in :mod:`adaqp.quant.rows`, the scaled
 value ``σ = min((x - m)·(2**16 / Δ), 2**16·L)`` (float32; where ``2**16 / Δ`` overflows,
@@ -30,17 +31,17 @@ with ``u`` the value's 16-bit draw; ``q <= L`` as ``σ <= 2**16·L``. ``σ`` is 
 for the torch path's ``t = (x - m) / Δ`` up to float32 rounding of the reciprocal and the
 product (a multiply instead of a divide per value).
 
-**Unbiasedness.** For a seed uniform on ``[0, 2**64)``, ``s + (r + 1)·γ`` is uniform, ``mix64``
-is a bijection of 64-bit words, so ``K_r`` is uniform and its halves are independent and
+**Unbiasedness.** For a seed uniform on ``[0, 2**64)``, ``s + (k_r + 1)·γ`` is uniform,
+``mix64`` is a bijection of 64-bit words, so ``K_r`` is uniform and its halves are independent and
 uniform; given ``b_r``, ``a_r + k·0x9E3779B9`` is uniform on 32-bit words and the keyed ``h``
 is a bijection of them (each step is), so every word is uniform and a 16-bit lane of a
 uniform word is uniform: each ``u`` is *exactly* uniform on ``{0, ..., 2**16 - 1}``, so
 ``E[q] = ρ / 2**16`` exactly and ``|E[q] - σ / 2**16| <= 2**-17``. Hence ``|E[x̂] - x| <= Δ /
 2**17`` beyond float32 rounding of ``σ`` and of ``m + q·Δ`` (half the torch path's ``Δ /
 2**16``), and ``Var[x̂] = Δ²·f(1 - f) <= Δ²/4`` with ``f`` the fractional part of ``ρ /
-2**16``. Distinct values of a row use distinct words (or lanes of one word); rows use
-successive SplitMix64 outputs as keys. Joint independence beyond that is as good as the
-hash's and is not otherwise claimed; the tests check the lanes' uniformity and the
+2**16``. Distinct values of a row use distinct words (or lanes of one word); rows with
+distinct keys use distinct SplitMix64 outputs. Joint independence beyond that is as good as
+the hash's and is not otherwise claimed; the tests check the lanes' uniformity and the
 correlation of neighbouring draws.
 
 **Reconstruction** is the torch path's expression, evaluated in the same float32 order
@@ -53,10 +54,10 @@ Row minima and maxima are taken over the float32 bit patterns mapped to order-pr
 integers (vectorised integer min/max): a NaN maps beyond ±Inf, so a row holding NaN or ±Inf
 gets a non-finite ``M - m``; such a row is skipped (codes 0) and the caller raises.
 
-**Dropout's mask** (:func:`masked_scale_serial`, used by :mod:`adaqp.model.dropout`) draws
-from SplitMix64 itself, 32 bits a value: value ``i`` (flat index) takes lane ``i mod 2`` of
-output ``i // 2 + 1`` and is kept when the draw is at least ``round(p·2**32)``, so ``P(keep)`` is
-within ``2**-33`` of ``1 - p`` (the draw exactly uniform, as above).
+**Dropout's mask** (:func:`masked_scale_serial`, used by :mod:`adaqp.quant.mask`) keys its
+rows the same way (a node's global id, or an edge's key for attention weights) and draws 32
+bits a value: value ``(r, j)`` takes the whole word ``h(a_r + j·0x9E3779B9)`` and is kept
+when it is at least ``round(p·2**32)``, so ``P(keep)`` is within ``2**-33`` of ``1 - p``.
 
 Entry points (``*_serial``, ``*_parallel``) release the GIL; the ``*_parallel`` ones split
 rows (or blocks) into chunks over numba's threads, with the same result as the serial ones.
@@ -135,8 +136,23 @@ def _unkey(key):
     return key ^ ((key >> _I31) & _IMAX)
 
 
+@njit(cache=True, inline="always")
+def _fill_words(words, low, high):
+    """``words[k] = h_high(low + k·0x9E3779B9)``: the keyed lowbias32 of the docstring."""
+    for k in range(words.shape[0]):
+        z = np.uint32(low + np.uint32(np.uint32(k) * _G32))
+        z ^= z >> _U16
+        z = np.uint32(z * _H1) ^ high
+        z ^= z >> _U15
+        z = np.uint32(z * _H2)
+        z ^= z >> _U16
+        words[k] = z
+
+
 @njit(cache=True)
-def _quantize_rows(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, first_R, start, stop):
+def _quantize_rows(
+    x_RD, bits_R, seed, keys_R, offsets_R, payload, mins, maxs, first_R, start, stop
+):
     """Quantizes rows ``start`` to ``stop`` (see :func:`quantize_serial`); returns how many
     were skipped as non-finite."""
     dim = x_RD.shape[1]
@@ -173,16 +189,8 @@ def _quantize_rows(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, first_R, 
         step = span / levels
         scale = _SCALE16 / (step if step > 0 else _F1)
         top = levels * _SCALE16
-        row_key64[0] = mix64(seed + (np.uint64(r) + _ONE64) * _GAMMA)
-        low, high = row_key[0], row_key[1]  # little-endian: the low half first
-        for k in range(groups):  # the keyed lowbias32 of the module's docstring
-            z = np.uint32(low + np.uint32(np.uint32(k) * _G32))
-            z ^= z >> _U16
-            z = np.uint32(z * _H1) ^ high
-            z ^= z >> _U15
-            z = np.uint32(z * _H2)
-            z ^= z >> _U16
-            words[k] = z
+        row_key64[0] = mix64(seed + (keys_R[r] + _ONE64) * _GAMMA)
+        _fill_words(words, row_key[0], row_key[1])  # little-endian: the low half first
         if np.isfinite(scale):
             for j in range(dim):
                 rho = np.int32(np.rint(min((row[j] - mn) * scale, top)))
@@ -209,24 +217,25 @@ def _quantize_rows(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, first_R, 
 
 
 @njit(cache=True, nogil=True)
-def quantize_serial(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, first_R):
+def quantize_serial(x_RD, bits_R, seed, keys_R, offsets_R, payload, mins, maxs, first_R):
     """Quantizes every row of float32 ``x_RD`` at its width into ``payload`` at
     ``offsets_R``, and its float32 minimum and maximum into ``mins``/``maxs``; one thread.
+    Row ``r``'s draws are keyed by (``seed``, ``keys_R[r]``) (uint64 base and row keys).
     Returns how many rows held NaN or ±Inf or a range overflowing float32 (their codes: 0).
     Rows ``r`` with ``first_R[r] >= 0`` are left to :func:`copy_repeats` (``first_R`` empty:
     none)."""
-    rows = x_RD.shape[0]
-    return _quantize_rows(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, first_R, 0, rows)
+    args = (x_RD, bits_R, seed, keys_R, offsets_R, payload, mins, maxs, first_R)
+    return _quantize_rows(*args, 0, x_RD.shape[0])
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def quantize_parallel(x_RD, bits_R, seed, offsets_R, payload, mins, maxs, first_R, chunks):
+def quantize_parallel(x_RD, bits_R, seed, keys_R, offsets_R, payload, mins, maxs, first_R, chunks):
     """:func:`quantize_serial` over ``chunks`` slices of rows on numba's threads."""
     rows = x_RD.shape[0]
     skipped = 0
     for c in prange(chunks):
         start, stop = c * rows // chunks, (c + 1) * rows // chunks
-        args = (x_RD, bits_R, seed, offsets_R, payload, mins, maxs, first_R, start, stop)
+        args = (x_RD, bits_R, seed, keys_R, offsets_R, payload, mins, maxs, first_R, start, stop)
         skipped += _quantize_rows(*args)
     return skipped
 
@@ -341,44 +350,36 @@ def copy_metadata(payload, seg_starts, seg_rows, mins, maxs, to_payload):
         first += size
 
 
-MASK_BLOCK = 4096
-"""Values per block of the dropout mask: its draws are made for a block, then applied."""
-
-
 @njit(cache=True)
-def _masked_scale_blocks(x, out, seed, threshold, scale, first, last):
-    """Blocks ``first`` to ``last`` of :func:`masked_scale_serial`."""
-    words = np.zeros(MASK_BLOCK // 2, np.uint64)
-    draws = words.view(np.uint32)  # value i: lane i % 2 of word i // 2 (little-endian)
+def _masked_scale_rows(x_RC, out_RC, seed, keys_R, threshold, scale, start, stop):
+    """Rows ``start`` to ``stop`` of :func:`masked_scale_serial`."""
+    words = np.zeros(x_RC.shape[1], np.uint32)
+    row_key = np.zeros(2, np.uint32)  # through memory, as in _quantize_rows
+    row_key64 = row_key.view(np.uint64)
     zero = np.float32(0.0)
-    for block in range(first, last):
-        start = block * MASK_BLOCK
-        src = x[start : start + MASK_BLOCK]
-        dst = out[start : start + MASK_BLOCK]
-        state = seed + (np.uint64(start // 2) + _ONE64) * _GAMMA
-        for k in range((src.shape[0] + 1) // 2):
-            words[k] = mix64(state + np.uint64(k) * _GAMMA)
-        for i in range(src.shape[0]):
-            dst[i] = src[i] * (scale if np.int64(draws[i]) >= threshold else zero)
+    for r in range(start, stop):
+        row_key64[0] = mix64(seed + (keys_R[r] + _ONE64) * _GAMMA)
+        _fill_words(words, row_key[0], row_key[1])
+        src, dst = x_RC[r], out_RC[r]
+        for j in range(src.shape[0]):
+            dst[j] = src[j] * (scale if np.int64(words[j]) >= threshold else zero)
 
 
 @njit(cache=True, nogil=True)
-def masked_scale_serial(x, out, seed, threshold, scale):
-    """Dropout's mask applied: ``out[i] = x[i]·scale`` where value ``i``'s 32-bit draw is at
-    least ``threshold``, ``x[i]·0`` elsewhere (1-D float32); one thread. Value ``i`` draws
-    the 32-bit lane ``i mod 2`` of ``mix64(seed + (i // 2 + 1)·γ)``."""
-    blocks = (x.shape[0] + MASK_BLOCK - 1) // MASK_BLOCK
-    _masked_scale_blocks(x, out, seed, threshold, scale, 0, blocks)
+def masked_scale_serial(x_RC, out_RC, seed, keys_R, threshold, scale):
+    """Dropout's mask applied: ``out[r, j] = x[r, j]·scale`` where value ``(r, j)``'s 32-bit
+    draw is at least ``threshold``, ``x[r, j]·0`` elsewhere (2-D float32); one thread. The
+    draw is word ``j`` of row ``r``, keyed by (``seed``, ``keys_R[r]``) as the quantizer's."""
+    _masked_scale_rows(x_RC, out_RC, seed, keys_R, threshold, scale, 0, x_RC.shape[0])
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def masked_scale_parallel(x, out, seed, threshold, scale, chunks):
-    """:func:`masked_scale_serial` over ``chunks`` slices of blocks on numba's threads."""
-    blocks = (x.shape[0] + MASK_BLOCK - 1) // MASK_BLOCK
+def masked_scale_parallel(x_RC, out_RC, seed, keys_R, threshold, scale, chunks):
+    """:func:`masked_scale_serial` over ``chunks`` slices of rows on numba's threads."""
+    rows = x_RC.shape[0]
     for c in prange(chunks):
-        _masked_scale_blocks(
-            x, out, seed, threshold, scale, c * blocks // chunks, (c + 1) * blocks // chunks
-        )
+        start, stop = c * rows // chunks, (c + 1) * rows // chunks
+        _masked_scale_rows(x_RC, out_RC, seed, keys_R, threshold, scale, start, stop)
 
 
 @njit(cache=True)

@@ -5,8 +5,8 @@ Two implementations write the same wire format (:mod:`adaqp.quant.pack`, :mod:`a
 * ``torch``: torch operators (:mod:`adaqp.quant.rows`), on any device; the reference, and the
   path for CUDA tensors;
 * ``compiled``: fused numba kernels (:mod:`adaqp.quant.compiled`), on CPU tensors, several times
-  faster. Its random draws are counter-based (one seed per message from the torch generator,
-  then a hash of (seed, row, column)): same rounding rule and wire format, a different stream.
+  faster. Its random draws are counter-based (a hash of a message's base key, a row's key and
+  the column, :mod:`adaqp.quant.draws`): same rounding rule and wire format, other draws.
 
 The switch (:data:`~adaqp.config.KERNELS`, config key ``quant.kernels``): ``auto`` takes the
 compiled path for CPU tensors when numba is importable and the torch path otherwise;
@@ -33,12 +33,13 @@ import torch
 from torch import Tensor
 
 from adaqp.config import KERNELS
+from adaqp.quant.draws import RowKeys
 
 logger = logging.getLogger(__name__)
 
 _ENV = "ADAQP_KERNELS"
 _default = os.environ.get(_ENV) or "auto"
-COMPILED_DRAWS = "splitmix64 row keys, keyed lowbias32 words"
+COMPILED_DRAWS = "splitmix64 of (base, row key), keyed lowbias32 words; dropout: whole words"
 """Names the compiled path's random draws (:mod:`adaqp.quant.compiled`): a checkpoint records
 it, so that a run does not resume with other draws than it started with."""
 _PARALLEL_MIN_VALUES = 1 << 15
@@ -145,10 +146,12 @@ _NO_REPEATS = np.empty(0, np.int64)
 
 
 def _encode(
-    x_RD: Tensor, bits_R: np.ndarray, offsets_R, payload, generator, first_R=_NO_REPEATS
+    x_RD: Tensor, bits_R: np.ndarray, offsets_R, payload, generator, first_R=_NO_REPEATS, keys=None
 ) -> tuple:
     """Runs the quantize kernel; returns float32 ``(mins, maxs)`` numpy arrays. A row ``r``
-    with ``first_R[r] >= 0`` gets the codes of that earlier row, the same values."""
+    with ``first_R[r] >= 0`` gets the codes of that earlier row, the same values. Draws keyed
+    by ``keys`` (:class:`~adaqp.quant.draws.RowKeys`), else by a seed from ``generator`` and
+    the row index."""
     kernels = _compiled_module()
     rows, dim = x_RD.shape
     mins = np.zeros(rows, np.float32)
@@ -156,13 +159,13 @@ def _encode(
     if rows == 0 or dim == 0:
         return mins, maxs
     x = _numpy(x_RD.contiguous())
-    seed = message_seed(generator)
+    keys = keys if keys is not None else RowKeys.of(message_seed(generator), count=rows)
+    args = (x, bits_R, keys.base, keys.rows, offsets_R, payload, mins, maxs, first_R)
     count = _parallel(x_RD.numel())
     if count == 1:
-        skipped = kernels.quantize_serial(x, bits_R, seed, offsets_R, payload, mins, maxs, first_R)
+        skipped = kernels.quantize_serial(*args)
     else:
-        args = (x, bits_R, seed, offsets_R, payload, mins, maxs, first_R, 4 * count)
-        skipped = kernels.quantize_parallel(*args)
+        skipped = kernels.quantize_parallel(*args, 4 * count)
     if first_R.shape[0]:
         kernels.copy_repeats(first_R, bits_R, offsets_R, payload, mins, maxs, dim)
     if skipped:
@@ -211,7 +214,9 @@ def _mixed_layout(bits: np.ndarray, dim: int) -> tuple[np.ndarray, int]:
     return offsets, size
 
 
-def quantize_mixed(x_RD: Tensor, bits_R: Tensor, generator, out: Tensor | None) -> Tensor:
+def quantize_mixed(
+    x_RD: Tensor, bits_R: Tensor, generator, out: Tensor | None, keys: RowKeys | None = None
+) -> Tensor:
     """:func:`adaqp.quant.quantize_mixed` on the compiled path (float32 CPU ``x_RD``)."""
     rows, dim = x_RD.shape
     bits = _widths(bits_R)
@@ -223,7 +228,7 @@ def quantize_mixed(x_RD: Tensor, bits_R: Tensor, generator, out: Tensor | None) 
     elif out.dim() != 1 or out.dtype != torch.uint8 or out.shape[0] != size:
         raise ValueError(f"out must be uint8 [{size}], got {tuple(out.shape)} {out.dtype}")
     payload = _numpy(out)
-    mins, maxs = _encode(x_RD, bits, offsets, payload, generator)
+    mins, maxs = _encode(x_RD, bits, offsets, payload, generator, keys=keys)
     payload[: 4 * rows] = mins.view(np.uint8)
     payload[4 * rows : 8 * rows] = maxs.view(np.uint8)
     return out
@@ -315,12 +320,15 @@ def _check_message(layout: SegmentLayout, buf: Tensor, rows_RD: Tensor) -> None:
         raise ValueError(f"expected float32 rows {expected}, got {tuple(rows_RD.shape)}")
 
 
-def quantize_segments(x_RD: Tensor, layout: SegmentLayout, generator, out: Tensor) -> Tensor:
-    """Every segment of a message quantized into uint8 ``out`` in one call, one seed for the
-    whole message: each segment is then a :func:`quantize_mixed` buffer of its rows."""
+def quantize_segments(
+    x_RD: Tensor, layout: SegmentLayout, generator, out: Tensor, keys: RowKeys | None = None
+) -> Tensor:
+    """Every segment of a message quantized into uint8 ``out`` in one call, one base key for
+    the whole message: each segment is then a :func:`quantize_mixed` buffer of its rows."""
     _check_message(layout, out, x_RD)
     payload = _numpy(out)
-    mins, maxs = _encode(x_RD, layout.widths, layout.offsets, payload, generator, layout.first)
+    args = (x_RD, layout.widths, layout.offsets, payload, generator, layout.first, keys)
+    mins, maxs = _encode(*args)
     _compiled_module().copy_metadata(payload, layout.starts, layout.rows, mins, maxs, True)
     return out
 
@@ -374,28 +382,6 @@ def squared_ranges(x_RD: Tensor) -> Tensor:
     return (x_RD.amax(1) - x_RD.amin(1)).double() ** 2
 
 
-def keep_threshold(p: float) -> int:
-    """The 32-bit draw a value needs to be kept by dropout with probability ``p`` of a zero:
-    ``round(p·2**32)``, so ``P(keep) = 1 - threshold / 2**32`` is within ``2**-33`` of
-    ``1 - p``."""
-    return round(p * 2**32)
-
-
-def masked_scale(x: Tensor, seed: np.uint64, threshold: int, scale: float) -> Tensor:
-    """A new tensor: ``x·scale`` where a value's counter-based draw (seed, flat index) is at
-    least ``threshold``, ``x·0`` elsewhere (float32 contiguous CPU ``x``); see
-    :func:`adaqp.quant.compiled.masked_scale_serial`."""
-    kernels = _compiled_module()
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    src, dst = _numpy(x).reshape(-1), _numpy(out).reshape(-1)
-    count = _parallel(x.numel())
-    if count == 1:
-        kernels.masked_scale_serial(src, dst, seed, threshold, np.float32(scale))
-    else:
-        kernels.masked_scale_parallel(src, dst, seed, threshold, np.float32(scale), 4 * count)
-    return out
-
-
 def warm_up(parallel: bool | None = None) -> bool:
     """Loads (or compiles and caches) the quantizer's compiled kernels, so that no timed call
     pays for it; the ``prange`` ones too where ``parallel`` (None: where this process has
@@ -413,7 +399,8 @@ def warm_up(parallel: bool | None = None) -> bool:
     buf = torch.empty(18, dtype=torch.uint8)
     quantize_segments(x, layout, torch.Generator().manual_seed(0), buf)
     dequantize_segments(buf, layout, x)
-    masked_scale(x, np.uint64(0), keep_threshold(0.5), 2.0)
+    keys = np.arange(2, dtype=np.uint64)  # the dropout mask's kernel, as adaqp.quant.mask calls it
+    kernels.masked_scale_serial(_numpy(x), _numpy(x).copy(), keys[0], keys, 1 << 31, np.float32(2))
     squared_ranges(x)
     if threads() > 1 if parallel is None else parallel:  # compiled, the pool not started
         for serial, chunked in (

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from adaqp.bits import SUPPORTED_BITS
+from adaqp.quant.draws import RowKeys
 from adaqp.quant.kernels import dequantize_mixed as compiled_dequantize_mixed
 from adaqp.quant.kernels import quantize_mixed as compiled_quantize_mixed
 from adaqp.quant.kernels import use_compiled
@@ -90,6 +91,7 @@ def quantize_mixed(
     generator: torch.Generator | None = None,
     out: Tensor | None = None,
     kernels: str | None = None,
+    keys: RowKeys | None = None,
 ) -> Tensor:
     """Quantize rows at per-row widths into one flat uint8 buffer (one message to one peer).
 
@@ -107,6 +109,8 @@ def quantize_mixed(
             a slice of an all_to_all send buffer).
         kernels: ``auto``, ``torch`` or ``compiled`` (:mod:`adaqp.quant.kernels`); None: the
             process default.
+        keys: the rows' keys (:mod:`adaqp.quant.draws`); the draws then come from them, on
+            either path, and ``generator`` is not used.
 
     Returns:
         uint8 ``[mixed_buffer_bytes(bits_R, D)]``: ``out`` when given.
@@ -116,7 +120,7 @@ def quantize_mixed(
     """
     x_RD = _as_float32_rows(x_RD)
     if use_compiled(kernels, x_RD.device):
-        return compiled_quantize_mixed(x_RD, bits_R, generator, out)
+        return compiled_quantize_mixed(x_RD, bits_R, generator, out, keys)
     rows, dim = x_RD.shape
     bits_R = bits_R.to(x_RD.device)
     counts = _width_counts(bits_R)
@@ -142,7 +146,7 @@ def quantize_mixed(
     filled = dict.fromkeys(sections, 0)
     # Blocks run over all rows in order with per-row L, so the random stream does not depend
     # on how rows split into widths.
-    for start, codes in _code_blocks(x_RD, minimum, maximum, _levels(bits_R), generator):
+    for start, codes in _code_blocks(x_RD, minimum, maximum, _levels(bits_R), generator, keys):
         stop = start + codes.shape[0]
         if single is not None:
             _pack_words_(codes, single, sections[single][start:stop])

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from adaqp.quant.draws import RowKeys, lanes16
 from adaqp.quant.kernels import dequantize_rows as compiled_dequantize
 from adaqp.quant.kernels import quantize_rows as compiled_quantize
 from adaqp.quant.kernels import use_compiled
@@ -169,6 +170,7 @@ def _code_blocks(
     maximum: Tensor,
     levels: Tensor,
     generator: torch.Generator | None,
+    keys: RowKeys | None = None,
 ) -> Iterator[tuple[int, Tensor]]:
     """Stochastically rounded codes ``q`` in ``[0, L]``, one block of rows at a time, in order.
 
@@ -178,6 +180,8 @@ def _code_blocks(
         maximum: float32 ``[R]`` row maxima.
         levels: float32 ``[R]`` per-row ``L = 2**bits - 1``.
         generator: random generator on ``x_RD``'s device.
+        keys: the rows' keys: each draw is then the top 15 bits of the compiled path's 16-bit
+            draw for the same keys (:mod:`adaqp.quant.draws`), not the generator's.
 
     Yields:
         ``(start, codes)``: the block's first row and contiguous uint8
@@ -202,7 +206,10 @@ def _code_blocks(
     for start in range(0, rows, block):
         stop = min(rows, start + block)
         count = (stop - start) * dim
-        noise = _fill_noise_(scratch[: -(-count // 2)], generator).view(torch.int16)[:count]
+        if keys is None:
+            noise = _fill_noise_(scratch[: -(-count // 2)], generator).view(torch.int16)[:count]
+        else:
+            noise = lanes16(keys.take(slice(start, stop)), dim, device).bitwise_right_shift_(1)
         value = torch.sub(
             x_RD[start:stop], minimum[start:stop, None], out=value_buf[: stop - start]
         )

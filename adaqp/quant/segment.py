@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from adaqp.bits import FULL_PRECISION_BITS
+from adaqp.quant.draws import RowKeys
 from adaqp.quant.mixed import blend_, dequantize_mixed, mixed_buffer_bytes, quantize_mixed
 
 
@@ -24,20 +25,26 @@ def segment_bytes(bits_R: Tensor, dim: int) -> int:
 
 
 def encode_segment(
-    rows_RD: Tensor, bits_R: Tensor, generator, out: Tensor, has_full: bool, kernels: str | None
+    rows_RD: Tensor,
+    bits_R: Tensor,
+    generator,
+    out: Tensor,
+    has_full: bool,
+    kernels: str | None,
+    keys: RowKeys | None = None,
 ) -> None:
     """Fills uint8 ``out`` (``segment_bytes`` long) with the segment of ``rows_RD``;
-    ``has_full``: whether any row of the exchange travels at full precision."""
+    ``has_full``: whether any row of the exchange travels at full precision; ``keys``: the
+    rows' keys, which the draws then come from (:mod:`adaqp.quant.draws`)."""
     full = bits_R == FULL_PRECISION_BITS if has_full else None
     if full is None or not full.any():
-        quantize_mixed(rows_RD, bits_R, generator, out=out, kernels=kernels)
+        quantize_mixed(rows_RD, bits_R, generator, out=out, kernels=kernels, keys=keys)
     elif full.all():  # a segment of float32 rows is their bytes: one copy
         out.copy_(rows_RD.to(torch.float32).contiguous().view(torch.uint8).reshape(-1))
     else:
         quantized = mixed_buffer_bytes(bits_R[~full], rows_RD.shape[1])
-        quantize_mixed(
-            rows_RD[~full], bits_R[~full], generator, out=out[:quantized], kernels=kernels
-        )
+        keys = None if keys is None else keys.take((~full).cpu().numpy())
+        quantize_mixed(rows_RD[~full], bits_R[~full], generator, out[:quantized], kernels, keys)
         out[quantized:].copy_(rows_RD[full].contiguous().view(torch.uint8).reshape(-1))
 
 

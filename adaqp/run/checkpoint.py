@@ -4,7 +4,7 @@ Layout (``checkpoint.dir``, by default ``<out>/checkpoints``)::
 
     checkpoints/
         epoch-000010/
-            rank-00000.npz   tensors of rank 0: model, optimizer, RNG states, policy state
+            rank-00000.npz   tensors of rank 0: model, optimizer, policy state
             rank-00001.npz   ... one shard per rank (numpy without pickle)
             manifest.json    written last, by rank 0, once every shard is on disk:
                              format, epoch, world size, config and partition fingerprints,
@@ -16,6 +16,11 @@ directory is synced after the rename: a crash mid-write leaves the previous chec
 intact and the new one without a manifest, which never counts. Loading verifies the
 manifest, the fingerprints (naming what differs) and each shard's SHA-256. After a new
 checkpoint is complete the oldest are removed, keeping the newest ``checkpoint.keep``.
+
+No generator state is saved: every random draw of training (dropout, attention dropout,
+stochastic rounding) is keyed by the seed, the epoch, the layer and global ids
+(``adaqp/quant/draws.py``), so a resumed run draws what the uninterrupted one would have.
+Version 1 saved the generators' states instead and is refused.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from adaqp.run.ckptdir import step_dir as _step_dir
 logger = logging.getLogger(__name__)
 
 FORMAT = "adaqp-checkpoint"
-VERSION = 1
+VERSION = 2
 
 
 class CheckpointError(RuntimeError):
@@ -127,8 +132,14 @@ def read_manifest(root: Path, epoch: int) -> dict[str, Any]:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"cannot read checkpoint manifest {path}: {exc}") from exc
-    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise CheckpointError(f"{path} is not a version-{VERSION} AdaQP checkpoint manifest")
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not an AdaQP checkpoint manifest")
+    if manifest.get("version") != VERSION:
+        raise CheckpointError(
+            f"{path} is a version-{manifest.get('version')} checkpoint; this AdaQP reads "
+            f"version {VERSION} (its draws are keyed, not replayed from saved generators): "
+            "start a new --out, or --overwrite"
+        )
     return manifest
 
 

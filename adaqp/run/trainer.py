@@ -119,6 +119,7 @@ class Trainer:
             dataset["num_classes"],
             transform_first=config.comm.transform_first,
             cached_input=self.cache_input,
+            seed=config.train.seed,
         )
         self.model.to(world.device)
         # Identical seeds already give identical weights; the broadcast makes it a fact.
@@ -136,6 +137,8 @@ class Trainer:
                 seed=config.quant.seed,
                 device=world.device,
                 send_idx=graph.send_idx,
+                send_ids=graph.global_ids[graph.send_idx.cpu().numpy()],
+                halo_ids=graph.halo_global_ids,
             )
         if mode == "nocomm":
             logger.warning(
@@ -143,6 +146,7 @@ class Trainer:
                 "trained is not the graph's (accuracy is not comparable)"
             )
         self.inputs = graph.features
+        self.input_ids = graph.global_ids  # of each row of inputs: dropout's masks' keys
         self.input_cache_bytes = 0
         if self.cache_input:
             # Layer-0 inputs never change: fetch their halo rows once, in full precision.
@@ -151,6 +155,7 @@ class Trainer:
                 graph.features.index_select(0, graph.send_idx), INPUT_CACHE_KEY
             )
             self.inputs = torch.cat([graph.features, pending.wait()])
+            self.input_ids = graph.local_global_ids
             sent = torch.tensor(float(pending.bytes_sent), dtype=torch.float64)
             self.input_cache_bytes = int(self._all_sum(sent))
         adjacency = graph.adjacency(self.model.norm)
@@ -192,9 +197,9 @@ class Trainer:
         if self.policy is not None:
             self.policy.at(step)
 
-    def logits(self) -> torch.Tensor:
-        """Forward pass over the inner nodes: logits [I, C]."""
-        return self.model(self.inputs, self.propagation)
+    def logits(self, epoch: int | None = None) -> torch.Tensor:
+        """Forward pass over the inner nodes: logits [I, C]; ``epoch`` keys dropout's masks."""
+        return self.model(self.inputs, self.propagation, epoch, self.input_ids)
 
     def local_loss_sum(self, logits: torch.Tensor) -> torch.Tensor:
         """Sum of per-node losses over this rank's training nodes."""
@@ -210,17 +215,19 @@ class Trainer:
 
     def train_step(self, counters: EpochCounters | None = None, epoch: int | None = None) -> float:
         """One full-graph optimiser step; returns the global mean training loss. ``epoch``
-        numbers the step in errors."""
+        keys its random draws (dropout, stochastic rounding) and numbers it in errors."""
+        if self.transport is not None and epoch is not None:
+            self.transport.begin_epoch(epoch)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         # Each layer's gradient all-reduce starts as soon as backward has finished it.
         self.buckets.start(epoch)
         if self.policy is None:
-            loss_sum = self.local_loss_sum(self.logits())
+            loss_sum = self.local_loss_sum(self.logits(epoch))
             (loss_sum / self.num_train).backward()
         else:
             with self.policy.training():
-                loss_sum = self.local_loss_sum(self.logits())
+                loss_sum = self.local_loss_sum(self.logits(epoch))
                 (loss_sum / self.num_train).backward()
         times = self.buckets.finish()
         if counters is not None:
@@ -270,12 +277,12 @@ class Trainer:
         return counters.reduced(all_reduce, self.world.world_size, self.tags, staleness_bound)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Everything this rank needs to continue the run exactly (for checkpoints)."""
+        """Everything this rank needs to continue the run exactly (for checkpoints); no
+        generator: every random draw is keyed by the epoch (``adaqp/quant/draws.py``)."""
         state = {f"model/{k}": v for k, v in self.model.state_dict().items()}
         for index, entries in self.optimizer.state_dict()["state"].items():
             for name, value in entries.items():
                 state[f"optimizer/{index}/{name}"] = torch.as_tensor(value)
-        state.update({f"rng/{k}": v for k, v in self.world.rng_state().items()})
         if self.policy is not None:
             state.update({f"policy/{k}": v for k, v in self.policy.state_dict().items()})
         return state
@@ -292,7 +299,6 @@ class Trainer:
             index, _, field = name.partition("/")
             optimizer["state"].setdefault(int(index), {})[field] = tensor
         self.optimizer.load_state_dict(optimizer)
-        self.world.set_rng_state(parts.get("rng", {}))
         if self.policy is not None:
             self.policy.load_state_dict(parts.get("policy", {}))
 

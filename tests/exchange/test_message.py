@@ -11,6 +11,7 @@ from adaqp.bits import SUPPORTED_BITS
 from adaqp.exchange import message
 from adaqp.exchange.message import BitPlan, MessageLayout
 from adaqp.quant import kernels as K
+from adaqp.quant.draws import Draw, RowKeys, draw_key
 from adaqp.quant.mixed import blend_
 from adaqp.quant.pack import unpack
 from adaqp.quant.segment import decode_segment, encode_segment
@@ -179,3 +180,28 @@ def test_a_buffer_or_rows_of_another_shape_are_refused_not_written_past():
     message.encode(x, layout, _gen(0), buf, False, None)
     with pytest.raises(ValueError, match="float32 rows"):
         message.decode(buf, layout, torch.empty(12, 15), False, None)
+
+
+@pytest.mark.parametrize("kernels", ["compiled", "torch"])
+@pytest.mark.parametrize("has_full", [False, True])
+def test_a_nodes_row_is_rounded_alike_in_any_message(kernels: str, has_full: bool):
+    """Keyed by global ids, a node's row gets the same codes whichever rank sends it to
+    whichever peer: the same rows in another order and other segments (one call or one call
+    a segment, float32 rows among them or not) decode to the same rows, node by node."""
+    rows, dim = sum(COUNTS), 9
+    ids = np.random.default_rng(2).choice(1000, rows, replace=False)
+    x = torch.randn(rows, dim, generator=_gen(6))
+    widths = _widths(rows, 7)
+    if has_full:
+        widths[::4] = 32
+    keys = RowKeys.of(draw_key(0, 5, 1, Draw.FORWARD), ids)
+    order = np.random.default_rng(3).permutation(rows)
+    decoded = []
+    for perm, counts in ((np.arange(rows), COUNTS), (order, [2, 9, 4])):
+        layout = MessageLayout(widths[perm], counts, dim)
+        buf = torch.empty(sum(layout.segment_bytes), dtype=torch.uint8)
+        message.encode(x[perm], layout, None, buf, has_full, kernels, keys.take(perm))
+        out = message.decode(buf, layout, torch.empty(rows, dim), has_full, kernels)
+        decoded.append(torch.empty_like(out).index_copy_(0, torch.from_numpy(perm), out))
+    assert torch.equal(decoded[0], decoded[1])
+    assert not torch.equal(decoded[0], x)  # quantized: the comparison can fail

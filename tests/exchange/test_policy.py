@@ -10,6 +10,7 @@ from adaqp.config import CommConfig
 from adaqp.exchange.counters import EpochCounters
 from adaqp.exchange.policy import ExchangePolicy
 from adaqp.exchange.transport import ExchangeKey, HaloTransport
+from adaqp.quant.draws import Draw, draw_key
 from adaqp.runtime import init_distributed, shutdown
 from tests.distributed import run_workers
 
@@ -53,21 +54,25 @@ def test_training_context_is_reset_even_on_error():
     assert not policy._training
 
 
-def test_state_dict_round_trip_restores_the_rounding_generator():
-    transport = _transport(1)
+def test_the_rounding_has_no_state_to_save_its_draws_are_keyed():
+    """A checkpoint needs nothing of the transport: an exchange's rounding is keyed by (seed,
+    epoch, layer, direction) and each row's node, and gradients by the sending rank too."""
+    ids = np.array([40, 7, 19])
+    transport = HaloTransport(1, [0, 3], [2, 0], seed=5, send_ids=ids, halo_ids=np.array([3, 8]))
     policy = ExchangePolicy(transport)
-    state = policy.state_dict()
-    assert list(state) == ["transport/generator"]
-    first = torch.rand(6, generator=transport.generator)
-    assert not torch.equal(torch.rand(6, generator=transport.generator), first)
-    # Keys of other owners (a trainer's full checkpoint) are ignored.
-    policy.load_state_dict({**state, "model/weight": torch.zeros(1)})
-    torch.testing.assert_close(torch.rand(6, generator=transport.generator), first)
-    # A fresh policy loaded from the state draws the same numbers too.
-    other = ExchangePolicy(_transport(1))
-    torch.rand(100, generator=other.transport.generator)
-    other.load_state_dict(state)
-    torch.testing.assert_close(torch.rand(6, generator=other.transport.generator), first)
+    assert policy.state_dict() == {}
+    policy.load_state_dict({"model/weight": torch.zeros(1)})  # other owners' keys: ignored
+    transport.begin_epoch(4)
+    forward = transport.draw_keys(ExchangeKey.forward(2), 3)
+    assert forward.base == draw_key(5, 4, 2, Draw.FORWARD)
+    assert forward.rows.tolist() == [40, 7, 19]
+    backward = transport.draw_keys(ExchangeKey.backward(2), 2)
+    assert backward.base == draw_key(5, 4, 2, Draw.BACKWARD, 1)
+    assert backward.rows.tolist() == [3, 8]
+    transport.begin_epoch(5)
+    assert transport.draw_keys(ExchangeKey.forward(2), 3).base != forward.base
+    # Without ids (tests, benchmarks): the row index.
+    assert _transport(0).draw_keys(ExchangeKey.forward(0), 4).rows.tolist() == [0, 1, 2, 3]
 
 
 def _policy_worker(rank: int, world_size: int, init_method: str):

@@ -151,7 +151,7 @@ def _delayed_worker(rank, world_size, init_method, part_dir: str, bound: int):
             for epoch in range(1, 5):
                 counters = EpochCounters()
                 trainer.policy.begin_epoch(epoch, counters)
-                trainer.train_step(counters)
+                trainer.train_step(counters, epoch)
                 stale = [s for h in counters.staleness_by_tag.values() for s in h]
                 used.append(max(stale))
                 blocked.append(counters.comm_wait_s)

@@ -194,6 +194,31 @@ def test_adjacency_is_the_global_matrix_restricted_to_the_part(parted, norm):
         np.testing.assert_allclose(got.sum(1), full[g.global_ids].sum(1), rtol=1e-6)
 
 
+def test_edge_keys_name_each_edge_by_global_ids_in_every_part_and_block(parted):
+    """Attention dropout keys an edge's weights by ``(dst << 32) | src`` of global ids: the
+    parts' edges together are the whole graph's (self-loops included), each keyed as the
+    whole graph keys it, and the central and marginal row blocks keep their rows' keys."""
+    _, locals_ = parted
+    full = _locals("one")[1][0].adjacency("gat")
+    keys = []
+    for g in locals_:
+        adjacency = g.adjacency("gat")
+        dst, src, _ = adjacency.edges()
+        to_global = g.local_global_ids
+        expected = (to_global[dst.numpy()].astype(np.uint64) << np.uint64(32)) | to_global[
+            src.numpy()
+        ].astype(np.uint64)
+        np.testing.assert_array_equal(adjacency.edge_keys(), expected)
+        central = adjacency.row_slice(0, g.num_central, num_cols=g.num_inner)
+        marginal = adjacency.row_slice(g.num_central, g.num_inner)
+        np.testing.assert_array_equal(
+            np.concatenate([central.edge_keys(), marginal.edge_keys()]), expected
+        )
+        keys.append(expected)
+    assert sorted(np.concatenate(keys).tolist()) == sorted(full.edge_keys().tolist())
+    assert len(set(full.edge_keys().tolist())) == full.edge_keys().size
+
+
 def test_mean_rows_without_in_edges_aggregate_to_zero():
     _, (g,) = _locals("one")
     i = int(np.flatnonzero(g.global_ids == 9)[0])  # isolated node

@@ -1,14 +1,17 @@
-"""Tests for adaqp.model.dropout: nn.Dropout's distribution from a counter-based mask.
+"""Tests for adaqp.model.dropout: nn.Dropout's distribution from a mask keyed by global ids.
 
 Keep rate and scaling (statistically, and bit for bit against nn.Dropout's kept values), the
-gradient through the same mask, reproducibility from torch's generator state, independence
-from the thread count, and the cases that return the input untouched or fall back to torch.
+gradient through the same mask, the compiled and torch paths equal bit for bit, independence
+from the thread count, and what makes P workers equal one process: a value's mask is a
+function of (base key, the row's global id, column) alone, so a rank's call equals the
+whole graph's call restricted to its rows, and ranks seeded alike do not share masks.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,16 +20,22 @@ from adaqp.config import ModelConfig
 from adaqp.model.dropout import Dropout, keep_scale
 from adaqp.model.gnn import GNN
 from adaqp.quant import kernels as K
+from adaqp.quant.draws import Draw, RowKeys, draw_key
 
 compiled = pytest.mark.skipif(not K.compiled_available(), reason="numba is not importable")
+PATHS = [pytest.param("compiled", marks=compiled), "torch"]
 
 
-@compiled
+def _keys(rows: int, epoch: int = 1, ids=None) -> RowKeys:
+    return RowKeys.of(draw_key(0, epoch, 0, Draw.DROPOUT), ids, rows)
+
+
+@pytest.mark.parametrize("kernels", PATHS)
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
-def test_keep_rate_and_scale(p: float):
+def test_keep_rate_and_scale(p: float, kernels: str):
     torch.manual_seed(int(p * 10))
     x = torch.rand(300, 700) + 0.5  # no zeros: a zero output means dropped
-    y = Dropout(p, "compiled")(x)
+    y = Dropout(p, kernels)(x, _keys(300))
     kept = y != 0
     n = x.numel()
     rate = kept.double().mean().item()
@@ -46,43 +55,79 @@ def test_keep_rate_and_scale(p: float):
     assert abs(ratio - 1) <= 5 * scale * math.sqrt(p * (1 - p) / n)
 
 
-@compiled
-def test_gradient_goes_through_the_same_mask():
+@pytest.mark.parametrize("kernels", PATHS)
+def test_gradient_goes_through_the_same_mask(kernels: str):
     torch.manual_seed(3)
     x = (torch.rand(64, 50) + 0.5).requires_grad_()
-    dropout = Dropout(0.4, "compiled")
-    y = dropout(x)
+    dropout = Dropout(0.4, kernels)
+    y = dropout(x, _keys(64))
     grad = torch.randn(64, 50)
     y.backward(grad)
     scale = keep_scale(0.4)
     assert torch.equal(x.grad, torch.where(y != 0, grad * scale, grad * 0.0))
-    # A second call draws a new mask.
-    assert not torch.equal(dropout(x) != 0, y != 0)
+    # Another epoch draws another mask; the same keys the same one.
+    assert not torch.equal(dropout(x, _keys(64, epoch=2)) != 0, y != 0)
+    assert torch.equal(dropout(x, _keys(64)), y)
 
 
 @compiled
-def test_masks_replay_from_the_generator_state_and_ignore_threads():
+@pytest.mark.parametrize("shape", [(1, 1), (37, 3), (200, 300), (5000, 2), (9,)])
+def test_the_compiled_and_torch_paths_draw_the_same_mask(shape):
+    """Bit for bit (the torch path is CUDA's and other dtypes'), from the serial kernel, the
+    parallel one (60000 values) and a 1-D tensor (one value a row)."""
+    x = torch.rand(shape) + 0.5
+    ids = np.random.default_rng(1).choice(10**9, shape[0], replace=False)
+    keys = _keys(shape[0], ids=ids)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        y = Dropout(0.5, "compiled")(x, keys)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(y, Dropout(0.5, "torch")(x, keys))
+    # Another dtype takes the torch path: the same mask, nn.Dropout's float64 scale.
+    y64 = Dropout(0.5)(x.double(), keys)
+    assert torch.equal(y64 != 0, y != 0)
+    assert torch.equal(y64[y64 != 0], x.double()[y64 != 0] * 2.0)
+
+
+@compiled
+def test_masks_ignore_the_thread_count():
     x = torch.rand(200, 200) + 0.5  # 40000 values: the prange kernel when threads > 1
     dropout = Dropout(0.5, "compiled")
-    torch.manual_seed(11)
-    state = torch.get_rng_state()
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        first = dropout(x)
-        torch.set_rng_state(state)
+        first = dropout(x, _keys(200))
         torch.set_num_threads(2)
-        again = dropout(x)
+        again = dropout(x, _keys(200))
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(first, again)
-    # One 64-bit draw per call from the default generator.
-    torch.set_rng_state(state)
-    K.message_seed(None)
-    after = torch.get_rng_state()
-    torch.set_rng_state(state)
-    dropout(x)
-    assert torch.equal(torch.get_rng_state(), after)
+
+
+@pytest.mark.parametrize("kernels", PATHS)
+def test_a_ranks_mask_is_the_whole_graphs_on_its_rows(kernels: str):
+    """What makes P workers equal one process. Two ranks, seeded alike, each hold some nodes
+    of a 500-node graph in their own order (and one holds a node of the other as a halo
+    row). Each rank's mask is the whole graph's mask (keys 0..N-1) on its rows, so the two
+    ranks' masks differ where their nodes differ: with masks drawn per local row, as before,
+    rank 0's first 300 rows would have taken rank 1's first 300 rows' mask."""
+    x_full = torch.rand(500, 40) + 0.5
+    dropout = Dropout(0.5, kernels)
+    full = dropout(x_full, _keys(500))
+    rng = np.random.default_rng(7)
+    order = rng.permutation(500)
+    ranks = [np.append(order[:300], order[300]), order[300:]]  # rank 0 holds node 300 as halo
+    masks = []
+    for ids in ranks:
+        torch.manual_seed(0)  # every rank seeds alike: nothing may hang on the generator
+        y = dropout(x_full[ids], _keys(len(ids), ids=ids))
+        assert torch.equal(y, full[ids])
+        masks.append(y != 0)
+    shared = min(len(ranks[0]), len(ranks[1]))
+    assert not torch.equal(masks[0][:shared], masks[1][:shared])
+    assert torch.equal(masks[0][-1], masks[1][0])  # the halo row as its owner drops it
 
 
 def test_identity_in_evaluation_and_at_zero_without_drawing():
@@ -95,22 +140,24 @@ def test_identity_in_evaluation_and_at_zero_without_drawing():
     assert torch.equal(torch.get_rng_state(), state)
     with pytest.raises(ValueError, match="dropout probability"):
         Dropout(1.0)
+    # Training needs the keys: a mask drawn without them could differ between ranks.
+    with pytest.raises(ValueError, match="keys"):
+        Dropout(0.5)(x)
+    Dropout(0.5, "torch")(x, _keys(10))
+    assert torch.equal(torch.get_rng_state(), state)  # keyed: torch's generator untouched
 
 
-def test_torch_path_and_other_dtypes_are_nn_dropout():
-    x = torch.ones(100, 100, dtype=torch.float64)
-    torch.manual_seed(5)
-    y = Dropout(0.5)(x)
-    torch.manual_seed(5)
-    assert torch.equal(y, F.dropout(x, 0.5, True))
-    x = torch.ones(100, 100)
-    torch.manual_seed(5)
-    y = Dropout(0.5, "torch")(x)
-    torch.manual_seed(5)
-    assert torch.equal(y, F.dropout(x, 0.5, True))
-
-
-def test_the_model_uses_it():
+def test_the_model_uses_it_and_keys_it_by_epoch_and_layer():
     model = GNN(ModelConfig(dropout=0.3), 5, 2, kernels="torch")
     assert isinstance(model.dropout, Dropout) and model.dropout.p == 0.3
     assert model.dropout.kernels == "torch"
+    x = torch.rand(30, 5)
+    propagate = lambda h, layer, finish=lambda agg, rows: agg: finish(h, slice(0, 30))  # noqa: E731
+    with pytest.raises(ValueError, match="pass the epoch"):
+        model(x, propagate)
+    first = model(x, propagate, epoch=1)
+    assert torch.equal(model(x, propagate, epoch=1), first)
+    assert not torch.equal(model(x, propagate, epoch=2), first)
+    # Rows keyed by global id: the rows of nodes 0..29 in another order give those rows.
+    perm = np.random.default_rng(0).permutation(30)
+    torch.testing.assert_close(model(x[perm], propagate, 1, row_ids=perm), first[perm])

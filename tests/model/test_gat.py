@@ -111,8 +111,13 @@ def test_training_drops_attention_and_evaluation_does_not():
     a, b = model(graph.features, prop), model(graph.features, prop)
     torch.testing.assert_close(a, b, rtol=0, atol=0)
     model.train()
-    c = model(graph.features, prop)
+    c = model(graph.features, prop, epoch=1)
     assert not torch.equal(a, c)
+    # Keyed by the epoch (and the edges' global ids): the same epoch drops the same weights.
+    assert torch.equal(model(graph.features, prop, epoch=1), c)
+    assert not torch.equal(model(graph.features, prop, epoch=2), c)
+    with pytest.raises(ValueError, match="pass the epoch"):
+        model(graph.features, prop)
 
 
 def test_gat_only_fields_are_left_out_of_other_models_fingerprints():

@@ -158,9 +158,12 @@ def test_eval_forward_is_deterministic_and_training_drops_out(name):
     assert a.shape == (N, C)
     torch.testing.assert_close(a, b, rtol=0, atol=0)
     model.train()
-    c, d = model(x, prop), model(x, prop)
+    c, d = model(x, prop, epoch=1), model(x, prop, epoch=2)
     assert not torch.equal(c, d)
     assert not torch.equal(c, a)
+    # The masks are keyed by the epoch (and the rows' global ids): no generator involved.
+    torch.manual_seed(1)
+    torch.testing.assert_close(model(x, prop, epoch=1), c, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("transform_first", [False, True])

@@ -155,9 +155,10 @@ def parts(tmp_path_factory):
 )
 def test_resume_equals_uninterrupted(overrides, parts, tmp_path):
     """Stopped after a checkpoint and resumed to 10 epochs: bitwise the same weights and
-    final loss as one 10-epoch run (dropout, GAT's attention dropout, Adam state,
-    quantization RNG, bit-width plans and traces, stale buffers and their moving averages,
-    adaqp-s's choice and its cycle's row sums all restored)."""
+    final loss as one 10-epoch run (Adam state, bit-width plans and traces, stale buffers
+    and their moving averages, adaqp-s's choice and its cycle's row sums all restored; the
+    masks of dropout and GAT's attention dropout and the stochastic rounding drawn again
+    from their keys, with no generator state saved)."""
     stop = 5 if "vanilla" in overrides[0] else 8
     whole = run_workers(_worker, 2, tmp_path, parts, str(tmp_path / "a"), overrides, 0, 10)
     split = run_workers(_worker, 2, tmp_path, parts, str(tmp_path / "b"), overrides, stop, 10)
@@ -196,6 +197,14 @@ def test_unfitting_or_damaged_checkpoints_are_refused(tmp_path):
     other = {**ckpt.fingerprint, "quant.compiled_draws": "splitmix64 words"}
     with pytest.raises(CheckpointError, match="quant.compiled_draws: checkpoint 'splitmix64"):
         check_fits({**manifest, "fingerprint": other}, 1, ckpt.fingerprint, tmp_path)
+
+    # A checkpoint of an earlier format (version 1 saved generator states) is refused.
+    path = tmp_path / "epoch-000003" / "manifest.json"
+    text = path.read_text()
+    path.write_text(text.replace('"version": 2', '"version": 1'))
+    with pytest.raises(CheckpointError, match="version-1 checkpoint; this AdaQP reads version 2"):
+        read_manifest(tmp_path, 3)
+    path.write_text(text)
 
     shard = tmp_path / "epoch-000003" / "rank-00000.npz"
     data = bytearray(shard.read_bytes())

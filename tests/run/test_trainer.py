@@ -1,10 +1,12 @@
-"""Vanilla mode is exact: P workers compute what one process computes on the whole graph.
+"""Vanilla mode is exact: P workers compute what one process computes on the whole graph,
+dropout on.
 
 The reference below builds the normalised adjacency of the *whole* graph directly from
 the dataset with SciPy, never touching partitions, local ids or the exchanger; it shares
-only the model definition and the initial weights with the distributed run. GAT's
+only the model definition and the initial weights with the distributed run, and the keyed
+dropout masks, which it draws for the whole graph (node i's global id is i). GAT's
 reference is the dense one of ``tests/model/gat_reference.py``, which shares only the
-parameters.
+parameters and the mask function (``adaqp.quant.draws.keep_mask``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,16 @@ EPOCHS = 5
 MODELS = ("gcn", "sage", "gat")
 
 
-def _config(model: str, part_dir: str, extra: tuple[str, ...] = ()):
+DROPOUT = {
+    "gcn": ("model.dropout=0.5",),
+    "sage": ("model.dropout=0.5",),
+    "gat": ("model.dropout=0.5", "model.attn_dropout=0.6"),
+}
+"""The exactness tests' dropout: input 0.5, GAT's attention 0.6."""
+
+
+def _config(model: str, part_dir: str, extra: tuple[str, ...] = (), dropout: bool = False):
+    """The exactness tests' config (3 layers, LayerNorm), dropout 0 unless ``dropout``."""
     # GAT: 2 heads of 8 (16 wide, as the others) and 2 averaged output heads.
     hidden = ("model.hidden=8", "model.heads=2", "model.output_heads=2")
     return load_config(
@@ -46,7 +57,7 @@ def _config(model: str, part_dir: str, extra: tuple[str, ...] = ()):
             f"model.name={model}",
             "model.layers=3",
             *(hidden if model == "gat" else ("model.hidden=16",)),
-            "model.dropout=0",
+            *(DROPOUT[model] if dropout else ("model.dropout=0",)),
             "model.layernorm=true",
             "train.lr=0.01",
             f"partition.dir={part_dir}",
@@ -94,14 +105,14 @@ def _worker(
 ):
     result = {}
     for model in MODELS:
-        config = _config(model, part_dir, extra)
+        config = _config(model, part_dir, extra, dropout=True)
         with rank_trainer(config, init_method + model, rank, world_size, part_dir) as (
             trainer,
             graph,
         ):
             result[f"{model}/initial"] = _flat_params(trainer.model)
             trainer.model.train()
-            logits = trainer.logits()
+            logits = trainer.logits(epoch=1)
             (trainer.local_loss_sum(logits) / trainer.num_train).backward()
             _sum_gradients(trainer.model)
             result[f"{model}/logits"] = logits.detach().numpy()
@@ -110,7 +121,7 @@ def _worker(
                 [p.grad.reshape(-1) for p in trainer.model.parameters()]
             ).numpy()
             trainer.optimizer.step()
-            losses = [trainer.train_step() for _ in range(EPOCHS - 1)]
+            losses = [trainer.train_step(epoch=epoch) for epoch in range(2, EPOCHS + 1)]
             result[f"{model}/losses"] = np.array(losses)
             result[f"{model}/weights"] = _flat_params(trainer.model)
     return result
@@ -162,7 +173,7 @@ def _reference(graph, model_name: str, initial: np.ndarray):
 
 
 def _train_reference(graph, model_name: str, initial: np.ndarray):
-    config = _config(model_name, "unused")
+    config = _config(model_name, "unused", dropout=True)
     torch.manual_seed(0)
     model = GNN(config.model, graph.feature_dim, graph.num_classes)
     _set_flat(model, initial)
@@ -170,13 +181,13 @@ def _train_reference(graph, model_name: str, initial: np.ndarray):
     if model_name == "gat":
         edges = edge_mask(graph.indptr, graph.indices, graph.num_nodes)
 
-        def forward():
-            return dense_gat(model, x, edges)
+        def forward(epoch):
+            return dense_gat(model, x, edges, epoch)
     else:
         propagate = _whole_graph_propagate(_full_adjacency(graph, model.norm))
 
-        def forward():
-            return model(x, propagate)
+        def forward(epoch):
+            return model(x, propagate, epoch)  # rows keyed by their index: the global id
 
     y = torch.from_numpy(graph.labels).long()
     mask = torch.from_numpy(graph.train_mask)
@@ -185,12 +196,12 @@ def _train_reference(graph, model_name: str, initial: np.ndarray):
     )
     out = {}
     losses = []
-    for epoch in range(EPOCHS):
+    for epoch in range(1, EPOCHS + 1):
         optimizer.zero_grad()
-        logits = forward()
+        logits = forward(epoch)
         loss = F.cross_entropy(logits[mask], y[mask])
         loss.backward()
-        if epoch == 0:
+        if epoch == 1:
             out["logits"] = logits.detach()
             out["grads"] = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
         else:
@@ -254,8 +265,9 @@ EXACT_VARIANTS = {
     ],
 )
 def test_exact_modes_match_single_process(world_size, variant, cora, tmp_path):
-    """Vanilla and overlap-only training equal whole-graph training, with and without the
-    exact savings (layer-0 halo cache, transform-first)."""
+    """Vanilla and overlap-only training equal whole-graph training, dropout on (0.5, GAT's
+    attention 0.6), with and without the exact savings (layer-0 halo cache, whose halo rows
+    are dropped as their owners drop them, and transform-first)."""
     part_dir = tmp_path / "parts"
     spec = _config("gcn", str(part_dir)).data.spec()
     make_partition(cora, part_dir, num_parts=world_size, spec=spec)

@@ -1,0 +1,167 @@
+"""Counter-based random draws keyed by what they are drawn for, not by where.
+
+Every random number training draws (the dropout masks, GAT's attention dropout, the
+stochastic rounding of exchanged rows) is a hash of three things:
+
+* a **base key** naming the call: :func:`draw_key` hashes the seed, the epoch, the layer
+  and the kind of draw (:class:`Draw`) with SplitMix64's finaliser ``mix64``. Every rank
+  computes it from the same numbers; no generator is involved;
+* a **row key** naming the row by its global identity: the node's global id (a row of
+  features or activations, a halo row, an exchanged row), or for attention weights the
+  edge's ``(destination << 32) | source`` of global ids (:func:`edge_keys`). A plain call
+  with no identity uses the row's index;
+* the **column**.
+
+Row ``r`` with key ``k`` takes ``K = mix64(base + (k + 1)·γ mod 2**64)`` (output ``k + 1``
+of SplitMix64 seeded with the base key, ``γ = 0x9E3779B97F4A7C15``), split into 32-bit
+halves ``a`` (low) and ``b`` (high). Word ``w`` of the row is the keyed lowbias32
+``h_b(a + w·0x9E3779B9 mod 2**32)`` (its steps in :mod:`adaqp.quant.compiled`, which states
+the draw exactly). Dropout takes word ``j`` for value ``j``; the quantizer takes the 16-bit
+lane ``j mod 2`` of word ``j // 2``.
+
+A value's draw therefore depends on (base key, row key, column) alone: not on the rank that
+computes it, the rows' order, the partition, the thread count or a generator's state. P
+workers drop exactly the values one process drops on the whole graph (Vanilla stays exact
+with dropout on), a halo row is dropped as its owner drops it, and nothing needs saving to
+replay the draws on resume.
+
+This module is numpy and torch operators: :class:`RowKeys`, and the torch path's draws
+(any device; the same bits as the compiled kernels of :mod:`adaqp.quant.compiled`).
+
+Shapes: R rows, C columns (values a row), W words a row.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+_MASK32 = 0xFFFFFFFF
+_MASK64 = (1 << 64) - 1
+_GAMMA = 0x9E3779B97F4A7C15
+_MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+_G32, _H1, _H2 = 0x9E3779B9, 0x7FEB352D, 0x846CA68B
+
+
+class Draw(enum.IntEnum):
+    """The kind of draw a base key is for (one of its hashed parts)."""
+
+    DROPOUT = 1
+    """A layer's input dropout, rows keyed by node."""
+    ATTENTION = 2
+    """GAT's attention dropout, rows keyed by edge."""
+    FORWARD = 3
+    """Stochastic rounding of a forward exchange's rows (keyed by the node sent)."""
+    BACKWARD = 4
+    """Stochastic rounding of a backward exchange's gradient rows (keyed by the halo node,
+    the sending rank hashed into the base key)."""
+
+
+def _mix64(z: int) -> int:
+    z = ((z ^ (z >> 30)) * _MIX1) & _MASK64
+    z = ((z ^ (z >> 27)) * _MIX2) & _MASK64
+    return z ^ (z >> 31)
+
+
+def draw_key(seed: int, *parts: int) -> np.uint64:
+    """The base key of one call: ``seed`` and then each of ``parts`` (epoch, layer,
+    :class:`Draw`, ...) hashed in turn, ``z <- mix64((z xor part) + γ)`` from
+    ``mix64(seed + γ)`` (integers taken modulo ``2**64``)."""
+    z = _mix64((seed + _GAMMA) & _MASK64)
+    for part in parts:
+        z = _mix64(((z ^ (part & _MASK64)) + _GAMMA) & _MASK64)
+    return np.uint64(z)
+
+
+def mix64(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser over a uint64 array (wrapping arithmetic)."""
+    z = z ^ (z >> np.uint64(30))
+    z = z * np.uint64(_MIX1)
+    z = z ^ (z >> np.uint64(27))
+    z = z * np.uint64(_MIX2)
+    return z ^ (z >> np.uint64(31))
+
+
+def edge_keys(dst_ids: np.ndarray, src_ids: np.ndarray) -> np.ndarray:
+    """uint64 ``(dst << 32) | src`` of every edge: distinct for distinct edges of a graph
+    with fewer than ``2**32`` nodes (global ids)."""
+    dst = np.asarray(dst_ids, dtype=np.int64)
+    src = np.asarray(src_ids, dtype=np.int64)
+    for ids in (dst, src):
+        if ids.size and (ids.min() < 0 or ids.max() > _MASK32):
+            raise ValueError("edge keys need node ids in [0, 2**32)")
+    return (dst.astype(np.uint64) << np.uint64(32)) | src.astype(np.uint64)
+
+
+@dataclass(frozen=True, eq=False)
+class RowKeys:
+    """The keys of one call's draws: a base key and one key per row."""
+
+    base: np.uint64
+    """The call's base key (:func:`draw_key`)."""
+    rows: np.ndarray
+    """uint64 [R]: each row's key (a global id, an edge key, or its index)."""
+
+    @classmethod
+    def of(cls, base: np.uint64 | int, ids: np.ndarray | None = None, count: int = 0) -> RowKeys:
+        """Rows keyed by ``ids`` (non-negative integers), or by their index ``0..count-1``."""
+        if ids is None:
+            ids = np.arange(count, dtype=np.uint64)
+        return cls(np.uint64(base), np.ascontiguousarray(ids, dtype=np.uint64))
+
+    def __len__(self) -> int:
+        return self.rows.shape[0]
+
+    def take(self, index) -> RowKeys:
+        """The keys of the rows ``index`` (a numpy index or mask)."""
+        return RowKeys(self.base, np.ascontiguousarray(self.rows[index]))
+
+    def split(self, counts: list[int]) -> list[RowKeys]:
+        """The keys of consecutive runs of ``counts[s]`` rows."""
+        bounds = np.cumsum([0, *counts])
+        return [self.take(slice(lo, hi)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+
+    def mixed(self) -> np.ndarray:
+        """uint64 [R]: ``K = mix64(base + (k + 1)·γ)`` of every row."""
+        with np.errstate(over="ignore"):
+            return mix64(self.base + (self.rows + np.uint64(1)) * np.uint64(_GAMMA))
+
+
+def _times(z: Tensor, constant: int) -> Tensor:
+    """``z·constant mod 2**32`` for int64 ``z`` in ``[0, 2**32)``, in 16-bit halves of the
+    constant so that no product leaves int64."""
+    low = z * (constant & 0xFFFF)
+    high = ((z * (constant >> 16)) & 0xFFFF) << 16
+    return (low + high) & _MASK32
+
+
+def words(keys: RowKeys, count: int, device: torch.device | str = "cpu") -> Tensor:
+    """int64 ``[R, count]``: words ``0..count-1`` of every row, each in ``[0, 2**32)``
+    (torch operators on ``device``; the compiled kernels' words bit for bit)."""
+    mixed = torch.from_numpy(keys.mixed().view(np.int64)).to(device)
+    low = (mixed & _MASK32)[:, None]
+    high = ((mixed >> 32) & _MASK32)[:, None]
+    z = (low + torch.arange(count, dtype=torch.int64, device=device) * _G32) & _MASK32
+    z = z ^ (z >> 16)
+    z = _times(z, _H1) ^ high
+    z = z ^ (z >> 15)
+    z = _times(z, _H2)
+    return z ^ (z >> 16)
+
+
+def keep_mask(keys: RowKeys, cols: int, threshold: int, device="cpu") -> Tensor:
+    """bool ``[R, cols]``: dropout keeps value ``(r, j)``, its 32-bit draw (word ``j``) at
+    least ``threshold``."""
+    return words(keys, cols, device) >= threshold
+
+
+def lanes16(keys: RowKeys, cols: int, device="cpu") -> Tensor:
+    """int32 ``[R, cols]``: the quantizer's 16-bit draws, lane ``j mod 2`` (low half first)
+    of word ``j // 2``."""
+    w = words(keys, (cols + 1) // 2, device)
+    pairs = torch.stack([w & 0xFFFF, w >> 16], dim=-1).view(w.shape[0], -1)
+    return pairs[:, :cols].to(torch.int32)
