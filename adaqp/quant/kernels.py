@@ -105,7 +105,15 @@ def use_compiled(kernels: str | None, device: torch.device | str) -> bool:
         if not compiled_available():
             raise RuntimeError(f"quant kernels = compiled, but {_compiled_module()}")
         return True
+    if on_cpu and not compiled_available():
+        _warn_fallback(_compiled_module())
     return on_cpu and compiled_available()
+
+
+@cache
+def _warn_fallback(reason: str) -> None:
+    """Says once a process why ``auto`` runs the slower torch path on CPU."""
+    logger.warning("quant.kernels = auto: %s; using the slower torch path", reason)
 
 
 def message_seed(generator: torch.Generator | None) -> np.uint64:

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 
 from adaqp.bench import quant
-from adaqp.quant import kernels
 
 
-@pytest.mark.skipif(not kernels.compiled_available(), reason="numba is not importable")
 def test_quant_bench_writes_its_fields(tmp_path):
     threads = torch.get_num_threads()
     try:

@@ -18,8 +18,6 @@ from adaqp.quant.segment import decode_segment, encode_segment
 from tests.quant.helpers import _gen
 from tests.quant.test_kernels import _codes
 
-pytestmark = pytest.mark.skipif(not K.compiled_available(), reason="numba is not importable")
-
 COUNTS = [5, 0, 7, 3]  # a peer with nothing to receive among them
 
 

@@ -19,11 +19,9 @@ import torch.nn.functional as F
 from adaqp.config import ModelConfig
 from adaqp.model.dropout import Dropout, keep_scale
 from adaqp.model.gnn import GNN
-from adaqp.quant import kernels as K
 from adaqp.quant.draws import Draw, RowKeys, draw_key
 
-compiled = pytest.mark.skipif(not K.compiled_available(), reason="numba is not importable")
-PATHS = [pytest.param("compiled", marks=compiled), "torch"]
+PATHS = ["compiled", "torch"]
 
 
 def _keys(rows: int, epoch: int = 1, ids=None) -> RowKeys:
@@ -70,7 +68,6 @@ def test_gradient_goes_through_the_same_mask(kernels: str):
     assert torch.equal(dropout(x, _keys(64)), y)
 
 
-@compiled
 @pytest.mark.parametrize("shape", [(1, 1), (37, 3), (200, 300), (5000, 2), (9,)])
 def test_the_compiled_and_torch_paths_draw_the_same_mask(shape):
     """Bit for bit (the torch path is CUDA's and other dtypes'), from the serial kernel, the
@@ -91,7 +88,6 @@ def test_the_compiled_and_torch_paths_draw_the_same_mask(shape):
     assert torch.equal(y64[y64 != 0], x.double()[y64 != 0] * 2.0)
 
 
-@compiled
 def test_masks_ignore_the_thread_count():
     x = torch.rand(200, 200) + 0.5  # 40000 values: the prange kernel when threads > 1
     dropout = Dropout(0.5, "compiled")

@@ -14,14 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from adaqp.quant import kernels as K
 from adaqp.quant.draws import Draw, RowKeys, draw_key, edge_keys, keep_mask, lanes16, words
 from adaqp.quant.mixed import dequantize_mixed, quantize_mixed
 from adaqp.quant.pack import unpack
 from tests.quant.helpers import _parse_mixed
 from tests.quant.test_kernels import _codes, _lowbias32_keyed, _mix64
 
-compiled = pytest.mark.skipif(not K.compiled_available(), reason="numba is not importable")
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -73,7 +71,6 @@ def test_edge_keys_pack_destination_and_source():
         edge_keys(np.array([2**32]), np.array([0]))
 
 
-@compiled
 @pytest.mark.parametrize("bits", [1, 8])
 def test_the_compiled_quantizer_draws_row_k_as_row_k_of_a_seeded_message(bits: int):
     """Row keys replace the row index of the stated draw: a message whose rows carry keys
@@ -113,7 +110,7 @@ def test_the_torch_path_rounds_with_the_keys_draws():
     assert torch.equal(quantize_mixed(x, widths, None, kernels="torch", keys=keys), torch_buf)
 
 
-@pytest.mark.parametrize("kernels", [pytest.param("compiled", marks=compiled), "torch"])
+@pytest.mark.parametrize("kernels", ["compiled", "torch"])
 def test_keyed_rounding_is_unbiased_over_base_keys(kernels: str):
     """Over 600 epochs' base keys (every row key fixed), the mean reconstruction of a row is
     the row, within 5 standard errors of the stochastic rounding."""

@@ -32,8 +32,6 @@ from adaqp.quant import kernels as K
 from adaqp.quant.mixed import blend_
 from tests.quant.helpers import _gen, _levels, _on_grid_rows, _parse_mixed
 
-pytestmark = pytest.mark.skipif(not K.compiled_available(), reason="numba is not importable")
-
 DIMS = [1, 3, 7, 8, 9, 33, 64, 67]
 
 # --------------------------------------------------------------------------- the draws, in numpy
@@ -396,3 +394,19 @@ def test_compile_pending_reads_numbas_cache(tmp_path):
     (NUMBA_CACHE_DIR moves it), False once warm_up has filled or loaded the real one."""
     assert _compile_pending(NUMBA_CACHE_DIR=str(tmp_path)) == "True"
     assert _compile_pending() == "False"
+
+
+def test_numba_is_a_dependency_and_auto_says_once_why_it_falls_back(monkeypatch, caplog):
+    """numba comes with the package: its kernels must load here (no test skips for it);
+    where they cannot, ``auto`` takes the torch path and one warning names why."""
+    assert K.compiled_available(), K._compiled_module()
+    monkeypatch.setattr(K, "_compiled_module", lambda: "numba is not importable (test)")
+    K._warn_fallback.cache_clear()
+    with caplog.at_level("WARNING", logger=K.__name__):
+        assert not K.use_compiled("auto", "cpu")
+        assert not K.use_compiled("auto", "cpu")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        "quant.kernels = auto: numba is not importable (test); using the slower torch path"
+    ]
+    K._warn_fallback.cache_clear()
