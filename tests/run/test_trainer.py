@@ -323,7 +323,7 @@ def test_adaqp_and_onebit_on_cora_train_close_to_vanilla(tmp_path):
     point of Vanilla's test accuracy, one-bit bounded staleness (S = 1) within two, both at
     the best validation epoch and at the last. 100 epochs; every mode's best validation
     epoch comes after the first solve (``quant.first_cycle``), so both comparisons see
-    quantized training (with launch/train.sh over 200 epochs: best epochs 70 and 71)."""
+    quantized training (launch/train.sh, 200 epochs: best epoch 39 for vanilla and adaqp)."""
     runs = {
         mode: (
             f"comm.mode={mode}",
