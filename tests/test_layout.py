@@ -13,14 +13,7 @@ LONG_BY_DESIGN: set[str] = set()
 # Modules that still import underscored names from another adaqp module, and from which.
 # Each entry should go once those names are public (or moved to their only user); the test
 # fails on an entry that an existing module no longer needs, so this list can only shrink.
-PRIVATE_IMPORTS_ALLOWED = {
-    # The keep-mask kernel calls kernels' compiled-module loader and its numpy/thread helpers.
-    "adaqp.quant.mask": {"adaqp.quant.kernels"},
-    # The mixed-width kernels share pack's word packing and rows' per-row (de)coding steps.
-    "adaqp.quant.mixed": {"adaqp.quant.pack", "adaqp.quant.rows"},
-    # The per-row kernels share pack's width checks, padding and unpack tables.
-    "adaqp.quant.rows": {"adaqp.quant.pack"},
-}
+PRIVATE_IMPORTS_ALLOWED: dict[str, set[str]] = {}
 
 # Packages (and top-level modules) from the entry point down; each may import only those
 # after it in this order. ``bench`` drives the others from outside the training path;

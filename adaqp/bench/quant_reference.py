@@ -14,7 +14,7 @@ from torch import Tensor
 
 from adaqp.quant import SUPPORTED_BITS, packed_row_bytes, row_step
 
-_METADATA_BYTES_PER_ROW = 8  # float32 minimum + float32 maximum
+METADATA_BYTES_PER_ROW = 8  # float32 minimum + float32 maximum
 
 
 # --------------------------------------------------------------------------- reference
@@ -23,14 +23,14 @@ _METADATA_BYTES_PER_ROW = 8  # float32 minimum + float32 maximum
 # renamed). row_step and packed_row_bytes, unchanged since, are shared.
 
 
-def _check_bits(bits: int) -> None:
+def check_bits(bits: int) -> None:
     if bits not in SUPPORTED_BITS:
         raise ValueError(f"unsupported bit width {bits!r}; expected one of {SUPPORTED_BITS}")
 
 
 def _pack(codes_RD: Tensor, bits: int) -> Tensor:
     """Pack integer codes along the feature axis, ``8 // bits`` codes per byte."""
-    _check_bits(bits)
+    check_bits(bits)
     if codes_RD.dim() != 2 or codes_RD.dtype != torch.uint8:
         raise ValueError(
             f"pack expects a 2-D uint8 tensor, got {tuple(codes_RD.shape)} {codes_RD.dtype}"
@@ -65,7 +65,7 @@ def _unpack(packed_RB: Tensor, bits: int, dim: int) -> Tensor:
     return codes.reshape(packed_RB.shape[0], row_bytes * per_byte)[:, :dim]
 
 
-def _as_float32_rows(x_RD: Tensor) -> Tensor:
+def as_float32_rows(x_RD: Tensor) -> Tensor:
     if x_RD.dim() != 2:
         raise ValueError(f"expected a 2-D [rows, dim] tensor, got shape {tuple(x_RD.shape)}")
     if not x_RD.is_floating_point():
@@ -73,7 +73,7 @@ def _as_float32_rows(x_RD: Tensor) -> Tensor:
     return x_RD.to(torch.float32)
 
 
-def _row_range(x_RD: Tensor) -> tuple[Tensor, Tensor]:
+def row_range(x_RD: Tensor) -> tuple[Tensor, Tensor]:
     """Row minima and maxima of float32 ``x_RD``; raises on NaN/Inf or an overflowing range."""
     rows, dim = x_RD.shape
     if dim == 0:
@@ -124,7 +124,7 @@ def _reconstruct_(out_RD: Tensor, minimum: Tensor, maximum: Tensor, step: Tensor
     return torch.minimum(out_RD, maximum[:, None], out=out_RD)
 
 
-def _output_buffer(out: Tensor | None, rows: int, dim: int, device: torch.device) -> Tensor:
+def output_buffer(out: Tensor | None, rows: int, dim: int, device: torch.device) -> Tensor:
     if out is None:
         return torch.empty(rows, dim, dtype=torch.float32, device=device)
     if tuple(out.shape) != (rows, dim) or out.dtype != torch.float32:
@@ -151,7 +151,7 @@ def _mixed_widths(bits_R: Tensor) -> Tensor:
 def _mixed_buffer_bytes(bits_R: Tensor, dim: int) -> int:
     """Exact byte size of the :func:`reference_quantize_mixed` buffer."""
     bits_R = _mixed_widths(bits_R)
-    total = _METADATA_BYTES_PER_ROW * bits_R.shape[0]
+    total = METADATA_BYTES_PER_ROW * bits_R.shape[0]
     counts = torch.stack([(bits_R == b).sum() for b in SUPPORTED_BITS]).tolist()
     for bits, count in zip(SUPPORTED_BITS, counts, strict=True):
         total += count * packed_row_bytes(dim, bits)
@@ -175,7 +175,7 @@ def reference_quantize_mixed(
     out: Tensor | None = None,
 ) -> Tensor:
     """Quantize rows at per-row widths into one flat uint8 buffer (one message to one peer)."""
-    x_RD = _as_float32_rows(x_RD)
+    x_RD = as_float32_rows(x_RD)
     rows, dim = x_RD.shape
     bits_R = _mixed_widths(bits_R.to(x_RD.device))
     if bits_R.shape[0] != rows:
@@ -186,7 +186,7 @@ def reference_quantize_mixed(
     elif out.dim() != 1 or out.dtype != torch.uint8 or out.shape[0] != size:
         raise ValueError(f"out must be uint8 [{size}], got {tuple(out.shape)} {out.dtype}")
 
-    minimum, maximum = _row_range(x_RD)
+    minimum, maximum = row_range(x_RD)
     levels = _levels(bits_R)
     step = row_step(minimum, maximum, levels)
     # One rounding pass over all rows with per-row L, so the random stream does not depend on
@@ -222,7 +222,7 @@ def reference_dequantize_mixed(
         raise ValueError(
             f"buf must be uint8 [{size}] for these widths, got {tuple(buf.shape)} {buf.dtype}"
         )
-    out = _output_buffer(out, rows, dim, buf.device)
+    out = output_buffer(out, rows, dim, buf.device)
 
     minimum = _bytes_to_float32(buf[: 4 * rows])
     maximum = _bytes_to_float32(buf[4 * rows : 8 * rows])

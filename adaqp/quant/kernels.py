@@ -66,7 +66,7 @@ def get_kernels() -> str:
 
 
 @cache
-def _compiled_module():
+def compiled_module():
     """The compiled kernels' module, or the reason they cannot run here (a string)."""
     if sys.byteorder != "little":
         return "the compiled kernels read 16-bit draws in little-endian order"
@@ -79,7 +79,7 @@ def _compiled_module():
 
 def compiled_available() -> bool:
     """Whether the compiled kernels can run in this process."""
-    return not isinstance(_compiled_module(), str)
+    return not isinstance(compiled_module(), str)
 
 
 def use_compiled(kernels: str | None, device: torch.device | str) -> bool:
@@ -103,10 +103,10 @@ def use_compiled(kernels: str | None, device: torch.device | str) -> bool:
         if not on_cpu:
             raise ValueError(f"the compiled kernels run on CPU tensors, not {device}")
         if not compiled_available():
-            raise RuntimeError(f"quant kernels = compiled, but {_compiled_module()}")
+            raise RuntimeError(f"quant kernels = compiled, but {compiled_module()}")
         return True
     if on_cpu and not compiled_available():
-        _warn_fallback(_compiled_module())
+        _warn_fallback(compiled_module())
     return on_cpu and compiled_available()
 
 
@@ -129,7 +129,7 @@ def threads() -> int:
     return max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
 
 
-def _parallel(values: int) -> int:
+def parallel_threads(values: int) -> int:
     """Threads for a call over ``values`` values; sets numba's count when above one."""
     count = threads()
     if count == 1 or values < _PARALLEL_MIN_VALUES:
@@ -140,7 +140,7 @@ def _parallel(values: int) -> int:
     return count
 
 
-def _numpy(tensor: Tensor) -> np.ndarray:
+def numpy_view(tensor: Tensor) -> np.ndarray:
     return tensor.detach().numpy()
 
 
@@ -160,16 +160,16 @@ def _encode(
     with ``first_R[r] >= 0`` gets the codes of that earlier row, the same values. Draws keyed
     by ``keys`` (:class:`~adaqp.quant.draws.RowKeys`), else by a seed from ``generator`` and
     the row index."""
-    kernels = _compiled_module()
+    kernels = compiled_module()
     rows, dim = x_RD.shape
     mins = np.zeros(rows, np.float32)
     maxs = np.zeros(rows, np.float32)
     if rows == 0 or dim == 0:
         return mins, maxs
-    x = _numpy(x_RD.contiguous())
+    x = numpy_view(x_RD.contiguous())
     keys = keys if keys is not None else RowKeys.of(message_seed(generator), count=rows)
     args = (x, bits_R, keys.base, keys.rows, offsets_R, payload, mins, maxs, first_R)
-    count = _parallel(x_RD.numel())
+    count = parallel_threads(x_RD.numel())
     if count == 1:
         skipped = kernels.quantize_serial(*args)
     else:
@@ -186,16 +186,16 @@ def _decode(
 ) -> Tensor:
     """Runs the dequantize kernel into float32 ``out_RD`` (any strides), or with ``blend``
     blends the rows into it (:func:`adaqp.quant.mixed.blend_`)."""
-    kernels = _compiled_module()
+    kernels = compiled_module()
     if out_RD.numel() == 0:
         return out_RD
     if out_RD.is_contiguous():
         target = out_RD
     else:  # a blend reads what out_RD holds; a plain decode only writes
         target = out_RD.contiguous() if blend is not None else torch.empty(out_RD.shape)
-    out = _numpy(target)
+    out = numpy_view(target)
     weight = np.float32(1.0 if blend is None else blend)
-    count = _parallel(out_RD.numel())
+    count = parallel_threads(out_RD.numel())
     if count == 1:
         kernels.dequantize_serial(payload, bits_R, offsets_R, mins, maxs, out, weight)
     else:
@@ -211,12 +211,12 @@ def _widths(bits_R: Tensor) -> np.ndarray:
         raise ValueError(f"bits_R must be a 1-D integer tensor, got {bits_R.dtype} {bits_R.shape}")
     if bits_R.dtype != torch.int8 or bits_R.device.type != "cpu" or not bits_R.is_contiguous():
         bits_R = bits_R.to(device="cpu", dtype=torch.int8).contiguous()
-    return _numpy(bits_R)
+    return numpy_view(bits_R)
 
 
 def _mixed_layout(bits: np.ndarray, dim: int) -> tuple[np.ndarray, int]:
     offsets = np.empty(bits.shape[0], np.int64)
-    size = _compiled_module().layout(bits, dim, offsets)
+    size = compiled_module().layout(bits, dim, offsets)
     if size < 0:
         raise ValueError("bits_R holds unsupported widths; expected values in (1, 2, 4, 8)")
     return offsets, size
@@ -235,7 +235,7 @@ def quantize_mixed(
         out = torch.empty(size, dtype=torch.uint8)
     elif out.dim() != 1 or out.dtype != torch.uint8 or out.shape[0] != size:
         raise ValueError(f"out must be uint8 [{size}], got {tuple(out.shape)} {out.dtype}")
-    payload = _numpy(out)
+    payload = numpy_view(out)
     mins, maxs = _encode(x_RD, bits, offsets, payload, generator, keys=keys)
     payload[: 4 * rows] = mins.view(np.uint8)
     payload[4 * rows : 8 * rows] = maxs.view(np.uint8)
@@ -259,7 +259,7 @@ def dequantize_mixed(
         raise ValueError(
             f"out must be float32 of shape ({rows}, {dim}), got {tuple(out.shape)} {out.dtype}"
         )
-    payload = _numpy(buf)
+    payload = numpy_view(buf)
     # Copies: the metadata may sit at any byte offset, and numba wants aligned arrays.
     mins = payload[: 4 * rows].copy().view(np.float32)
     maxs = payload[4 * rows : 8 * rows].copy().view(np.float32)
@@ -334,10 +334,10 @@ def quantize_segments(
     """Every segment of a message quantized into uint8 ``out`` in one call, one base key for
     the whole message: each segment is then a :func:`quantize_mixed` buffer of its rows."""
     _check_message(layout, out, x_RD)
-    payload = _numpy(out)
+    payload = numpy_view(out)
     args = (x_RD, layout.widths, layout.offsets, payload, generator, layout.first, keys)
     mins, maxs = _encode(*args)
-    _compiled_module().copy_metadata(payload, layout.starts, layout.rows, mins, maxs, True)
+    compiled_module().copy_metadata(payload, layout.starts, layout.rows, mins, maxs, True)
     return out
 
 
@@ -347,10 +347,10 @@ def dequantize_segments(
     """Inverse of :func:`quantize_segments` into float32 ``out_RD``, or with ``blend`` blended
     into it, in one call."""
     _check_message(layout, buf, out_RD)
-    payload = _numpy(buf)
+    payload = numpy_view(buf)
     mins = np.empty(layout.widths.shape[0], np.float32)
     maxs = np.empty(layout.widths.shape[0], np.float32)
-    _compiled_module().copy_metadata(payload, layout.starts, layout.rows, mins, maxs, False)
+    compiled_module().copy_metadata(payload, layout.starts, layout.rows, mins, maxs, False)
     return _decode(payload, layout.widths, layout.offsets, mins, maxs, out_RD, blend)
 
 
@@ -360,7 +360,7 @@ def quantize_rows(x_RD: Tensor, bits: int, generator, packed: Tensor) -> tuple[T
     rows = x_RD.shape[0]
     widths = np.full(rows, bits, np.int8)
     offsets = np.arange(rows, dtype=np.int64) * packed.shape[1]
-    mins, maxs = _encode(x_RD, widths, offsets, _numpy(packed).reshape(-1), generator)
+    mins, maxs = _encode(x_RD, widths, offsets, numpy_view(packed).reshape(-1), generator)
     return torch.from_numpy(mins), torch.from_numpy(maxs)
 
 
@@ -371,9 +371,9 @@ def dequantize_rows(
     rows = packed.shape[0]
     widths = np.full(rows, bits, np.int8)
     offsets = np.arange(rows, dtype=np.int64) * packed.shape[1]
-    payload = _numpy(packed.contiguous()).reshape(-1)
-    mins = _numpy(minimum.to(torch.float32).contiguous())
-    maxs = _numpy(maximum.to(torch.float32).contiguous())
+    payload = numpy_view(packed.contiguous()).reshape(-1)
+    mins = numpy_view(minimum.to(torch.float32).contiguous())
+    maxs = numpy_view(maximum.to(torch.float32).contiguous())
     return _decode(payload, widths, offsets, mins, maxs, out)
 
 
@@ -383,7 +383,7 @@ def squared_ranges(x_RD: Tensor) -> Tensor:
     x_RD = x_RD.detach()
     if x_RD.dtype == torch.float32 and use_compiled(None, x_RD.device):
         out = torch.empty(x_RD.shape[0], dtype=torch.float64)
-        _compiled_module().squared_ranges(_numpy(x_RD.contiguous()), _numpy(out))
+        compiled_module().squared_ranges(numpy_view(x_RD.contiguous()), numpy_view(out))
         return out
     if x_RD.shape[1] == 0:
         return torch.zeros(x_RD.shape[0], dtype=torch.float64, device=x_RD.device)
@@ -395,9 +395,9 @@ def warm_up(parallel: bool | None = None) -> bool:
     pays for it; the ``prange`` ones too where ``parallel`` (None: where this process has
     more than one thread). Returns whether the compiled path is available."""
     if not compiled_available():
-        logger.info("compiled quant kernels unavailable: %s", _compiled_module())
+        logger.info("compiled quant kernels unavailable: %s", compiled_module())
         return False
-    kernels = _compiled_module()
+    kernels = compiled_module()
     x = torch.zeros(2, 8)
     bits = torch.tensor([1, 8], dtype=torch.int8)
     buf = quantize_mixed(x, bits, torch.Generator().manual_seed(0), None)
@@ -408,7 +408,9 @@ def warm_up(parallel: bool | None = None) -> bool:
     quantize_segments(x, layout, torch.Generator().manual_seed(0), buf)
     dequantize_segments(buf, layout, x)
     keys = np.arange(2, dtype=np.uint64)  # the dropout mask's kernel, as adaqp.quant.mask calls it
-    kernels.masked_scale_serial(_numpy(x), _numpy(x).copy(), keys[0], keys, 1 << 31, np.float32(2))
+    kernels.masked_scale_serial(
+        numpy_view(x), numpy_view(x).copy(), keys[0], keys, 1 << 31, np.float32(2)
+    )
     squared_ranges(x)
     if threads() > 1 if parallel is None else parallel:  # compiled, the pool not started
         for serial, chunked in (
@@ -427,7 +429,7 @@ def compile_pending() -> bool:
     current source. Reads the cache's index only; False where that cannot be read."""
     if not compiled_available():
         return False
-    kernels = _compiled_module()
+    kernels = compiled_module()
     try:  # numba's index maps (signature, target machine, ...) to compiled code
         for dispatcher in (kernels.quantize_serial, kernels.masked_scale_serial):
             machine = dispatcher.targetctx.codegen().magic_tuple()

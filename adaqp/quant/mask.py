@@ -43,12 +43,12 @@ def masked_scale(
         raise ValueError(f"{len(keys)} row keys for {x_RC.shape[0]} rows")
     rows = x_RC.reshape(x_RC.shape[0], -1)
     if x_RC.dtype == torch.float32 and quant_kernels.use_compiled(kernels, x_RC.device):
-        compiled = quant_kernels._compiled_module()
+        compiled = quant_kernels.compiled_module()
         rows = rows.contiguous()
         out = torch.empty_like(rows)
-        src, dst = quant_kernels._numpy(rows), quant_kernels._numpy(out)
+        src, dst = quant_kernels.numpy_view(rows), quant_kernels.numpy_view(out)
         args = (src, dst, keys.base, keys.rows, threshold, np.float32(scale))
-        count = quant_kernels._parallel(rows.numel())
+        count = quant_kernels.parallel_threads(rows.numel())
         if count == 1:
             compiled.masked_scale_serial(*args)
         else:

@@ -28,13 +28,13 @@ from adaqp.quant.draws import RowKeys
 from adaqp.quant.kernels import dequantize_mixed as compiled_dequantize_mixed
 from adaqp.quant.kernels import quantize_mixed as compiled_quantize_mixed
 from adaqp.quant.kernels import use_compiled
-from adaqp.quant.pack import _METADATA_BYTES_PER_ROW, _pack_words_, packed_row_bytes
+from adaqp.quant.pack import METADATA_BYTES_PER_ROW, pack_words_, packed_row_bytes
 from adaqp.quant.rows import (
-    _as_float32_rows,
-    _code_blocks,
-    _decode_,
-    _output_buffer,
-    _row_range,
+    as_float32_rows,
+    code_blocks,
+    decode_,
+    output_buffer,
+    row_range,
 )
 
 
@@ -59,7 +59,7 @@ def _width_counts(bits_R: Tensor) -> list[int]:
 
 def _buffer_bytes(counts: list[int], dim: int) -> int:
     """Size of a mixed buffer holding ``counts[i]`` rows at width ``SUPPORTED_BITS[i]``."""
-    total = _METADATA_BYTES_PER_ROW * sum(counts)
+    total = METADATA_BYTES_PER_ROW * sum(counts)
     for bits, count in zip(SUPPORTED_BITS, counts, strict=True):
         total += count * packed_row_bytes(dim, bits)
     return total
@@ -118,7 +118,7 @@ def quantize_mixed(
     Raises:
         ValueError: bad shapes or widths, NaN/Inf input, or a range overflowing float32.
     """
-    x_RD = _as_float32_rows(x_RD)
+    x_RD = as_float32_rows(x_RD)
     if use_compiled(kernels, x_RD.device):
         return compiled_quantize_mixed(x_RD, bits_R, generator, out, keys)
     rows, dim = x_RD.shape
@@ -132,7 +132,7 @@ def quantize_mixed(
     elif out.dim() != 1 or out.dtype != torch.uint8 or out.shape[0] != size:
         raise ValueError(f"out must be uint8 [{size}], got {tuple(out.shape)} {out.dtype}")
 
-    minimum, maximum = _row_range(x_RD)
+    minimum, maximum = row_range(x_RD)
     out[: 4 * rows] = _float32_to_bytes(minimum)
     out[4 * rows : 8 * rows] = _float32_to_bytes(maximum)
     sections, offset = {}, 8 * rows
@@ -146,17 +146,17 @@ def quantize_mixed(
     filled = dict.fromkeys(sections, 0)
     # Blocks run over all rows in order with per-row L, so the random stream does not depend
     # on how rows split into widths.
-    for start, codes in _code_blocks(x_RD, minimum, maximum, _levels(bits_R), generator, keys):
+    for start, codes in code_blocks(x_RD, minimum, maximum, _levels(bits_R), generator, keys):
         stop = start + codes.shape[0]
         if single is not None:
-            _pack_words_(codes, single, sections[single][start:stop])
+            pack_words_(codes, single, sections[single][start:stop])
             continue
         for bits in sections:  # at most 4 widths, not rows
             index = (bits_R[start:stop] == bits).nonzero().squeeze(1)
             num = index.numel()
             if num:
                 group = codes if num == stop - start else codes.index_select(0, index)
-                _pack_words_(group, bits, sections[bits][filled[bits] : filled[bits] + num])
+                pack_words_(group, bits, sections[bits][filled[bits] : filled[bits] + num])
                 filled[bits] += num
     return out
 
@@ -200,7 +200,7 @@ def dequantize_mixed(
         raise ValueError(
             f"buf must be uint8 [{size}] for these widths, got {tuple(buf.shape)} {buf.dtype}"
         )
-    out = _output_buffer(out, rows, dim, buf.device)
+    out = output_buffer(out, rows, dim, buf.device)
 
     minimum = _bytes_to_float32(buf[: 4 * rows])
     maximum = _bytes_to_float32(buf[4 * rows : 8 * rows])
@@ -212,11 +212,11 @@ def dequantize_mixed(
         packed = buf[offset : offset + count * width].view(count, width)
         offset += count * width
         if count == rows:  # single-width message: decode straight into out
-            _decode_(out, packed, bits, minimum, maximum)
+            decode_(out, packed, bits, minimum, maximum)
             continue
         index = (bits_R == bits).nonzero().squeeze(1)
         group = torch.empty(count, dim, dtype=torch.float32, device=buf.device)
-        _decode_(group, packed, bits, minimum[index], maximum[index])
+        decode_(group, packed, bits, minimum[index], maximum[index])
         out.index_copy_(0, index, group)
     return out
 

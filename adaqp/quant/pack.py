@@ -18,17 +18,17 @@ from torch import Tensor
 
 from adaqp.bits import SUPPORTED_BITS
 
-_METADATA_BYTES_PER_ROW = 8  # float32 minimum + float32 maximum
+METADATA_BYTES_PER_ROW = 8  # float32 minimum + float32 maximum
 
 
-def _check_bits(bits: int) -> None:
+def check_bits(bits: int) -> None:
     if bits not in SUPPORTED_BITS:
         raise ValueError(f"unsupported bit width {bits!r}; expected one of {SUPPORTED_BITS}")
 
 
 def packed_row_bytes(dim: int, bits: int) -> int:
     """Bytes of one packed row of ``dim`` codes at ``bits`` bits: ``ceil(dim * bits / 8)``."""
-    _check_bits(bits)
+    check_bits(bits)
     if dim < 0:
         raise ValueError(f"dim must be non-negative, got {dim}")
     return (dim * bits + 7) // 8
@@ -38,7 +38,7 @@ def message_bytes(num_rows: int, dim: int, bits: int) -> int:
     """Exact wire size of ``num_rows`` rows at one width: packed payload + 8 metadata bytes/row."""
     if num_rows < 0:
         raise ValueError(f"num_rows must be non-negative, got {num_rows}")
-    return num_rows * (packed_row_bytes(dim, bits) + _METADATA_BYTES_PER_ROW)
+    return num_rows * (packed_row_bytes(dim, bits) + METADATA_BYTES_PER_ROW)
 
 
 def _check_codes(codes_RD: Tensor) -> None:
@@ -60,12 +60,12 @@ def _pack_slots(codes_RD: Tensor, bits: int) -> Tensor:
     return packed
 
 
-def _padded_dim(dim: int) -> int:
+def padded_dim(dim: int) -> int:
     """``dim`` rounded up to whole int64 words of 8 one-byte codes."""
     return -(-dim // 8) * 8
 
 
-def _pack_words_(codes_RW: Tensor, bits: int, out_RB: Tensor) -> Tensor:
+def pack_words_(codes_RW: Tensor, bits: int, out_RB: Tensor) -> Tensor:
     """Pack codes into ``out_RB``, using ``codes_RW`` as scratch (its contents are lost).
 
     Args:
@@ -108,7 +108,7 @@ def pack(codes_RD: Tensor, bits: int) -> Tensor:
     Returns:
         uint8 ``[R, ceil(D * bits / 8)]``.
     """
-    _check_bits(bits)
+    check_bits(bits)
     _check_codes(codes_RD)
     if bits == 8:
         return codes_RD.contiguous()
@@ -116,12 +116,12 @@ def pack(codes_RD: Tensor, bits: int) -> Tensor:
     packed = codes_RD.new_empty(rows, packed_row_bytes(dim, bits))
     if codes_RD.numel() == 0:
         return packed
-    padded = codes_RD.new_zeros(rows, _padded_dim(dim))  # packing works in place on a copy
+    padded = codes_RD.new_zeros(rows, padded_dim(dim))  # packing works in place on a copy
     padded[:, :dim] = codes_RD
-    return _pack_words_(padded, bits, packed)
+    return pack_words_(padded, bits, packed)
 
 
-def _unpack_table(bits: int, device: torch.device) -> Tensor:
+def unpack_table(bits: int, device: torch.device) -> Tensor:
     """``[256]`` words whose bytes are the ``8 // bits`` codes of each byte value, in order."""
     per_byte = 8 // bits
     values = torch.arange(256, dtype=torch.int32, device=device)
@@ -152,11 +152,11 @@ def unpack(packed_RB: Tensor, bits: int, dim: int) -> Tensor:
         )
     if bits == 8:
         return packed_RB
-    return _unpack_with(_unpack_table(bits, packed_RB.device), packed_RB, bits, dim)
+    return unpack_with(unpack_table(bits, packed_RB.device), packed_RB, bits, dim)
 
 
-def _unpack_with(table: Tensor, packed_RB: Tensor, bits: int, dim: int) -> Tensor:
-    """:func:`unpack` for ``bits < 8`` with a table from :func:`_unpack_table`."""
+def unpack_with(table: Tensor, packed_RB: Tensor, bits: int, dim: int) -> Tensor:
+    """:func:`unpack` for ``bits < 8`` with a table from :func:`unpack_table`."""
     # One table lookup per byte yields all of its codes at once, as one word of 8 // bits bytes.
     index = packed_RB.reshape(-1).to(torch.int32)
     words = torch.index_select(table, 0, index)

@@ -44,13 +44,13 @@ from adaqp.quant.kernels import dequantize_rows as compiled_dequantize
 from adaqp.quant.kernels import quantize_rows as compiled_quantize
 from adaqp.quant.kernels import use_compiled
 from adaqp.quant.pack import (
-    _check_bits,
-    _pack_words_,
-    _padded_dim,
-    _unpack_table,
-    _unpack_with,
+    check_bits,
     message_bytes,
+    pack_words_,
     packed_row_bytes,
+    padded_dim,
+    unpack_table,
+    unpack_with,
 )
 
 _NOISE_BITS = 15  # random bits per value: the resolution of the Bernoulli draw
@@ -121,7 +121,7 @@ class QuantizedRows:
         return message_bytes(self.num_rows, self.dim, self.bits)
 
 
-def _as_float32_rows(x_RD: Tensor) -> Tensor:
+def as_float32_rows(x_RD: Tensor) -> Tensor:
     if x_RD.dim() != 2:
         raise ValueError(f"expected a 2-D [rows, dim] tensor, got shape {tuple(x_RD.shape)}")
     if not x_RD.is_floating_point():
@@ -129,7 +129,7 @@ def _as_float32_rows(x_RD: Tensor) -> Tensor:
     return x_RD if x_RD.dtype == torch.float32 else x_RD.to(torch.float32)
 
 
-def _row_range(x_RD: Tensor) -> tuple[Tensor, Tensor]:
+def row_range(x_RD: Tensor) -> tuple[Tensor, Tensor]:
     """Row minima and maxima of float32 ``x_RD``; raises on NaN/Inf or an overflowing range."""
     rows, dim = x_RD.shape
     if dim == 0:
@@ -158,13 +158,13 @@ def _fill_noise_(words: Tensor, generator: torch.Generator | None) -> Tensor:
 
 
 def _block_rows(rows: int, dim: int, device: torch.device) -> int:
-    """Rows per block of :func:`_code_blocks`: see :data:`_CPU_BLOCK_VALUES`."""
+    """Rows per block of :func:`code_blocks`: see :data:`_CPU_BLOCK_VALUES`."""
     if device.type != "cpu":
         return max(rows, 1)
     return max(1, min(rows, _CPU_BLOCK_VALUES // max(dim, 1)))
 
 
-def _code_blocks(
+def code_blocks(
     x_RD: Tensor,
     minimum: Tensor,
     maximum: Tensor,
@@ -185,11 +185,11 @@ def _code_blocks(
 
     Yields:
         ``(start, codes)``: the block's first row and contiguous uint8
-        ``[rows in block, _padded_dim(D)]`` codes, then zeros, for :func:`_pack_words_` to
+        ``[rows in block, padded_dim(D)]`` codes, then zeros, for :func:`pack_words_` to
         consume; the next block reuses the buffer.
     """
     rows, dim = x_RD.shape
-    padded_dim = _padded_dim(dim)
+    width = padded_dim(dim)
     device = x_RD.device
     step = row_step(minimum, maximum, levels)
     # Constant rows (and steps that underflow to 0) divide by 1 instead: x - m is 0 there (or
@@ -201,7 +201,7 @@ def _code_blocks(
     integer_base = torch.tensor(_INTEGER_BASE, dtype=torch.float32, device=device)
     # Holds a block's random draws and then, once they are added in, the block's codes.
     scratch = torch.empty(
-        max(-(-block * dim // 2), -(-block * padded_dim // 4)), dtype=torch.int32, device=device
+        max(-(-block * dim // 2), -(-block * width // 4)), dtype=torch.int32, device=device
     )
     for start in range(0, rows, block):
         stop = min(rows, start + block)
@@ -226,10 +226,10 @@ def _code_blocks(
         word.add_(noise.view(stop - start, dim))
         word.bitwise_right_shift_(_NOISE_BITS)
         # word = 2**8 + q, as r + u < (L + 1)·2**15: the uint8 cast wraps 2**8 away.
-        codes = scratch.view(torch.uint8)[: (stop - start) * padded_dim]
-        codes = codes.view(stop - start, padded_dim)
+        codes = scratch.view(torch.uint8)[: (stop - start) * width]
+        codes = codes.view(stop - start, width)
         codes[:, :dim] = word
-        if padded_dim > dim:
+        if width > dim:
             codes[:, dim:] = 0
         yield start, codes
 
@@ -256,17 +256,17 @@ def quantize(
         ValueError: unsupported ``bits``, a non-2-D or non-float input, NaN/Inf in the input,
             or a row range that overflows float32.
     """
-    _check_bits(bits)
-    x_RD = _as_float32_rows(x_RD)
+    check_bits(bits)
+    x_RD = as_float32_rows(x_RD)
     rows, dim = x_RD.shape
     packed = torch.empty(rows, packed_row_bytes(dim, bits), dtype=torch.uint8, device=x_RD.device)
     if use_compiled(kernels, x_RD.device):
         minimum, maximum = compiled_quantize(x_RD, bits, generator, packed)
         return QuantizedRows(packed, minimum, maximum, bits, dim)
-    minimum, maximum = _row_range(x_RD)
+    minimum, maximum = row_range(x_RD)
     levels = torch.full_like(minimum, float((1 << bits) - 1))
-    for start, codes in _code_blocks(x_RD, minimum, maximum, levels, generator):
-        _pack_words_(codes, bits, packed[start : start + codes.shape[0]])
+    for start, codes in code_blocks(x_RD, minimum, maximum, levels, generator):
+        pack_words_(codes, bits, packed[start : start + codes.shape[0]])
     return QuantizedRows(packed, minimum, maximum, bits, dim)
 
 
@@ -277,16 +277,16 @@ def _reconstruct_(out_RD: Tensor, minimum: Tensor, maximum: Tensor, step: Tensor
     return torch.minimum(out_RD, maximum[:, None], out=out_RD)
 
 
-def _decode_(
+def decode_(
     out_RD: Tensor, packed_RB: Tensor, bits: int, minimum: Tensor, maximum: Tensor
 ) -> Tensor:
     """In place: float32 ``out_RD`` becomes the reconstruction of the packed rows.
 
-    Blocks of rows as in :func:`_code_blocks`, so that each block's passes stay in cache.
+    Blocks of rows as in :func:`code_blocks`, so that each block's passes stay in cache.
     """
     rows, dim = out_RD.shape
     device = packed_RB.device
-    table = _unpack_table(bits, device) if bits < 8 else None
+    table = unpack_table(bits, device) if bits < 8 else None
     step = row_step(minimum, maximum, (1 << bits) - 1)
     if bits == 1:
         # m + 1·Δ can miss M by an ulp when M - m rounds. With the next float above Δ it lands
@@ -297,12 +297,12 @@ def _decode_(
     for start in range(0, rows, block):
         stop = min(rows, start + block)
         packed, out = packed_RB[start:stop], out_RD[start:stop]
-        out.copy_(packed if table is None else _unpack_with(table, packed, bits, dim))
+        out.copy_(packed if table is None else unpack_with(table, packed, bits, dim))
         _reconstruct_(out, minimum[start:stop], maximum[start:stop], step[start:stop])
     return out_RD
 
 
-def _output_buffer(out: Tensor | None, rows: int, dim: int, device: torch.device) -> Tensor:
+def output_buffer(out: Tensor | None, rows: int, dim: int, device: torch.device) -> Tensor:
     if out is None:
         return torch.empty(rows, dim, dtype=torch.float32, device=device)
     if tuple(out.shape) != (rows, dim) or out.dtype != torch.float32:
@@ -324,7 +324,7 @@ def dequantize(q: QuantizedRows, out: Tensor | None = None, kernels: str | None 
     Returns:
         float32 ``[R, D]``: ``out`` when given.
     """
-    out = _output_buffer(out, q.num_rows, q.dim, q.packed.device)
+    out = output_buffer(out, q.num_rows, q.dim, q.packed.device)
     if use_compiled(kernels, q.packed.device):
         return compiled_dequantize(q.packed, q.bits, q.minimum, q.maximum, out)
-    return _decode_(out, q.packed, q.bits, q.minimum, q.maximum)
+    return decode_(out, q.packed, q.bits, q.minimum, q.maximum)

@@ -399,8 +399,8 @@ def test_compile_pending_reads_numbas_cache(tmp_path):
 def test_numba_is_a_dependency_and_auto_says_once_why_it_falls_back(monkeypatch, caplog):
     """numba comes with the package: its kernels must load here (no test skips for it);
     where they cannot, ``auto`` takes the torch path and one warning names why."""
-    assert K.compiled_available(), K._compiled_module()
-    monkeypatch.setattr(K, "_compiled_module", lambda: "numba is not importable (test)")
+    assert K.compiled_available(), K.compiled_module()
+    monkeypatch.setattr(K, "compiled_module", lambda: "numba is not importable (test)")
     K._warn_fallback.cache_clear()
     with caplog.at_level("WARNING", logger=K.__name__):
         assert not K.use_compiled("auto", "cpu")
