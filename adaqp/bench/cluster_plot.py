@@ -144,26 +144,21 @@ def _pareto(plt, out_dir: Path, agg: dict[str, Any]) -> None:
     Vanilla's final validation accuracy; modes that never reach it sit in a column at the
     right, and ``nocomm``'s accuracy is a dotted line (what no halo rows at all give)."""
     points, never = pareto_points(agg)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
     right = max((p[1] for p in points), default=1.0) * 1.25
-    for mode, x, acc, std in points:
-        ax.errorbar([x], [acc], yerr=[std], fmt="o", capsize=3)
-        ax.annotate(mode, (x, acc), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    for mode in never:
-        a = agg[mode]
-        ax.errorbar([right], [a["test_acc"]], yerr=[a["test_acc_std"]], fmt="x", capsize=3)
-        ax.annotate(
-            f"{mode} (never)",
-            (right, a["test_acc"]),
-            fontsize=8,
-            xytext=(4, -10),
-            textcoords="offset points",
-        )
+    markers = "osD^vP*Xh<>p"
+    # A legend, not labels by the points: the fast modes sit close together.
+    for i, (mode, x, acc, std) in enumerate(
+        [*points, *((m, right, agg[m]["test_acc"], agg[m]["test_acc_std"]) for m in never)]
+    ):
+        label = f"{mode} (never)" if mode in never else mode
+        ax.errorbar([x], [acc], yerr=[std], fmt=markers[i % len(markers)], capsize=3, label=label)
     if "nocomm" in agg:
         ax.axhline(agg["nocomm"]["test_acc"], color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("time to Vanilla's final val acc (x Vanilla's; right column: never)")
     ax.set_ylabel("test accuracy (mean ± std over seeds)")
     ax.set_title("Accuracy against time to accuracy")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     fig.savefig(out_dir / "pareto.png", dpi=120)
     plt.close(fig)
