@@ -6,7 +6,6 @@ Everything else receives a ``World`` and runs unchanged on CPU (gloo) and CUDA (
 from __future__ import annotations
 
 import logging
-import math
 import os
 import resource
 import socket
@@ -19,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from adaqp.config import CommConfig
+from adaqp.cores import usable_cores
 
 logger = logging.getLogger(__name__)
 
@@ -53,22 +53,6 @@ class World:
         """Waits for queued device work, so wall-clock timings mean something."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-
-
-def usable_cores(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
-    """Cores this process may run on: its affinity mask where the OS has one, less where a
-    cgroup v2 CPU quota (``cpu.max``, e.g. a container's ``--cpus``) allows fewer."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    try:
-        quota, period = Path(cpu_max).read_text().split()[:2]
-        if quota != "max":
-            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError, ZeroDivisionError):  # no cgroup v2 quota, or a garbled one
-        pass
-    return cores
 
 
 def overlaps(setting: str, world: World) -> bool:

@@ -226,10 +226,11 @@ def main(argv: list[str] | None = None) -> int:
 
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     name = Path(args.config).stem if args.config else None
+    # A worker group that torchrun restarted continues the run its first attempt began.
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     try:  # before torch loads and the group forms: a refusal costs a second, not a start
-        out = preflight.check(
-            config, world_size, name, overwrite=args.overwrite, resume=args.resume
-        )
+        flags = dict(overwrite=args.overwrite, resume=args.resume, restarted=restarted)
+        out = preflight.check(config, world_size, name, **flags)
     except preflight.Refusal as exc:  # every rank sees the same files and refuses alike
         _report_shared(rank, exc)
         return 2
@@ -240,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Given no directory, rank 0 takes the first free version itself (``out`` is where it
     # will most likely land: a run starting alongside may take that one first).
-    new_version = not (config.metrics.out or args.overwrite or args.resume)
+    new_version = not (config.metrics.out or args.overwrite or args.resume or restarted)
     try:
         summary = job.run(
             config,

@@ -36,6 +36,7 @@ LAYERS = [
     "adaqp.data",
     "adaqp.atomic",
     "adaqp.stop",
+    "adaqp.cores",
     "adaqp.typed_toml",
     "adaqp.bits",
     "adaqp.deps",

@@ -189,7 +189,7 @@ def test_world_size_must_match_partition(tmp_path):
         [sys.executable, "-m", "adaqp.train", "--epochs", "1", "--set", f"partition.dir={parts}"],
         cwd=tmp_path,
     )
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # a usage error, refused before the run starts
     assert "has 2 parts but the world size is 1" in proc.stderr
 
 
@@ -242,13 +242,13 @@ def test_finished_out_is_refused_unless_overwrite(tmp_path):
     first = (out / "summary.json").read_text()
 
     again = _run(_train(out, parts, "--epochs", "3"), cwd=tmp_path)
-    assert again.returncode == 1, again.stderr
+    assert again.returncode == 2, again.stderr  # refused before the run starts
     assert "holds a finished run" in again.stderr and "--overwrite" in again.stderr
     assert (out / "summary.json").read_text() == first
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
 
     resume = _run(_train(out, parts, "--resume"), cwd=tmp_path)
-    assert resume.returncode == 1
+    assert resume.returncode == 2
     assert "no checkpoint to resume from" in resume.stderr
     both = _run(_train(out, parts, "--resume", "--overwrite"), cwd=tmp_path)
     assert both.returncode == 2 and "not allowed with" in both.stderr
@@ -261,14 +261,14 @@ def test_finished_out_is_refused_unless_overwrite(tmp_path):
     assert json.loads((out / "status.json").read_text())["status"] == "complete"
 
 
-def test_failed_run_says_so_and_leaves_no_summary(tmp_path):
+def test_a_missing_data_file_is_refused_before_anything_is_written(tmp_path):
     out = tmp_path / "run"
     args = _train(out, tmp_path / "p", "--epochs", "1", "--set", "data.dataset=npz")
     proc = _run([*args, "--set", f"data.path={tmp_path / 'absent.npz'}"], cwd=tmp_path)
-    assert proc.returncode == 1
-    status = json.loads((out / "status.json").read_text())
-    assert status["status"] == "failed" and "absent.npz" in status["error"], status
-    assert not (out / "summary.json").exists()
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "absent.npz" in errors[0], proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no run folder, no partition
 
 
 def _wait_for(predicate, what: str, timeout: float = 180.0) -> None:
@@ -299,7 +299,7 @@ def test_second_run_into_a_running_out_is_refused_and_interrupt_is_recorded(tmp_
         assert not (out / "summary.json").exists()  # gone before training, not after
 
         second = _run(_train(out, parts, "--epochs", "3", "--overwrite"), cwd=tmp_path)
-        assert second.returncode == 1, second.stderr
+        assert second.returncode == 2, second.stderr  # refused before it starts
         assert "in use by another run" in second.stderr, second.stderr
 
         first.send_signal(signal.SIGINT)  # Ctrl-C

@@ -69,9 +69,12 @@ def check(
     *,
     overwrite: bool = False,
     resume: bool = False,
+    restarted: bool = False,
 ) -> Path:
-    """The output directory this run will take; raises ``Refusal``. Changes nothing."""
-    out = plan_output(config, world_size, name, overwrite=overwrite, resume=resume)
+    """The output directory this run will take; raises ``Refusal``. Changes nothing.
+    ``restarted``: a worker group torchrun restarted, which continues its own run."""
+    flags = dict(overwrite=overwrite, resume=resume, restarted=restarted)
+    out = plan_output(config, world_size, name, **flags)
     check_partition(config, world_size)
     return out
 
@@ -83,12 +86,21 @@ def plan_output(
     *,
     overwrite: bool = False,
     resume: bool = False,
+    restarted: bool = False,
 ) -> Path:
     """The output directory: ``metrics.out`` as given, checked; without one, the default
     directory, or its first free version (``-v2``, ...) where it holds a run. Given no
-    output directory, ``resume`` and ``overwrite`` act on the newest version."""
+    output directory, ``resume`` and ``overwrite`` act on the newest version, as does a
+    restarted worker group (its first attempt's run, which it continues unrefused)."""
     base = output_dir(config, world_size, name)
     named = bool(config.metrics.out)
+    if restarted and not (resume or overwrite):
+        out = base if named else newest_version(base)
+        try:
+            check_writable(out)
+        except RunDirError as exc:
+            raise Refusal(str(exc)) from None
+        return out
     if not named and (resume or overwrite):
         out = newest_version(base)
     elif not named:
@@ -129,5 +141,8 @@ def check_partition(config: Config, world_size: int) -> None:
             )
         else:
             check_target(part_dir)  # other files there, or not writable
+            data = config.data
+            if data.dataset == "npz" and not Path(data.path).is_file():
+                raise Refusal(f"data.path: {data.path} is not a file (the npz dataset to load)")
     except PartitionError as exc:
         raise Refusal(str(exc)) from None

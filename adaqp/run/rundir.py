@@ -69,8 +69,8 @@ class Problem(enum.IntEnum):
         """A one-line account for ranks that only learn the number."""
         return {
             Problem.UNWRITABLE: f"cannot write the run's output to {out_dir}",
-            Problem.FINISHED: f"{out_dir} holds a finished run "
-            "(pass --overwrite or --resume, or choose another --out)",
+            Problem.FINISHED: f"{out_dir} holds a finished run ({SUMMARY_FILE}); pass "
+            "--overwrite to start fresh there, --resume to continue it, or choose another --out",
             Problem.RUNNING: f"{out_dir} is in use by another run",
             Problem.NO_CHECKPOINT: f"--resume: there is no checkpoint to resume from in {out_dir}",
             Problem.UNFINISHED: f"{out_dir} holds an unfinished run "
@@ -223,11 +223,7 @@ class RunDir:
             finished = (path / SUMMARY_FILE).exists()
             run.resume_from = require_checkpoint(path, checkpoints) if resume else None
             if finished and not (overwrite or resume):
-                raise RunDirError(
-                    Problem.FINISHED,
-                    f"{path} holds a finished run ({SUMMARY_FILE}); pass --overwrite to "
-                    "start fresh there, --resume to continue it, or choose another --out",
-                )
+                raise RunDirError(Problem.FINISHED, Problem.FINISHED.describe(path))
             if not (finished or overwrite or resume or restarted):
                 refuse_unfinished(path, checkpoints)
             run._checkpoints = checkpoints

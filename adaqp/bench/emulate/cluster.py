@@ -27,6 +27,7 @@ from typing import IO, Any
 from adaqp.bench.emulate.links import LinkSpec, shape
 from adaqp.bench.emulate.netns import ClusterError, add_bridge, join_to_switch, netns_names, run_ip
 from adaqp.bench.emulate.signals import SignalGuard
+from adaqp.cores import usable_cores
 
 logger = logging.getLogger(__name__)
 
@@ -242,8 +243,6 @@ class EmulatedCluster:
     def _start_host(
         self, i: int, procs_per_host: int, train_args: list[str], log_dir: Path, spec: Path
     ) -> None:
-        from adaqp.runtime import usable_cores
-
         # Every emulated host runs on this machine's cores: they are shared among all the
         # workers of all hosts, unless the user's OMP_NUM_THREADS says otherwise.
         workers = self.hosts * procs_per_host
