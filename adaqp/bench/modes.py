@@ -62,6 +62,7 @@ DATASETS: dict[str, tuple[str, tuple[str, ...]]] = {
 
 SUMMARY_KEYS = (
     "test_acc",
+    "final_test_acc",
     "best_val_acc",
     "final_train_loss",
     "halo_bytes_per_epoch",
@@ -73,6 +74,8 @@ SUMMARY_KEYS = (
     "dequant_time_s",
     "allreduce_time_s",
     "hidden_comm_fraction",
+    "max_staleness",
+    "effective_staleness",
 )
 
 
@@ -129,8 +132,8 @@ def _table(dataset: str, results: dict[str, dict[str, Any]], meta: dict[str, Any
         "without its halo rows. `uniform-N`: `adaqp` with every message at N bits.",
         "",
         "| mode | test acc (mean ± std) | halo MB/epoch | vs vanilla | avg bits | epoch ms "
-        "| exchange wait ms | quant+dequant ms | all-reduce ms |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| exchange wait ms | quant+dequant ms | all-reduce ms | staleness max / effective |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, entry in results.items():
         a = entry["aggregate"]
@@ -143,7 +146,8 @@ def _table(dataset: str, results: dict[str, dict[str, Any]], meta: dict[str, Any
             f"| {a['avg_bits']['mean']:.2f} | {1e3 * a['epoch_time_s']['mean']:.1f} "
             f"| {1e3 * a['comm_wait_s']['mean']:.1f} "
             f"| {1e3 * (a['quant_time_s']['mean'] + a['dequant_time_s']['mean']):.1f} "
-            f"| {1e3 * a['allreduce_time_s']['mean']:.1f} |"
+            f"| {1e3 * a['allreduce_time_s']['mean']:.1f} "
+            f"| {a['max_staleness']['mean']:.0f} / {a['effective_staleness']['mean']:.2f} |"
         )
     return "\n".join(lines) + "\n"
 
