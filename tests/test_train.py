@@ -176,9 +176,9 @@ def test_missing_dataset_is_a_clear_error(tmp_path):
         ],
         cwd=tmp_path,
     )
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # a config error, refused before the run starts
     assert "absent.npz" in proc.stderr
-    assert not (tmp_path / "run" / "summary.json").exists()
+    assert not (tmp_path / "run").exists()
 
 
 def test_world_size_must_match_partition(tmp_path):
