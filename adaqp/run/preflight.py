@@ -11,7 +11,6 @@ job refuses just as early. Both are usage or config errors (exit code 2).
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 from pathlib import Path
 
@@ -29,12 +28,11 @@ from adaqp.run.rundir import (
     Problem,
     RunDirError,
     check_writable,
-    holds_run,
+    free_versions,
     lock_held,
     newest_version,
     refuse_unfinished,
     require_checkpoint,
-    versioned,
 )
 
 
@@ -62,18 +60,9 @@ def partition_dir(config: Config, world_size: int) -> Path:
     return Path("partitions") / name
 
 
-def check(
-    config: Config,
-    world_size: int,
-    name: str | None = None,
-    *,
-    overwrite: bool = False,
-    resume: bool = False,
-    restarted: bool = False,
-) -> Path:
-    """The output directory this run will take; raises ``Refusal``. Changes nothing.
-    ``restarted``: a worker group torchrun restarted, which continues its own run."""
-    flags = dict(overwrite=overwrite, resume=resume, restarted=restarted)
+def check(config: Config, world_size: int, name: str | None = None, **flags) -> Path:
+    """The output directory this run will take (``plan_output``, with its keyword flags),
+    and a partition directory that fits; raises ``Refusal``. Changes nothing."""
     out = plan_output(config, world_size, name, **flags)
     check_partition(config, world_size)
     return out
@@ -91,7 +80,8 @@ def plan_output(
     """The output directory: ``metrics.out`` as given, checked; without one, the default
     directory, or its first free version (``-v2``, ...) where it holds a run. Given no
     output directory, ``resume`` and ``overwrite`` act on the newest version, as does a
-    restarted worker group (its first attempt's run, which it continues unrefused)."""
+    restarted worker group (``restarted``: its first attempt's run, which it continues
+    unrefused)."""
     base = output_dir(config, world_size, name)
     named = bool(config.metrics.out)
     if restarted and not (resume or overwrite):
@@ -104,7 +94,7 @@ def plan_output(
     if not named and (resume or overwrite):
         out = newest_version(base)
     elif not named:
-        out = next(p for v in itertools.count(1) if not holds_run(p := versioned(base, v)))
+        out = next(free_versions(base))
     else:
         out = base
     checkpoints = checkpoint_root(config, out)

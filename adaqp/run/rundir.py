@@ -38,6 +38,7 @@ import logging
 import os
 import socket
 import tempfile
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -140,18 +141,9 @@ class RunDir:
         self._checkpoints = path / DEFAULT_DIR
 
     @classmethod
-    def claim(
-        cls,
-        out_dir: str | Path,
-        *,
-        overwrite: bool = False,
-        resume: bool | str = False,
-        checkpoint_dir: str | Path | None = None,
-        new_version: bool = False,
-    ) -> RunDir:
-        """``reserve``, then ``start``: the directory is ready to write."""
-        flags = dict(overwrite=overwrite, resume=resume, new_version=new_version)
-        run = cls.reserve(out_dir, checkpoint_dir=checkpoint_dir, **flags)
+    def claim(cls, out_dir: str | Path, **flags) -> RunDir:
+        """``reserve`` (with its keyword flags), then ``start``: ready to write."""
+        run = cls.reserve(out_dir, **flags)
         try:
             run.start()
         except BaseException:
@@ -190,10 +182,7 @@ class RunDir:
             raise ValueError("overwrite and resume exclude each other")
         base = Path(out_dir)
         explicit = Path(checkpoint_dir) if checkpoint_dir else None
-        for version in itertools.count(1):
-            path = versioned(base, version)
-            if new_version and holds_run(path):
-                continue
+        for path in free_versions(base) if new_version else [base]:
             checkpoints = explicit or path / DEFAULT_DIR
             try:
                 return cls._reserve(path, checkpoints, overwrite, resume)
@@ -321,6 +310,11 @@ def versioned(base: Path, version: int) -> Path:
     """``base`` for version 1, else ``base-v<version>``: where a command's later runs go
     when its default output directory is taken."""
     return base if version == 1 else base.with_name(f"{base.name}-v{version}")
+
+
+def free_versions(base: Path) -> Iterator[Path]:
+    """``base``, ``base-v2``, ... in order, less those that hold a run (``holds_run``)."""
+    return (path for v in itertools.count(1) if not holds_run(path := versioned(base, v)))
 
 
 def newest_version(base: Path) -> Path:
