@@ -216,10 +216,14 @@ class CommConfig:
 
 @dataclass(frozen=True)
 class QuantConfig:
-    scheme: str = "adaptive"
-    """Bit-width scheme in quantized modes: adaptive (solver), uniform, or random."""
-    bits: int = 4
-    """Width of every message in the uniform scheme."""
+    scheme: str = "uniform"
+    """Bit-width scheme in quantized modes: uniform (every message at ``bits``, the
+    default), adaptive (the solver picks per-group widths, trading variance against
+    predicted time), or random. Uniform is the default because the adaptive widths did not
+    beat the best uniform width on the benchmark clusters (docs/bit-widths.md)."""
+    bits: int = 2
+    """Width of every message in the uniform scheme (2: as fast as 1 bit on the benchmark
+    clusters, a quarter of its variance; docs/bit-widths.md)."""
     initial_bits: int = 8
     """Width used during the first assignment cycle of adaptive/random, while tracing."""
     allowed_bits: tuple[int, ...] = ()

@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-QUANTIZED = "quant.cost_model=shared"
-"""Override for tests of the quantized exchange path: the default cost model (host) may
-predict float32 no slower over loopback and send it; ``shared`` quantizes on any network."""
+QUANTIZED = ("quant.scheme=adaptive", "quant.cost_model=shared")
+"""Overrides for tests of the quantized exchange path with the solver choosing widths (the
+default scheme is uniform, 2 bits): the default cost model (host) may predict float32 no
+slower over loopback and send it; ``shared`` quantizes on any network."""
 
 _PRELOAD = [
     "torch",

@@ -68,11 +68,18 @@ UNIFORM_VARIANTS: dict[str, tuple[str, ...]] = {
 ``uniform-8``): they differ from ``adaqp`` only in how the widths are chosen, so they are
 the constant widths the adaptive planner must beat."""
 
-LAMBDA_VARIANTS: dict[str, tuple[str, ...]] = {
-    f"adaqp-lam{lam}": ("--mode", "adaqp", "--set", f"quant.lam={lam}") for lam in (0.1, 0.9)
+ADAPTIVE = ("--mode", "adaqp", "--set", "quant.scheme=adaptive")
+"""``adaqp`` with the solver choosing each message group's width (``quant.scheme``
+adaptive); the default scheme is uniform at 2 bits (docs/bit-widths.md says why)."""
+
+ADAPTIVE_VARIANTS: dict[str, tuple[str, ...]] = {
+    "adaqp-adaptive": ADAPTIVE,
+    **{f"adaqp-lam{lam}": (*ADAPTIVE, "--set", f"quant.lam={lam}") for lam in (0.1, 0.9)},
+    "adaqp-bits12": (*ADAPTIVE, "--set", "quant.allowed_bits=[1,2]"),
 }
-"""``adaqp`` with the solver's trade-off ``quant.lam`` (0.5 by default) near either end:
-0.1 weighs the predicted exchange time most, 0.9 the variance (not run unless asked for)."""
+"""The solver: at its default trade-off ``quant.lam`` = 0.5 (``adaqp-adaptive``), near
+either end (0.1 weighs the predicted exchange time most, 0.9 the variance), and choosing
+only between 1 and 2 bits (``adaqp-bits12``); not run unless asked for."""
 
 NOCOMM_ACC_NOTE = "no halo"
 """How tables mark ``nocomm``'s accuracy: each part trained without its halo rows, which
@@ -80,10 +87,10 @@ says what the exchange carries (a graph whose cut edges carry signal loses accur
 there), not what a mode that exchanges would reach."""
 
 COST_MODEL_VARIANTS: dict[str, tuple[str, ...]] = {
-    "adaqp-shared": ("--mode", "adaqp", "--set", "quant.cost_model=shared"),
-    "adaqp-host": ("--mode", "adaqp", "--set", "quant.cost_model=host"),
+    "adaqp-shared": (*ADAPTIVE, "--set", "quant.cost_model=shared"),
+    "adaqp-host": (*ADAPTIVE, "--set", "quant.cost_model=host"),
 }
-"""``adaqp`` under a named cost model, for comparing them (not run unless asked for)."""
+"""The solver under a named cost model, for comparing them (not run unless asked for)."""
 
 _PLAIN_STALE = (
     "--mode",

@@ -27,7 +27,7 @@ from adaqp.bench import (
     CLUSTER_CONFIG,
     COST_MODEL_VARIANTS,
     DEFAULT_OUT_DIR,
-    LAMBDA_VARIANTS,
+    ADAPTIVE_VARIANTS,
     MODE_VARIANTS,
     NOCOMM_ACC_NOTE,
     SIGNAL_CONFIG,
@@ -50,7 +50,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     **MODE_VARIANTS,
     "nocomm": ("--mode", "nocomm"),
     **UNIFORM_VARIANTS,
-    **LAMBDA_VARIANTS,
+    **ADAPTIVE_VARIANTS,
     **COST_MODEL_VARIANTS,
     **STALENESS_VARIANTS,
 }

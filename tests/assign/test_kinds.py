@@ -78,7 +78,7 @@ def test_solve_exchange_solves_what_the_kind_prices(name):
     ]
     links = LinkModel(rng.uniform(1e-5, 1e-4, (3, 3)), rng.uniform(1e7, 1e8, (3, 3)))
     hosts = HostModel.uniform([0, 0, 1], 1e-5, 5e7, 1e9, quant_s_per_value=1e-9)
-    kind = cost_model_kind(QuantConfig(cost_model=name))
+    kind = cost_model_kind(QuantConfig(scheme="adaptive", cost_model=name))
     kw = dict(group_size=10, lam=0.5, method="milp", time_limit_s=5.0)
     result, widths = solve_exchange(kind, channels, 16, links, hosts, bits=(2, 4, 8), **kw)
     if name == "host":

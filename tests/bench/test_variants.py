@@ -111,4 +111,19 @@ def test_lambda_variants_are_adaqp_at_another_trade_off(lam):
     assert mode == "adaqp"
     config = load_config(None, sets)
     assert config.quant.lam == lam
-    assert config.quant.scheme == "adaptive" == load_config(None, []).quant.scheme
+    assert config.quant.scheme == "adaptive" != load_config(None, []).quant.scheme
+
+
+def test_adaqp_is_uniform_2_and_the_solver_is_a_named_variant():
+    """Default ``adaqp`` sends every message at 2 bits (docs/bit-widths.md); the solver's
+    variants differ from it only in ``quant.scheme`` and the solver's own settings."""
+    default = load_config(None, _flags(cluster.VARIANTS["adaqp"])[1]).quant
+    uniform = load_config(None, _flags(cluster.VARIANTS["uniform-2"])[1]).quant
+    assert (default.scheme, default.bits) == ("uniform", 2) == (uniform.scheme, uniform.bits)
+    adaptive = load_config(None, _flags(cluster.VARIANTS["adaqp-adaptive"])[1]).quant
+    assert adaptive.scheme == "adaptive" and adaptive.lam == default.lam
+    bits12 = load_config(None, _flags(cluster.VARIANTS["adaqp-bits12"])[1]).quant
+    assert bits12.scheme == "adaptive" and bits12.allowed_bits == (1, 2)
+    for name in ("adaqp-adaptive", "adaqp-bits12", "adaqp-shared", "adaqp-host"):
+        assert cluster.VARIANTS[name] == modes.VARIANTS[name]
+        assert load_config(None, _flags(cluster.VARIANTS[name])[1]).quant.scheme == "adaptive"

@@ -120,13 +120,13 @@ def parts(tmp_path_factory):
         ("comm.mode=vanilla", "checkpoint.every=5"),
         (
             "comm.mode=adaqp",
-            QUANTIZED,
+            *QUANTIZED,
             "quant.assign_cycle=3",
             "checkpoint.every=4",
         ),
         (
             "comm.mode=adaqp",
-            QUANTIZED,
+            *QUANTIZED,
             "quant.assign_cycle=3",
             "checkpoint.every=4",
             "model.name=gat",
@@ -364,7 +364,7 @@ def test_resume_from_the_command_line_extends_the_run(tmp_path):
 def test_same_seed_gives_the_same_run_twice(mode, parts, tmp_path):
     """Determinism: two runs with one seed and world size end bitwise equal (adaqp's
     widths too: its re-solve at epoch 3 sees the same traces)."""
-    overrides = (f"comm.mode={mode}", QUANTIZED, "quant.assign_cycle=3", "checkpoint.every=0")
+    overrides = (f"comm.mode={mode}", *QUANTIZED, "quant.assign_cycle=3", "checkpoint.every=0")
     runs = [
         run_workers(_worker, 2, tmp_path, parts, str(tmp_path / f"c{i}"), overrides, 0, 6)
         for i in range(2)

@@ -27,7 +27,7 @@ def _worker(rank: int, world_size: int, init_method: str, tmp: str):
             f"comm.mode={mode}",
             f"train.epochs={EPOCHS}",
             "quant.assign_cycle=2",
-            QUANTIZED,  # adaqp-q and adaqp send quantized rows
+            *QUANTIZED,  # adaqp-q and adaqp send quantized rows
             # adaqp-s: every exchange pays, so the first choice (after epoch 1) makes all
             # of them stale.
             "staleness.min_hidden_fraction=0",

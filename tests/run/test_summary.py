@@ -86,7 +86,9 @@ def test_record_carries_its_earlier_names_and_reads_them_back():
 
 
 def test_summary_is_assembled_from_outcome_config_and_launcher_facts():
-    config = load_config(CORA_CONFIG, ["comm.mode=adaqp", "train.warmup_epochs=1"])
+    config = load_config(
+        CORA_CONFIG, ["comm.mode=adaqp", "quant.scheme=adaptive", "train.warmup_epochs=1"]
+    )
     records = [
         _record(1, epoch_time_s=9.0, solver_time_s=0.25, bits_histogram={"8": 4}),
         _record(2, exchange_span_by_tag={"layer1/forward": 0.3}),
@@ -157,7 +159,7 @@ def test_every_mode_writes_every_summary_and_metrics_field(tmp_path, mode):
         f"metrics.out={out}",
     )
     if mode == "adaqp-q":
-        overrides += (QUANTIZED,)
+        overrides += QUANTIZED
     if mode == "adaqp-s":
         # Every exchange goes stale at the first choice (after epoch 1), whatever its wait:
         # over loopback a wait may or may not reach the default 2% of an epoch, and the
@@ -177,10 +179,12 @@ def test_every_mode_writes_every_summary_and_metrics_field(tmp_path, mode):
         # CPU time of the step: positive, and no more than its threads could use.
         assert 0 < line["cpu_time_s"] <= line["epoch_time_s"] * (os.cpu_count() or 1) * 4
         assert line["halo_bytes"] == line["halo_bytes_per_epoch"]
-    if mode in ("adaqp-q", "adaqp"):
-        assert summary["plan_bits_by_pair"], summary  # the planner's report reached it
-    if mode == "adaqp-q":
-        assert summary["avg_bits"] < 32
+    if mode == "adaqp-q":  # adaptive widths: the planner's report reached the summary
+        assert summary["plan_bits_by_pair"], summary
+        assert summary["avg_bits"] < 32 and summary["quant_scheme"] == "adaptive"
+    if mode == "adaqp":  # the default scheme: every message at 2 bits, nothing planned
+        assert summary["avg_bits"] == 2.0 and summary["quant_scheme"] == "uniform"
+        assert summary["plan_bits_by_pair"] == {}
     if mode == "adaqp":  # under the default cost model
         config = json.loads((out / "config.json").read_text())
         assert config["quant"]["cost_model"] == "host", config["quant"]

@@ -328,7 +328,7 @@ def test_adaqp_and_onebit_on_cora_train_close_to_vanilla(tmp_path):
         mode: (
             f"comm.mode={mode}",
             "train.epochs=100",
-            QUANTIZED,
+            *QUANTIZED,
             f"partition.dir={tmp_path / 'parts'}",
             f"metrics.out={tmp_path / mode}",
         )
@@ -339,7 +339,7 @@ def test_adaqp_and_onebit_on_cora_train_close_to_vanilla(tmp_path):
         mode: {k.split("/")[1]: v for k, v in rank0.items() if k.startswith(mode + "/")}
         for mode in runs
     }
-    first_solve = load_config(CORA_CONFIG, [QUANTIZED]).quant.first_cycle
+    first_solve = load_config(CORA_CONFIG, list(QUANTIZED)).quant.first_cycle
     for mode, result in results.items():
         assert int(result["best_epoch"]) > first_solve + 5, (mode, result["best_epoch"])
     vanilla, adaqp = results["vanilla"], results["adaqp"]
