@@ -19,3 +19,11 @@ def planner_bits(model: str) -> tuple[int, ...]:
     empty: one bit too for GCN and SAGE, not for GAT, whose attention scores also read a
     row's error, which the planner's variance weights do not count (docs/gat.md)."""
     return DEFAULT_ALLOWED_BITS if model == "gat" else (1, *DEFAULT_ALLOWED_BITS)
+
+
+def uniform_bits(model: str) -> int:
+    """The width of every message where the scheme is uniform (the default) and
+    ``quant.bits`` is left at 0: 2 bits, as fast as one on the benchmark clusters at a
+    ninth of its variance (docs/bit-widths.md); 4 for GAT, which lost 3.7 points at 2-3
+    bits where 4 bits kept Vanilla's accuracy (docs/gat.md)."""
+    return 4 if model == "gat" else 2

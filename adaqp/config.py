@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adaqp.bits import SUPPORTED_BITS, planner_bits
+from adaqp.bits import SUPPORTED_BITS, planner_bits, uniform_bits
 from adaqp.data import FEATURE_NORMS, SyntheticSpec
 from adaqp.typed_toml import ConfigError as ConfigError  # raised for every bad key here
 from adaqp.typed_toml import build, check, read_tree
@@ -218,12 +218,12 @@ class CommConfig:
 class QuantConfig:
     scheme: str = "uniform"
     """Bit-width scheme in quantized modes: uniform (every message at ``bits``, the
-    default), adaptive (the solver picks per-group widths, trading variance against
-    predicted time), or random. Uniform is the default because the adaptive widths did not
-    beat the best uniform width on the benchmark clusters (docs/bit-widths.md)."""
-    bits: int = 2
-    """Width of every message in the uniform scheme (2: as fast as 1 bit on the benchmark
-    clusters, a quarter of its variance; docs/bit-widths.md)."""
+    default), adaptive (a solver picks each message group's width, trading variance
+    against predicted time), or random. Uniform is the default because the adaptive widths
+    did not beat the best uniform width on the benchmark clusters (docs/bit-widths.md)."""
+    bits: int = 0
+    """Width of every message in the uniform scheme; 0: the model's default, 2 bits (4 for
+    gat: adaqp/bits.py, uniform_bits)."""
     initial_bits: int = 8
     """Width used during the first assignment cycle of adaptive/random, while tracing."""
     allowed_bits: tuple[int, ...] = ()
@@ -272,7 +272,11 @@ class QuantConfig:
             f"must be adaptive, uniform or random, not {self.scheme!r}",
         )
         listed = ", ".join(map(str, widths))
-        check(self.bits in widths, "quant.bits", f"must be one of {listed}, got {self.bits}")
+        check(
+            self.bits == 0 or self.bits in widths,
+            "quant.bits",
+            f"must be one of {listed}, got {self.bits}",
+        )
         check(
             self.initial_bits in widths,
             "quant.initial_bits",
@@ -397,9 +401,12 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def __post_init__(self) -> None:
-        if not self.quant.allowed_bits:  # stated in the config the run records
-            quant = dataclasses.replace(self.quant, allowed_bits=planner_bits(self.model.name))
-            object.__setattr__(self, "quant", quant)
+        quant = self.quant  # the model's defaults, stated in the config the run records
+        if not quant.allowed_bits:
+            quant = dataclasses.replace(quant, allowed_bits=planner_bits(self.model.name))
+        if not quant.bits:
+            quant = dataclasses.replace(quant, bits=uniform_bits(self.model.name))
+        object.__setattr__(self, "quant", quant)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -36,6 +36,18 @@ def test_planner_widths_default_by_model():
     assert load_config(None, ["model.name=gat"]).quant.allowed_bits == (2, 4, 8)
     stated = ["model.name=gat", "quant.allowed_bits=[1,8]"]
     assert load_config(None, stated).quant.allowed_bits == (1, 8)
+
+
+def test_uniform_widths_are_the_default_at_the_models_width():
+    assert (load_config(None, []).quant.scheme, load_config(None, []).quant.bits) == (
+        "uniform",
+        2,
+    )
+    assert load_config(None, ["model.name=sage"]).quant.bits == 2
+    assert load_config(None, ["model.name=gat"]).quant.bits == 4
+    assert load_config(None, ["model.name=gat", "quant.bits=1"]).quant.bits == 1
+    with pytest.raises(ConfigError, match="quant.bits"):
+        load_config(None, ["quant.bits=3"])
     with pytest.raises(ConfigError, match=r"quant\.allowed_bits: must be drawn from"):
         load_config(None, ["quant.allowed_bits=[3]"])
 

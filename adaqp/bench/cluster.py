@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from adaqp.bench import (
+    ADAPTIVE_VARIANTS,
     CLUSTER_CONFIG,
     COST_MODEL_VARIANTS,
     DEFAULT_OUT_DIR,
-    ADAPTIVE_VARIANTS,
     MODE_VARIANTS,
     NOCOMM_ACC_NOTE,
     SIGNAL_CONFIG,
