@@ -39,7 +39,7 @@ from adaqp.bench import (
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_VARIANTS = (*MODE_VARIANTS, *UNIFORM_VARIANTS, "nocomm")
+DEFAULT_VARIANTS = (*MODE_VARIANTS, *UNIFORM_VARIANTS, "adaqp-adaptive", "nocomm")
 VARIANTS: dict[str, tuple[str, ...]] = {
     **MODE_VARIANTS,
     **UNIFORM_VARIANTS,
