@@ -26,8 +26,7 @@ per exchange between fresh rows and stale ones (adaqp-s); one-bit messages under
 staleness (onebit, see the staleness section). ``nocomm`` is benchmark-only: it skips the
 halo exchange (halo rows are zeros) to measure the compute-only epoch time."""
 
-QUANTIZED_MODES = ("adaqp-q", "adaqp", "adaqp-s")
-"""Modes whose widths the adaptive planner chooses."""
+QUANTIZED_MODES = ("adaqp-q", "adaqp", "adaqp-s")  # halo messages at quant's widths
 OVERLAP_MODES = ("adaqp-p", "adaqp", "adaqp-s", "onebit")
 """Modes that may aggregate central rows while the exchange is in flight (``comm.overlap``)."""
 STALE_MODES = ("onebit", "adaqp-s")
@@ -217,18 +216,15 @@ class CommConfig:
 @dataclass(frozen=True)
 class QuantConfig:
     scheme: str = "uniform"
-    """Bit-width scheme in quantized modes: uniform (every message at ``bits``, the
-    default), adaptive (a solver picks each message group's width, trading variance
-    against predicted time), or random. Uniform is the default because the adaptive widths
-    did not beat the best uniform width on the benchmark clusters (docs/bit-widths.md)."""
+    """Bit-width scheme in quantized modes: uniform (every message at ``bits``), adaptive
+    (a solver trades variance against predicted time; docs/bit-widths.md) or random."""
     bits: int = 0
-    """Width of every message in the uniform scheme; 0: the model's default, 2 bits (4 for
-    gat: adaqp/bits.py, uniform_bits)."""
+    """Width of every uniform message; 0: 2 bits, 4 for gat (adaqp/bits.py uniform_bits)."""
     initial_bits: int = 8
     """Width used during the first assignment cycle of adaptive/random, while tracing."""
     allowed_bits: tuple[int, ...] = ()
-    """Widths the adaptive and random schemes may choose from; empty: the model's default,
-    1, 2, 4 and 8 bits (2, 4 and 8 for gat: adaqp/bits.py, planner_bits)."""
+    """Widths the adaptive and random schemes choose from; empty: 1, 2, 4, 8 (2, 4, 8 for
+    gat: adaqp/bits.py planner_bits)."""
     group_size: int = 100
     """Messages per group that share one width (per channel, sorted by weight)."""
     lam: float = 0.5
@@ -272,11 +268,8 @@ class QuantConfig:
             f"must be adaptive, uniform or random, not {self.scheme!r}",
         )
         listed = ", ".join(map(str, widths))
-        check(
-            self.bits == 0 or self.bits in widths,
-            "quant.bits",
-            f"must be one of {listed}, got {self.bits}",
-        )
+        good_bits = self.bits == 0 or self.bits in widths
+        check(good_bits, "quant.bits", f"must be one of {listed}, got {self.bits}")
         check(
             self.initial_bits in widths,
             "quant.initial_bits",
@@ -401,7 +394,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def __post_init__(self) -> None:
-        quant = self.quant  # the model's defaults, stated in the config the run records
+        quant = self.quant  # the model's defaults, stated in the recorded config
         if not quant.allowed_bits:
             quant = dataclasses.replace(quant, allowed_bits=planner_bits(self.model.name))
         if not quant.bits:
