@@ -141,7 +141,9 @@ class BitWidthPlanner:
         p = world.world_size
         self.link_model = profile_links(world)
         if self.cost_kind.profiles_hosts:
-            quant, dequant = time_quantization(config.allowed_bits, 64, self.device)
+            # The first cycle's width is priced too (first_width), allowed or not.
+            widths = sorted({*config.allowed_bits, config.initial_bits})
+            quant, dequant = time_quantization(widths, 64, self.device)
             nics = host_model(self.link_model, self.hosts, quant, dequant)
             fabric = profile_fabric(nics)
             self.host_model = dataclasses.replace(nics, fabric_Bps=fabric)

@@ -21,10 +21,11 @@ RESOLVE_BUDGET_S = 0.4
 
 
 def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, scheme: str):
-    scheme, _, cost_model = scheme.partition("/")
+    scheme, cost_model, allowed = (*scheme.split("/"), "", "")[:3]
     config = load_config(
         None,
         [
+            *([f"quant.allowed_bits=[{allowed}]"] if allowed else []),
             "data.dataset=cora",
             f"partition.dir={part_dir}",
             "comm.mode=adaqp",
@@ -99,6 +100,19 @@ def _segments(result, tag: str, side: str) -> list[np.ndarray]:
 @pytest.fixture(scope="module")
 def cora():
     return load_dataset("cora")
+
+
+@pytest.mark.distributed
+def test_allowed_widths_without_the_initial_width_still_train(cora, tmp_path):
+    """The first cycle runs at ``initial_bits`` (8) under the host model even where the
+    allowed widths leave 8 out: its (de)quantization is profiled too (it once failed at
+    epoch 1: "quant_s_per_value has no entry for widths [8]")."""
+    parts = tmp_path / "parts"
+    make_partition(cora, parts, num_parts=2, spec=load_config(None, []).data.spec())
+    results = run_workers(_plan_worker, 2, tmp_path, str(parts), "adaptive/host/1,2")
+    for r in results:
+        widths = {int(b) for k, v in r.items() if k.endswith("/out") for b in np.unique(v)}
+        assert widths and widths <= {1, 2, 32}, widths
 
 
 @pytest.mark.distributed
