@@ -15,6 +15,7 @@ import textwrap
 from types import ModuleType
 
 from adaqp.bench import HelpFormatter, UsageError
+from adaqp.bench.emulate.netns import ClusterError  # no torch: subprocess alone
 from adaqp.deps import require
 
 PROG = "python -m adaqp.bench"
@@ -102,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:  # options that argparse alone could not judge
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    except ClusterError as exc:  # a baseline run that failed (its log named), no cluster
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

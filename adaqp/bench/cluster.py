@@ -29,7 +29,6 @@ from adaqp.bench import (
     COST_MODEL_VARIANTS,
     DEFAULT_OUT_DIR,
     MODE_VARIANTS,
-    NOCOMM_ACC_NOTE,
     SIGNAL_CONFIG,
     STALENESS_VARIANTS,
     UNIFORM_VARIANTS,
@@ -41,7 +40,8 @@ from adaqp.bench import (
     seed_list,
 )
 from adaqp.bench.cluster_plot import plot
-from adaqp.bench.emulate import EmulatedCluster, host_links
+from adaqp.bench.cluster_table import render
+from adaqp.bench.emulate import ClusterError, EmulatedCluster, host_links
 
 logger = logging.getLogger(__name__)
 
@@ -205,92 +205,6 @@ def _aggregate(
     return out
 
 
-def _accuracy(mode: str, a: dict[str, Any]) -> str:
-    """A mode's test accuracy cell: mean ± std over seeds, ``nocomm``'s marked."""
-    note = f" ({NOCOMM_ACC_NOTE})" if mode == "nocomm" else ""
-    return f"{a['test_acc']:.4f} ± {a['test_acc_std']:.4f}{note}"
-
-
-def _table(name: str, meta: dict[str, Any], agg: dict[str, Any]) -> str:
-    def fmt(value, pattern: str) -> str:
-        missing = value is None or (isinstance(value, float) and math.isnan(value))
-        return "n/a" if missing else pattern.format(value)
-
-    lines = [
-        f"# {name}: {meta['hosts']} emulated hosts x {meta['procs_per_host']} worker, "
-        f"{meta['bandwidth']} links{' ' + meta['latency'] if meta.get('latency') else ''}, "
-        f"{meta['epochs']} epochs, seeds {meta['seeds']}",
-        "",
-        f"Workload: `{meta['config']}` with {', '.join(merge_overrides(meta['overrides']))}.",
-        "Epoch times are medians after warm-up, means over seeds; `nocomm` skips the halo "
-        f"exchange (benchmark-only): its test accuracy, marked ({NOCOMM_ACC_NOTE}), is each "
-        "part trained without its halo rows, so Vanilla's lead over it is what the halo "
-        "rows carry. `uniform-N`: `adaqp` with every message at N bits. Time to vanilla val: "
-        "training time (evaluation excluded) until the validation accuracy reaches the same "
-        f"seed's vanilla final value minus {meta['tta_tolerance']:.3f}, as a ratio to "
-        "vanilla's own time, averaged over the seeds that get there (counted). CPU ms: "
-        "CPU time of a worker's process per epoch (all its threads), which waiting and "
-        "being descheduled do not add to.",
-        "",
-        "| mode | epoch ms | compute | exchange wait | (de)quant | all-reduce | CPU ms "
-        "| halo MB/epoch | avg bits | max staleness | test acc | speedup vs vanilla "
-        "| ratio to nocomm | CPU ratio to nocomm | time to vanilla val |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for mode, a in agg.items():
-        b = a["breakdown"]
-        lines.append(
-            f"| {mode} | {1e3 * a['epoch_time_s']:.1f} | {1e3 * b['compute_s']:.1f} "
-            f"| {1e3 * b['wait_s']:.1f} | {1e3 * b['quant_s']:.1f} | {1e3 * b['allreduce_s']:.1f} "
-            f"| {fmt(1e3 * a['cpu_time_s'], '{:.1f}')} | {a['halo_bytes_per_epoch'] / 1e6:.2f} | "
-            f"{a['avg_bits']:.2f} | {a.get('max_staleness', 0)} "
-            f"| {_accuracy(mode, a)} | {a['speedup_over_vanilla']:.2f}x "
-            f"| {fmt(a['ratio_to_nocomm'], '{:.2f}x')} "
-            f"| {fmt(a['cpu_ratio_to_nocomm'], '{:.2f}x')} "
-            f"| {fmt(a['time_to_accuracy_ratio'], '{:.2f}x')} "
-            f"({a['runs_reaching_vanilla_val']}/{len(meta['seeds'])} seeds) |"
-        )
-    planned = {m: a for m, a in agg.items() if "bits_by_host_pair" in a}
-    if planned:
-        pairs = sorted({p for a in planned.values() for p in a["bits_by_host_pair"]})
-        lines += [
-            "",
-            "Adaptive modes: the planner's cost model against the measured exchange "
-            "((de)quantization + transfer, median over the epochs of the last plan, summed "
-            "over exchanges, mean over seeds), measured two ways: the slowest rank's span "
-            "(it includes waiting for peers that reach the exchange later), and from the "
-            "last rank's arrival to the last rank's rows (the exchange alone, which is what "
-            "the model prices); and the model's times through the calibration fitted on "
-            "the exchanges measured before the last solve (`cost_calibration`). Then the "
-            "mean planned width by sending -> receiving host (first seed; 32 = full "
-            "precision).",
-            "",
-            "| mode | predicted ms | span ms | span / predicted | after arrival ms "
-            "| after arrival / predicted | calibrated ms | after arrival / calibrated "
-            "| after arrival / calibrated by exchange | "
-            + " | ".join(f"bits {p}" for p in pairs)
-            + " |",
-            "|---|---|---|---|---|---|---|---|---|" + "---|" * len(pairs),
-        ]
-        for mode, a in planned.items():
-            bits = a["bits_by_host_pair"]
-            by_tag = ", ".join(
-                f"{t} {r:.2f}" for t, r in a["after_arrival_over_calibrated_by_tag"].items()
-            )
-            lines.append(
-                f"| {mode} | {1e3 * a['predicted_exchange_s']:.1f} "
-                f"| {1e3 * a['measured_exchange_s']:.1f} | {a['measured_over_predicted']:.2f} "
-                f"| {1e3 * a['after_arrival_exchange_s']:.1f} "
-                f"| {fmt(a['after_arrival_over_predicted'], '{:.2f}')} "
-                f"| {1e3 * a['calibrated_exchange_s']:.1f} "
-                f"| {fmt(a['after_arrival_over_calibrated'], '{:.2f}')} "
-                f"| {by_tag or 'n/a'} | "
-                + " | ".join(fmt(bits.get(p), "{:.2f}") for p in pairs)
-                + " |"
-            )
-    return "\n".join(lines) + "\n"
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--name",
@@ -367,11 +281,14 @@ def main(args: argparse.Namespace) -> int:
     runs_dir = Path("results/runs") / f"bench-{args.name}"
     part_dir = Path("partitions") / f"bench-{args.name}"
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    failed: dict[str, str] = {}
     if args.render_only:
         for mode in modes:
             runs[mode] = [_read_run(runs_dir / f"{mode}-seed{seed}") for seed in seeds]
     else:
-        _run_all(args, links, modes, seeds, config, overrides, runs_dir, part_dir, runs)
+        failed = _run_all(args, links, modes, seeds, config, overrides, runs_dir, part_dir, runs)
+    for mode in failed:
+        del runs[mode]
     agg = _aggregate(runs, seeds, args.tta_tolerance)
     meta = {
         "name": args.name,
@@ -384,6 +301,7 @@ def main(args: argparse.Namespace) -> int:
         "config": config,
         "overrides": list(overrides),
         "tta_tolerance": args.tta_tolerance,
+        "failed": failed,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "cluster.json").write_text(
@@ -397,19 +315,29 @@ def main(args: argparse.Namespace) -> int:
         )
         + "\n"
     )
-    table = _table(args.name, meta, agg)
+    table = render(args.name, meta, agg)
     (out_dir / "cluster.md").write_text(table)
     plot(out_dir, runs, agg)
     print(table)
     print(f"-> {out_dir}")
-    return 0
+    if failed:
+        print(f"error: {len(failed)} of {len(modes)} modes failed: {', '.join(failed)}")
+    return 1 if failed else 0
 
 
-def _run_all(args, links, modes, seeds, config, overrides, runs_dir, part_dir, runs) -> None:
-    """Runs every mode and seed on one emulated cluster, appending to ``runs``."""
+def _run_all(
+    args, links, modes, seeds, config, overrides, runs_dir, part_dir, runs
+) -> dict[str, str]:
+    """Runs every mode and seed on one emulated cluster, appending to ``runs``. A run that
+    fails is reported and its mode's other seeds skipped, the other modes run on: returns
+    the failed modes with their errors."""
     total, done = len(modes) * len(seeds), 0
+    failed: dict[str, str] = {}
     with EmulatedCluster(args.hosts, links=links) as cluster:
         for mode, seed in run_order(modes, seeds):
+            done += 1
+            if mode in failed:
+                continue
             run_dir = runs_dir / f"{mode}-seed{seed}"
             train_args = [
                 "--config",
@@ -432,9 +360,15 @@ def _run_all(args, links, modes, seeds, config, overrides, runs_dir, part_dir, r
             for item in overrides:
                 train_args += ["--set", item]
             started = time.perf_counter()
-            cluster.launch(args.procs_per_host, train_args, run_dir / "logs", args.timeout)
+            try:
+                cluster.launch(args.procs_per_host, train_args, run_dir / "logs", args.timeout)
+            except ClusterError as exc:
+                print(f"[{done}/{total}] {mode} seed {seed}: failed, {exc}", flush=True)
+                if mode == "vanilla":  # every comparison's baseline: nothing to compare
+                    raise
+                failed[mode] = f"seed {seed}: {exc}"
+                continue
             runs[mode].append(_read_run(run_dir))
-            done += 1
             s = runs[mode][-1]["summary"]
             print(
                 f"[{done}/{total}] {mode} seed {seed}: epoch "
@@ -443,3 +377,4 @@ def _run_all(args, links, modes, seeds, config, overrides, runs_dir, part_dir, r
                 f"{s['test_acc']:.4f} ({time.perf_counter() - started:.0f}s)",
                 flush=True,
             )
+    return failed

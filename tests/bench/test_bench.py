@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 import pytest
 
-from adaqp.bench import cluster, costmodel, run_order
+from adaqp.bench import cluster, cluster_table, costmodel, run_order
+from adaqp.bench.emulate import ClusterError
 
 
 def _run(epoch_s, wait_s, val_curve, test_acc, nbytes, quant_s=0.0):
@@ -65,7 +67,7 @@ def test_table_and_plots_are_written(runs, tmp_path):
         "overrides": ["x=1"],
         "tta_tolerance": 0.0,
     }
-    table = cluster._table("t", meta, agg)
+    table = cluster_table.render("t", meta, agg)
     assert "| adaqp | 400.0 |" in table and "2.50x" in table and "n/a" in table
     pytest.importorskip("matplotlib")
     cluster.plot(tmp_path, runs, agg)
@@ -105,7 +107,7 @@ def test_adaptive_runs_report_prediction_ratio_and_bits_by_host_pair(runs):
         "overrides": [],
         "tta_tolerance": 0.0,
     }
-    table = cluster._table("t", meta, agg)
+    table = cluster_table.render("t", meta, agg)
     assert (
         "| adaqp | 400.0 | 400.0 | 1.00 | 300.0 | 0.75 | 300.0 | 1.00 | layer1/backward "
         "1.05, layer1/forward 0.90 | 20.00 | 2.00 | 4.00 | 32.00 |"
@@ -211,7 +213,7 @@ def test_cluster_table_names_a_key_set_twice_once(runs):
         "overrides": ["train.eval_every=1", "train.eval_every=2", "quant.cost_model=sender"],
         "tta_tolerance": 0.005,
     }
-    table = cluster._table("t", meta, cluster._aggregate(runs, [0]))
+    table = cluster_table.render("t", meta, cluster._aggregate(runs, [0]))
     assert "Workload: `c.toml` with train.eval_every=2, quant.cost_model=sender.\n" in table
 
 
@@ -247,3 +249,70 @@ def test_modes_runs_and_table_set_a_key_once(tmp_path, monkeypatch):
     }
     table = modes._table("synthetic", results, meta)
     assert "with train.eval_every=4, staleness.landing=fixed.\n" in table
+
+
+class _FakeCluster:
+    """``EmulatedCluster`` without namespaces: a launch fails where ``failing`` says."""
+
+    failing: set[str] = set()
+
+    def __init__(self, hosts, links):
+        self.launched: list[str] = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def launch(self, procs, train_args, log_dir, timeout):
+        mode = str(log_dir.parent.name).rsplit("-seed", 1)[0]
+        if mode in self.failing:
+            raise ClusterError(f"host 0 exited with 1; see {log_dir}/host0.log")
+
+
+def _bench(monkeypatch, tmp_path, failing, modes="vanilla,nocomm,adaqp,adaqp-bits12"):
+    monkeypatch.chdir(tmp_path)
+    _FakeCluster.failing = failing
+    monkeypatch.setattr(cluster, "EmulatedCluster", _FakeCluster)
+    monkeypatch.setattr(cluster, "plot", lambda *a: None)
+    made = {"vanilla": (1.0, 0.80), "nocomm": (0.3, 0.5), "adaqp": (0.4, 0.79)}
+    monkeypatch.setattr(
+        cluster,
+        "_read_run",
+        lambda run_dir: _run(
+            *made.get(run_dir.name.rsplit("-seed", 1)[0], (0.5, 0.7))[:1],
+            0.1,
+            [0.5, 0.7, 0.8],
+            0.75,
+            100,
+        ),
+    )
+    parser = argparse.ArgumentParser()
+    cluster.add_arguments(parser)
+    args = parser.parse_args(
+        ["--name", "t", "--seeds", "0,1", "--modes", modes, "--out-dir", str(tmp_path / "out")]
+    )
+    return cluster.main(args)
+
+
+def test_a_failed_mode_is_reported_and_the_others_still_aggregate(monkeypatch, tmp_path, capsys):
+    """A variant that fails (here at its first seed) costs its own row, not the benchmark:
+    its second seed is skipped, the others run, cluster.md names it, the exit code is 1."""
+    assert _bench(monkeypatch, tmp_path, {"adaqp-bits12"}) == 1
+    out = capsys.readouterr().out
+    assert "adaqp-bits12 seed 0: failed, host 0 exited with 1" in out
+    assert "adaqp-bits12 seed 1" not in out  # its other seed skipped
+    assert "error: 1 of 4 modes failed: adaqp-bits12" in out
+    written = json.loads((tmp_path / "out" / "t" / "cluster.json").read_text())
+    assert set(written["aggregate"]) == {"vanilla", "nocomm", "adaqp"}
+    assert written["meta"]["failed"]["adaqp-bits12"].startswith("seed 0: host 0 exited")
+    table = (tmp_path / "out" / "t" / "cluster.md").read_text()
+    assert "- adaqp-bits12: seed 0: host 0 exited with 1" in table
+    assert _bench(monkeypatch, tmp_path, set()) == 0
+
+
+def test_a_failed_vanilla_ends_the_benchmark(monkeypatch, tmp_path):
+    with pytest.raises(ClusterError, match="host 0 exited"):
+        _bench(monkeypatch, tmp_path, {"vanilla"})
+    assert not (tmp_path / "out" / "t" / "cluster.json").exists()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from adaqp.bench import NOCOMM_ACC_NOTE, UNIFORM_VARIANTS, cluster, modes
+from adaqp.bench import NOCOMM_ACC_NOTE, UNIFORM_VARIANTS, cluster, cluster_table, modes
 from adaqp.bench.cluster_plot import pareto_points
 from adaqp.config import load_config
 from tests.bench.test_bench import _run as bench_run
@@ -66,7 +66,9 @@ META = {
 
 def test_cluster_table_shows_nocomm_accuracy_marked_and_names_uniform_rows(cluster_runs):
     agg = cluster._aggregate(cluster_runs, [0])
-    rows = {line.split(" | ")[0]: line for line in cluster._table("t", META, agg).splitlines()}
+    rows = {
+        line.split(" | ")[0]: line for line in cluster_table.render("t", META, agg).splitlines()
+    }
     assert f"| 0.6543 ± 0.0000 ({NOCOMM_ACC_NOTE}) |" in rows["| nocomm"]
     assert "| 0.7412 ± 0.0000 |" in rows["| uniform-2"]  # unmarked
     assert NOCOMM_ACC_NOTE not in rows["| vanilla"] + rows["| uniform-2"]
