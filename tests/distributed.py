@@ -156,3 +156,12 @@ class NullWriter:
 
     def log_epoch(self, record) -> None:
         pass
+
+
+def owner_of(global_ids: list[np.ndarray], num_nodes: int) -> np.ndarray:
+    """The rank that owns each node, from every rank's global ids (each node exactly once)."""
+    owner = np.full(num_nodes, -1, dtype=np.int64)
+    for rank, ids in enumerate(global_ids):
+        owner[ids] = rank
+    assert (owner >= 0).all()
+    return owner

@@ -49,7 +49,7 @@ from adaqp.model.gnn import CONVS, GNN
 from adaqp.partitioning.build import make_partition
 from adaqp.quant import dequantize_mixed, quantize_mixed
 from adaqp.quant.draws import Draw, RowKeys, draw_key
-from tests.distributed import run_workers
+from tests.distributed import owner_of, run_workers
 from tests.run.test_checkpoint import _Records
 from tests.run.test_trainer import (
     _close,
@@ -255,14 +255,6 @@ def cora():
     return load_dataset("cora")
 
 
-def _owner(results, num_nodes: int) -> np.ndarray:
-    owner = np.full(num_nodes, -1, dtype=np.int64)
-    for rank, r in enumerate(results):
-        owner[r["global_ids"]] = rank
-    assert (owner >= 0).all()
-    return owner
-
-
 def _loss_error(result, name: str, losses: torch.Tensor) -> float:
     """The largest loss difference, relative to the largest loss (what ``_close`` bounds)."""
     return float(np.abs(result[f"{name}/losses"] - losses.numpy()).max() / losses.abs().max())
@@ -278,7 +270,7 @@ def test_quantized_mode_matches_the_single_process_reference(world_size, cora, t
     make_partition(cora, part_dir, num_parts=world_size, spec=spec)
     cases = CASES[world_size]
     results = run_workers(_worker, world_size, tmp_path, str(part_dir), cases)
-    owner = _owner(results, cora.num_nodes)
+    owner = owner_of([r["global_ids"] for r in results], cora.num_nodes)
     adjacencies: dict[str, SparseAdjacency] = {}
     for case in cases:
         name, norm = _name(*case), CONVS[case[0]].norm

@@ -31,7 +31,7 @@ from adaqp.exchange.transport import Direction, ExchangeKey
 from adaqp.graph.aggregate import SparseAdjacency
 from adaqp.model.gnn import GNN
 from adaqp.partitioning.build import make_partition
-from tests.distributed import run_workers
+from tests.distributed import owner_of, run_workers
 from tests.exchange.landings import delay_landings, schedule_landings
 from tests.run.test_checkpoint import _Records
 from tests.run.test_trainer import (
@@ -291,14 +291,6 @@ def cora():
     return load_dataset("cora")
 
 
-def _owner(results, num_nodes: int) -> np.ndarray:
-    owner = np.full(num_nodes, -1, dtype=np.int64)
-    for rank, r in enumerate(results):
-        owner[r[f"{MODELS[0]}/global_ids"]] = rank
-    assert (owner >= 0).all()
-    return owner
-
-
 @pytest.mark.distributed
 @pytest.mark.parametrize(
     ("world_size", "models"), [(2, MODELS), (4, ("gcn", "sage"))], ids=["P=2", "P=4"]
@@ -308,7 +300,7 @@ def test_stale_mode_matches_the_single_process_stale_reference(world_size, model
     make_partition(cora, part_dir, num_parts=world_size, spec=_config("gcn", "").data.spec())
     # Rank 1's exchanges land late: under the fixed landing rule that changes nothing.
     results = run_workers(_worker, world_size, tmp_path, str(part_dir), (), 0.05, models)
-    owner = _owner(results, cora.num_nodes)
+    owner = owner_of([r[f"{MODELS[0]}/global_ids"] for r in results], cora.num_nodes)
     for model in models:
         initial = results[0][f"{model}/initial"]
         losses, weights, _ = _stale_reference(cora, owner, model, initial, staleness=1)
@@ -356,7 +348,7 @@ def test_compensations_match_the_reference_with_the_same_compensations(cora, tmp
         "staleness.fresh_last_layer=true",
     )
     results = run_workers(_worker, 2, tmp_path, str(part_dir), extra, 0.0)
-    owner = _owner(results, cora.num_nodes)
+    owner = owner_of([r[f"{MODELS[0]}/global_ids"] for r in results], cora.num_nodes)
     for model in MODELS:
         initial = results[0][f"{model}/initial"]
         options = dict(warmup=2, smoothing=0.9, fresh_last=True)
@@ -388,7 +380,7 @@ def test_newest_landing_matches_the_reference_under_a_landing_schedule(cora, tmp
     make_partition(cora, part_dir, num_parts=2, spec=_config("gcn", "").data.spec())
     extra = ("staleness.landing=newest", "staleness.bound=2", "staleness.smoothing=0.9")
     results = run_workers(_worker, 2, tmp_path, str(part_dir), extra, 0.0, MODELS, scheduled)
-    owner = _owner(results, cora.num_nodes)
+    owner = owner_of([r[f"{MODELS[0]}/global_ids"] for r in results], cora.num_nodes)
     for model in MODELS:
         initial = results[0][f"{model}/initial"]
         options = dict(smoothing=0.9, landed=scheduled)
