@@ -232,10 +232,10 @@ def first_width(
         for dst in range(p)
         if src != dst
     ]
-    times = {  # time only: the objective's range is over initial_bits alone (priced)
-        width: uniform_assignment(
-            channels, dim, width, link_model=model, bits=(initial_bits,)
-        ).time_s
+    times = {
+        width: model.exchange_time(
+            channels, dim, [np.full(c.num_messages, width, np.int8) for c in channels]
+        )
         for width in dict.fromkeys((initial_bits, FULL_PRECISION_BITS))
     }
     if times[FULL_PRECISION_BITS] <= times[initial_bits]:

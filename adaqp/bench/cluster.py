@@ -287,8 +287,6 @@ def main(args: argparse.Namespace) -> int:
             runs[mode] = [_read_run(runs_dir / f"{mode}-seed{seed}") for seed in seeds]
     else:
         failed = _run_all(args, links, modes, seeds, config, overrides, runs_dir, part_dir, runs)
-    for mode in failed:
-        del runs[mode]
     agg = _aggregate(runs, seeds, args.tta_tolerance)
     meta = {
         "name": args.name,
@@ -329,8 +327,8 @@ def _run_all(
     args, links, modes, seeds, config, overrides, runs_dir, part_dir, runs
 ) -> dict[str, str]:
     """Runs every mode and seed on one emulated cluster, appending to ``runs``. A run that
-    fails is reported and its mode's other seeds skipped, the other modes run on: returns
-    the failed modes with their errors."""
+    fails is reported, its mode dropped from ``runs`` and its other seeds skipped, the
+    other modes run on: returns the failed modes with their errors."""
     total, done = len(modes) * len(seeds), 0
     failed: dict[str, str] = {}
     with EmulatedCluster(args.hosts, links=links) as cluster:
@@ -367,6 +365,7 @@ def _run_all(
                 if mode == "vanilla":  # every comparison's baseline: nothing to compare
                     raise
                 failed[mode] = f"seed {seed}: {exc}"
+                del runs[mode]
                 continue
             runs[mode].append(_read_run(run_dir))
             s = runs[mode][-1]["summary"]

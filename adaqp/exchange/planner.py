@@ -49,6 +49,7 @@ from adaqp.assign import (
     solve_exchange,
     time_quantization,
 )
+from adaqp.bits import SUPPORTED_BITS
 from adaqp.config import QuantConfig
 from adaqp.exchange.transport import SETUP_KEY, BitPlan, Direction, ExchangeKey, HaloTransport
 from adaqp.graph.aggregate import SparseAdjacency
@@ -137,13 +138,13 @@ class BitWidthPlanner:
 
     def _profile(self) -> None:
         """Profiles the links (and for the host model the hosts) of every rank (collective)."""
-        config, world = self.config, self.world
+        world = self.world
         p = world.world_size
         self.link_model = profile_links(world)
         if self.cost_kind.profiles_hosts:
-            # The first cycle's width is priced too (first_width), allowed or not.
-            widths = sorted({*config.allowed_bits, config.initial_bits})
-            quant, dequant = time_quantization(widths, 64, self.device)
+            # Every width the wire carries: the first cycle's (initial_bits) is priced
+            # too, allowed or not.
+            quant, dequant = time_quantization(SUPPORTED_BITS, 64, self.device)
             nics = host_model(self.link_model, self.hosts, quant, dequant)
             fabric = profile_fabric(nics)
             self.host_model = dataclasses.replace(nics, fabric_Bps=fabric)
