@@ -23,7 +23,9 @@ def planner_bits(model: str) -> tuple[int, ...]:
 
 def uniform_bits(model: str) -> int:
     """The width of every message where the scheme is uniform (the default) and
-    ``quant.bits`` is left at 0: 2 bits, as fast as one on the benchmark clusters at a
-    ninth of its variance (docs/bit-widths.md); 4 for GAT, which lost 3.7 points at 2-3
-    bits where 4 bits kept Vanilla's accuracy (docs/gat.md)."""
-    return 4 if model == "gat" else 2
+    ``quant.bits`` is left at 0: each model's best uniform width where it was measured
+    (docs/bit-widths.md). 1 bit for GCN, first to Vanilla's accuracy on both benchmark
+    clusters and no less accurate than 2 bits on them, Cora or CiteSeer; 2 for SAGE,
+    whose accuracy at 1 bit trailed 2 bits' on every seed measured; 4 for GAT, which lost
+    3.7 points at 2-3 bits where 4 bits kept Vanilla's accuracy (docs/gat.md)."""
+    return {"gcn": 1, "sage": 2, "gat": 4}[model]

@@ -219,7 +219,7 @@ class QuantConfig:
     """Bit-width scheme in quantized modes: uniform (every message at ``bits``), adaptive
     (a solver trades variance against predicted time; docs/bit-widths.md) or random."""
     bits: int = 0
-    """Width of every uniform message; 0: 2 bits, 4 for gat (adaqp/bits.py uniform_bits)."""
+    """Width of every uniform message; 0: the model's (1 gcn, 2 sage, 4 gat: adaqp/bits.py)."""
     initial_bits: int = 8
     """Width used during the first assignment cycle of adaptive/random, while tracing."""
     allowed_bits: tuple[int, ...] = ()

@@ -25,7 +25,7 @@ import pytest
 
 QUANTIZED = ("quant.scheme=adaptive", "quant.cost_model=shared")
 """Overrides for tests of the quantized exchange path with the solver choosing widths (the
-default scheme is uniform, 2 bits): the default cost model (host) may predict float32 no
+default scheme is uniform, 1 bit for GCN): the default cost model (host) may predict float32 no
 slower over loopback and send it; ``shared`` quantizes on any network."""
 
 _PRELOAD = [

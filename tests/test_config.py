@@ -41,7 +41,7 @@ def test_planner_widths_default_by_model():
 def test_uniform_widths_are_the_default_at_the_models_width():
     assert (load_config(None, []).quant.scheme, load_config(None, []).quant.bits) == (
         "uniform",
-        2,
+        1,
     )
     assert load_config(None, ["model.name=sage"]).quant.bits == 2
     assert load_config(None, ["model.name=gat"]).quant.bits == 4

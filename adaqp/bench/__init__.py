@@ -70,7 +70,7 @@ the constant widths the adaptive planner must beat."""
 
 ADAPTIVE = ("--mode", "adaqp", "--set", "quant.scheme=adaptive")
 """``adaqp`` with the solver choosing each message group's width (``quant.scheme``
-adaptive); the default scheme is uniform at 2 bits (docs/bit-widths.md says why)."""
+adaptive); the default scheme is uniform at the model's width (docs/bit-widths.md says why)."""
 
 ADAPTIVE_VARIANTS: dict[str, tuple[str, ...]] = {
     "adaqp-adaptive": ADAPTIVE,

@@ -45,7 +45,7 @@ from adaqp.bench.emulate import ClusterError, EmulatedCluster, host_links
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODES = (*MODE_VARIANTS, "adaqp-adaptive", "uniform-1", "nocomm")
+DEFAULT_MODES = (*MODE_VARIANTS, "adaqp-adaptive", "uniform-2", "nocomm")
 VARIANTS: dict[str, tuple[str, ...]] = {
     **MODE_VARIANTS,
     "nocomm": ("--mode", "nocomm"),
@@ -56,8 +56,8 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 }
 """Every variant this benchmark can run (``--modes`` picks some, by default
 ``DEFAULT_MODES``; vanilla is the baseline; ``uniform-1`` to ``uniform-8`` are
-``adaqp`` at one constant width, ``adaqp`` itself being ``uniform-2``; ``adaqp-adaptive``
-is the solver's widths)."""
+``adaqp`` at one constant width, ``adaqp`` itself being ``uniform-1`` on the GCN
+workloads; ``adaqp-adaptive`` is the solver's widths)."""
 
 WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
     # Sized so that a 2-core machine computes an epoch in a fraction of a second; the

@@ -116,12 +116,13 @@ def test_lambda_variants_are_adaqp_at_another_trade_off(lam):
     assert config.quant.scheme == "adaptive" != load_config(None, []).quant.scheme
 
 
-def test_adaqp_is_uniform_2_and_the_solver_is_a_named_variant():
-    """Default ``adaqp`` sends every message at 2 bits (docs/bit-widths.md); the solver's
-    variants differ from it only in ``quant.scheme`` and the solver's own settings."""
+def test_adaqp_is_uniform_1_and_the_solver_is_a_named_variant():
+    """Default ``adaqp`` on the benchmarks' GCN sends every message at 1 bit
+    (docs/bit-widths.md); the solver's variants differ from it only in ``quant.scheme``
+    and the solver's own settings."""
     default = load_config(None, _flags(cluster.VARIANTS["adaqp"])[1]).quant
-    uniform = load_config(None, _flags(cluster.VARIANTS["uniform-2"])[1]).quant
-    assert (default.scheme, default.bits) == ("uniform", 2) == (uniform.scheme, uniform.bits)
+    uniform = load_config(None, _flags(cluster.VARIANTS["uniform-1"])[1]).quant
+    assert (default.scheme, default.bits) == ("uniform", 1) == (uniform.scheme, uniform.bits)
     adaptive = load_config(None, _flags(cluster.VARIANTS["adaqp-adaptive"])[1]).quant
     assert adaptive.scheme == "adaptive" and adaptive.lam == default.lam
     bits12 = load_config(None, _flags(cluster.VARIANTS["adaqp-bits12"])[1]).quant

@@ -182,8 +182,8 @@ def test_every_mode_writes_every_summary_and_metrics_field(tmp_path, mode):
     if mode == "adaqp-q":  # adaptive widths: the planner's report reached the summary
         assert summary["plan_bits_by_pair"], summary
         assert summary["avg_bits"] < 32 and summary["quant_scheme"] == "adaptive"
-    if mode == "adaqp":  # the default scheme: every message at 2 bits, nothing planned
-        assert summary["avg_bits"] == 2.0 and summary["quant_scheme"] == "uniform"
+    if mode == "adaqp":  # the default scheme: every message at GCN's 1 bit, nothing planned
+        assert summary["avg_bits"] == 1.0 and summary["quant_scheme"] == "uniform"
         assert summary["plan_bits_by_pair"] == {}
     if mode == "adaqp":  # under the default cost model
         config = json.loads((out / "config.json").read_text())
