@@ -281,23 +281,22 @@ def _interrupted(rank: int, signal_name: str, out: Path, config: Config, argv: l
 def _report_shared(rank: int, exc: BaseException, wait_s: float = 10.0) -> None:
     """Prints an error every rank meets alike once, from rank 0.
 
-    Under the launcher (``ADAQP_STATUS_DIR``) another rank stays silent once rank 0 has
-    recorded its exit, and speaks for it if rank 0 does not within ``wait_s`` (rank 0 is
-    slower, or gone): torchrun stops the others when the first rank exits. Under plain
-    torchrun only rank 0 prints.
+    Another rank stays silent while rank 0 reports: it waits until rank 0 has ended
+    (under the launcher, ``ADAQP_STATUS_DIR``, rank 0 records its exit; under plain
+    torchrun, the agent stops this rank once rank 0 exits), and speaks for rank 0 if that
+    has not happened within ``wait_s`` (rank 0 is slower, gone, or on another host). An
+    early exit here would let torchrun stop rank 0 before it printed anything.
     """
-    status_dir = os.environ.get(STATUS_DIR_ENV)
     if rank != 0:
-        if not status_dir:
-            return
-        rank0 = Path(status_dir) / "rank-0.code"
+        status_dir = os.environ.get(STATUS_DIR_ENV)
+        rank0 = Path(status_dir) / "rank-0.code" if status_dir else None
         deadline = time.monotonic() + wait_s
         try:
-            while not rank0.exists() and time.monotonic() < deadline:
+            while not (rank0 and rank0.exists()) and time.monotonic() < deadline:
                 time.sleep(0.05)
         except KeyboardInterrupt:  # torchrun stops this rank: rank 0 has ended
             return
-        if rank0.exists():
+        if rank0 and rank0.exists():
             return
     print(f"error: {exc}", file=sys.stderr)
 

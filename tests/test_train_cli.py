@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,7 +16,15 @@ from types import SimpleNamespace
 import pytest
 
 from adaqp.run.summary import _hidden
-from adaqp.train import format_bytes, main, parse_args, result_line, resume_command
+from adaqp.train import (
+    STATUS_DIR_ENV,
+    _report_shared,
+    format_bytes,
+    main,
+    parse_args,
+    result_line,
+    resume_command,
+)
 from tests.test_train import ROOT, _env, _run, _train, _wait_for
 
 
@@ -238,3 +248,29 @@ def test_a_refused_partition_folder_leaves_the_finished_run_in_the_default_folde
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert sorted(p.name for p in out.parent.iterdir()) == [out.name]
     assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]
+
+
+def test_a_shared_error_waits_for_rank_0_to_say_it_under_plain_torchrun(monkeypatch, capsys):
+    """Rank 1 stays until torchrun stops it (rank 0 has ended, having printed the error):
+    a rank that exited at once let torchrun stop rank 0 before it printed anything."""
+    monkeypatch.delenv(STATUS_DIR_ENV, raising=False)
+
+    def stop(signum, frame):  # what torchrun's SIGTERM does to a worker (adaqp.stop)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+        started = time.monotonic()
+        timer.start()
+        _report_shared(1, ValueError("no such folder"), wait_s=60)
+        waited = time.monotonic() - started
+        timer.join()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert 0.4 < waited < 30, waited  # it waited, and the stop ended the wait
+    assert capsys.readouterr().err == ""  # rank 0 spoke for it
+    _report_shared(1, ValueError("no such folder"), wait_s=0.2)  # rank 0 never ended
+    assert capsys.readouterr().err == "error: no such folder\n"
+    _report_shared(0, ValueError("no such folder"))
+    assert capsys.readouterr().err == "error: no such folder\n"
