@@ -292,11 +292,11 @@ def _report_shared(rank: int, exc: BaseException, wait_s: float = 10.0) -> None:
         rank0 = Path(status_dir) / "rank-0.code" if status_dir else None
         deadline = time.monotonic() + wait_s
         try:
-            while not (rank0 and rank0.exists()) and time.monotonic() < deadline:
+            while time.monotonic() < deadline:
+                if rank0 is not None and rank0.exists():  # rank 0 has ended
+                    return
                 time.sleep(0.05)
         except KeyboardInterrupt:  # torchrun stops this rank: rank 0 has ended
-            return
-        if rank0 and rank0.exists():
             return
     print(f"error: {exc}", file=sys.stderr)
 

@@ -179,8 +179,12 @@ def uniform_assignment(
     """Every message at ``width`` bits (``FULL_PRECISION_BITS`` for unquantized float32); cost
     evaluated against ``bits``' range when possible."""
     check_bits([width])
-    widths = [np.full(c.num_messages, width, np.int8) for c in channels]
-    return _fixed(channels, dim, widths, link_model, bits, lam, "uniform")
+    return _fixed(channels, dim, _uniform_widths(channels, width), link_model, bits, lam, "uniform")
+
+
+def _uniform_widths(channels: Sequence[Channel], width: int) -> list[np.ndarray]:
+    """Every message of every channel at ``width`` bits."""
+    return [np.full(c.num_messages, width, np.int8) for c in channels]
 
 
 def random_assignment(
@@ -233,9 +237,7 @@ def first_width(
         if src != dst
     ]
     times = {
-        width: model.exchange_time(
-            channels, dim, [np.full(c.num_messages, width, np.int8) for c in channels]
-        )
+        width: model.exchange_time(channels, dim, _uniform_widths(channels, width))
         for width in dict.fromkeys((initial_bits, FULL_PRECISION_BITS))
     }
     if times[FULL_PRECISION_BITS] <= times[initial_bits]:
