@@ -96,20 +96,29 @@ class SparseAdjacency:
     def row_slice(self, start: int, stop: int, num_cols: int | None = None) -> SparseAdjacency:
         """The block of rows start..stop (with its own transpose), [stop - start, M], or
         [stop - start, num_cols] when those rows are known to read only the first columns."""
-        crow = self.forward.crow_indices()
-        lo, hi = int(crow[start]), int(crow[stop])
-        indptr = (crow[start : stop + 1] - lo).cpu().numpy()
+        return self.block(slice(start, stop), slice(0, num_cols or self.shape[1]))
+
+    def block(self, rows: slice, cols: slice) -> SparseAdjacency:
+        """The sub-matrix of rows ``rows`` and columns ``cols`` (contiguous ranges, with its
+        own transpose): entries outside the column range are dropped."""
+        row_lo, row_hi, _ = rows.indices(self.shape[0])
+        col_lo, col_hi, _ = cols.indices(self.shape[1])
+        crow = self.forward.crow_indices().cpu().numpy()
+        lo, hi = int(crow[row_lo]), int(crow[row_hi])
         indices = self.forward.col_indices()[lo:hi].cpu().numpy()
         values = self.forward.values()[lo:hi].cpu().numpy()
-        num_cols = num_cols or self.shape[1]
+        keep = (indices >= col_lo) & (indices < col_hi)
+        # Entries kept per row, from the running count of kept entries at each row's end.
+        kept = np.concatenate([[0], np.cumsum(keep, dtype=np.int64)])
+        indptr = kept[crow[row_lo : row_hi + 1] - lo]
         return SparseAdjacency.from_csr(
             indptr,
-            indices,
-            values,
-            (stop - start, num_cols),
+            indices[keep] - col_lo,
+            values[keep],
+            (row_hi - row_lo, col_hi - col_lo),
             self.forward.device,
-            None if self.row_ids is None else self.row_ids[start:stop],
-            None if self.col_ids is None else self.col_ids[:num_cols],
+            None if self.row_ids is None else self.row_ids[row_lo:row_hi],
+            None if self.col_ids is None else self.col_ids[col_lo:col_hi],
         )
 
 
@@ -148,3 +157,28 @@ def spmm(adjacency: SparseAdjacency, x_MD: torch.Tensor) -> torch.Tensor:
             f"spmm: adjacency has {adjacency.shape[1]} columns but x has {x_MD.shape[0]} rows"
         )
     return _SpMM.apply(adjacency, x_MD)
+
+
+class _AddSpMM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, out_ND, row_start: int, block: SparseAdjacency, x_MD):
+        ctx.row_start, ctx.block = row_start, block
+        out_ND[row_start:].add_(torch.sparse.mm(block.forward, x_MD))
+        ctx.mark_dirty(out_ND)
+        return out_ND
+
+    @staticmethod
+    def backward(ctx, grad_ND: torch.Tensor):
+        grad_rows = grad_ND[ctx.row_start :].contiguous()
+        return grad_ND, None, None, torch.sparse.mm(ctx.block.transpose, grad_rows)
+
+
+def add_spmm_(out_ND: torch.Tensor, row_start: int, block: SparseAdjacency, x_MD: torch.Tensor):
+    """Adds ``block @ x_MD`` to the rows ``row_start..`` of ``out_ND`` in place and returns
+    ``out_ND``, differentiable in both (``block``: ``[N - row_start, M]``)."""
+    if block.shape != (out_ND.shape[0] - row_start, x_MD.shape[0]):
+        raise ValueError(
+            f"add_spmm_: a {tuple(block.shape)} block cannot add {x_MD.shape[0]} rows "
+            f"into rows {row_start}..{out_ND.shape[0]}"
+        )
+    return _AddSpMM.apply(out_ND, row_start, block, x_MD)

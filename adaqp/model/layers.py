@@ -8,14 +8,18 @@ the ``Propagation`` is told so when it is built, and no exchange runs for that l
 
 Otherwise the exchange is two autograd nodes around the layer's local work:
 ``_ExchangeStart`` sends the boundary rows and ``_ExchangeLand`` waits for the halo rows.
-With ``overlap`` on, the central rows (no halo in-neighbour) are aggregated *and
-transformed* between the two, while the exchange is in flight, and the marginal rows
-after it lands (not where the policy says the layer will not wait, e.g. for stale rows
-already landed: the rows are not split there). Backward mirrors it: ``_ExchangeLand``'s
+The default product aggregation splits the adjacency by columns: every inner row's sum
+over its inner in-neighbours (``[I, I]`` block) runs first, with ``overlap`` on while the
+exchange is in flight, and the marginal rows' halo terms (``[M, H]`` block) are added in
+place once it lands; the finish then runs once over all rows. A custom aggregation
+(GAT's attention, whose softmax spans a row's every in-edge) splits by rows instead:
+the central rows (no halo in-neighbour) are aggregated and finished in flight, the
+marginal rows after landing. Neither split happens where the policy says the layer will
+not wait (e.g. stale rows already landed). Backward mirrors it: ``_ExchangeLand``'s
 backward sends the halo gradients to their owners and ``_ExchangeStart``'s waits for
-them, and autograd, which runs the nodes recorded last first, computes the central rows'
-gradients (transform and aggregation) in between. Which rows an exchange resolves to
-(fresh, quantized, or buffered from an earlier epoch) is the exchange policy's business.
+them, and autograd, which runs the nodes recorded last first, computes the in-flight
+work's gradients in between. Which rows an exchange resolves to (fresh, quantized, or
+buffered from an earlier epoch) is the exchange policy's business.
 
 Shapes: I inner rows (C central first, then M marginal), H halo rows, S rows sent to
 peers, D features, O output features.
@@ -30,7 +34,7 @@ from torch import nn
 
 from adaqp.exchange.policy import ExchangePolicy, Pending
 from adaqp.exchange.transport import ExchangeKey
-from adaqp.graph.aggregate import SparseAdjacency, spmm
+from adaqp.graph.aggregate import SparseAdjacency, add_spmm_, spmm
 from adaqp.graph.attention import attend
 from adaqp.graph.local import LocalGraph
 from adaqp.model.dropout import Dropout
@@ -107,7 +111,7 @@ class Propagation:
         graph: this worker's local graph.
         adjacency: its ``[I, I + H]`` aggregation matrix (``graph.adjacency(norm)``).
         policy: the exchange policy; None for a single worker (no halo).
-        overlap: aggregate and finish the central rows while the exchange is in flight.
+        overlap: run the aggregation that needs no halo row while the exchange is in flight.
         cached_input: layer 0's input already holds the halo rows ``[I + H, D]``.
     """
 
@@ -126,11 +130,29 @@ class Propagation:
         self.policy = policy
         self.overlap = overlap and policy is not None
         self.cached_input = cached_input
-        if self.overlap:
-            num_inner, num_central = graph.num_inner, graph.num_central
-            # Central rows read only inner columns: a [C, I] block.
-            self.central = self.adjacency.row_slice(0, num_central, num_cols=num_inner)
-            self.marginal = self.adjacency.row_slice(num_central, num_inner)
+        self._split: dict[str, tuple[SparseAdjacency, SparseAdjacency]] = {}
+
+    def _blocks(self, name: str) -> tuple[SparseAdjacency, SparseAdjacency]:
+        """The adjacency's split around the exchange, built on first use: ``"columns"``,
+        the ``[I, I]`` inner block and the marginal rows' ``[M, H]`` halo block;
+        ``"rows"``, the central rows' ``[C, I]`` block and the marginal rows' ``[M, I + H]``."""
+        blocks = self._split.get(name)
+        if blocks is None:
+            inner, central = self.graph.num_inner, self.graph.num_central
+            every, marginal = slice(0, None), slice(central, inner)
+            if name == "columns":
+                blocks = (
+                    self.adjacency.block(every, slice(0, inner)),
+                    self.adjacency.block(marginal, slice(inner, None)),
+                )
+            else:
+                # Central rows read only inner columns.
+                blocks = (
+                    self.adjacency.row_slice(0, central, num_cols=inner),
+                    self.adjacency.row_slice(central, inner),
+                )
+            self._split[name] = blocks
+        return blocks
 
     def __call__(
         self,
@@ -148,16 +170,28 @@ class Propagation:
         # peers may still need its rows.
         flight = _InFlight(self.policy, layer)
         ticket = _ExchangeStart.apply(h_RD.index_select(0, self.graph.send_idx), flight)
-        if not self.overlap or not self.policy.waits(layer):
+        in_flight = self.overlap and self.policy.waits(layer)
+        if aggregate is _product:
+            inner_block, halo_block = self._blocks("columns")
+            if in_flight:
+                agg_ID = spmm(inner_block, h_RD)
+                halo_HD = _ExchangeLand.apply(ticket, flight)
+            else:
+                halo_HD = _ExchangeLand.apply(ticket, flight)
+                agg_ID = spmm(inner_block, h_RD)
+            agg_ID = add_spmm_(agg_ID, self.graph.num_central, halo_block, halo_HD)
+            return finish(agg_ID, every)
+        if not in_flight:
             halo_HD = _ExchangeLand.apply(ticket, flight)
             return finish(aggregate(self.adjacency, torch.cat([h_RD, halo_HD]), every), every)
         # Central rows need no halo: aggregated and finished while the exchange travels.
+        central_block, marginal_block = self._blocks("rows")
         central = slice(0, self.graph.num_central)
         marginal = slice(self.graph.num_central, self.graph.num_inner)
-        central_CO = finish(aggregate(self.central, h_RD, central), central)
+        central_CO = finish(aggregate(central_block, h_RD, central), central)
         halo_HD = _ExchangeLand.apply(ticket, flight)
         marginal_MO = finish(
-            aggregate(self.marginal, torch.cat([h_RD, halo_HD]), marginal), marginal
+            aggregate(marginal_block, torch.cat([h_RD, halo_HD]), marginal), marginal
         )
         return torch.cat([central_CO, marginal_MO])
 

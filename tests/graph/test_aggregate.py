@@ -7,7 +7,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from adaqp.graph.aggregate import SparseAdjacency, spmm
+from adaqp.graph.aggregate import SparseAdjacency, add_spmm_, spmm
 
 
 def _random_csr(rows: int, cols: int, density: float, seed: int):
@@ -49,6 +49,43 @@ def test_empty_matrix_and_row_slice():
     block = adj.row_slice(10, 25)
     y = torch.randn(20, 4)
     torch.testing.assert_close(spmm(block, y), dense[10:25] @ y)
+
+
+@pytest.mark.parametrize(
+    ("rows", "cols"),
+    [
+        (slice(0, 30), slice(0, 12)),
+        (slice(8, 30), slice(12, 20)),
+        (slice(5, 5), slice(0, 20)),  # no rows
+        (slice(3, 9), slice(20, 20)),  # no columns
+    ],
+)
+def test_a_block_holds_exactly_its_rows_and_columns(rows, cols):
+    adj, dense = _random_csr(30, 20, 0.3, seed=4)
+    ids = np.arange(100, 130), np.arange(200, 220)
+    adj = SparseAdjacency(adj.forward, adj.transpose, *ids)
+    block = adj.block(rows, cols)
+    torch.testing.assert_close(block.forward.to_dense(), dense[rows, cols])
+    torch.testing.assert_close(block.transpose.to_dense(), dense[rows, cols].T)
+    np.testing.assert_array_equal(block.row_ids, ids[0][rows])
+    np.testing.assert_array_equal(block.col_ids, ids[1][cols])
+
+
+def test_adding_a_block_product_in_place_is_differentiable_in_both_operands():
+    adj, dense = _random_csr(30, 20, 0.3, seed=5)
+    block = adj.block(slice(10, 30), slice(0, 20))
+    base = torch.randn(30, 4, requires_grad=True)
+    x = torch.randn(20, 4, requires_grad=True)
+    out = add_spmm_(base * 1.0, 10, block, x)
+    expected = base.detach().clone()
+    expected[10:] += dense[10:] @ x.detach()
+    torch.testing.assert_close(out, expected)
+    grad = torch.randn(30, 4)
+    out.backward(grad)
+    torch.testing.assert_close(base.grad, grad)
+    torch.testing.assert_close(x.grad, dense[10:].T @ grad[10:])
+    with pytest.raises(ValueError, match="cannot add 19 rows"):
+        add_spmm_(torch.zeros(30, 4), 10, block, torch.randn(19, 4))
 
 
 def test_shape_mismatch_is_an_error():

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from adaqp.exchange.transport import ExchangeKey
-from adaqp.graph.aggregate import SparseAdjacency
+from adaqp.graph.aggregate import SparseAdjacency, spmm
+from adaqp.model import layers
 from adaqp.model.layers import Propagation
 
 # 4 inner rows (0, 1 central; 2, 3 marginal), 2 halo rows (4, 5); rows 1 and 3 are sent.
@@ -83,12 +84,14 @@ def _setup(overlap: bool):
 
 
 @pytest.mark.parametrize("overlap", [True, False])
-def test_split_work_equals_whole_aggregation(overlap):
+@pytest.mark.parametrize("aggregate", ["product", "custom"])
+def test_split_work_equals_whole_aggregation(overlap, aggregate):
     prop, _, policy, dense, halo, grad_sent = _setup(overlap)
     torch.manual_seed(1)
     weight = torch.randn(DIM, 5, requires_grad=True)
     h = torch.randn(NUM_INNER, DIM, requires_grad=True)
-    out = prop(h, 1, lambda agg, rows: agg @ weight)
+    custom = {"aggregate": _spmm_by_another_name} if aggregate == "custom" else {}
+    out = prop(h, 1, lambda agg, rows: agg @ weight, **custom)
     upstream = torch.randn(NUM_INNER, 5)
     out.backward(upstream)
 
@@ -107,8 +110,50 @@ def test_split_work_equals_whole_aggregation(overlap):
     torch.testing.assert_close(policy.sent["layer1/backward"], grad_halo)
 
 
-def test_central_rows_are_transformed_and_differentiated_while_the_exchange_travels():
-    prop, events, _, _, _, _ = _setup(overlap=True)
+def test_inner_columns_are_aggregated_and_differentiated_while_the_exchange_travels(
+    monkeypatch,
+):
+    """The product aggregation's window: every row's sum over its inner in-neighbours
+    runs in flight, the halo terms and the finish after landing; backward, the inner
+    sum's gradient is computed between sending the halo gradients and waiting."""
+    prop, events, policy, dense, halo, _ = _setup(overlap=True)
+
+    def logged_spmm(block, x):
+        events.append(f"aggregate {block.shape[0]}x{block.shape[1]}")
+        return spmm(block, _Logged.apply(x, events, "inner"))
+
+    monkeypatch.setattr(layers, "spmm", logged_spmm)
+    weight = torch.randn(DIM, 5, requires_grad=True)
+    h = torch.randn(NUM_INNER, DIM, requires_grad=True)
+
+    def finish(agg, rows):
+        events.append(f"finish {rows.start}:{rows.stop}")
+        return agg @ weight
+
+    out = prop(h, 1, finish)
+    assert events == [
+        "start layer1/forward",
+        f"aggregate {NUM_INNER}x{NUM_INNER}",  # inside the window
+        "wait layer1/forward",
+        f"finish 0:{NUM_INNER}",
+    ]
+    torch.testing.assert_close(out, dense @ torch.cat([h.detach(), halo]) @ weight.detach())
+    events.clear()
+    out.sum().backward()
+    assert events == [
+        "start layer1/backward",
+        "grad inner",  # inside the window
+        "wait layer1/backward",
+    ]
+
+
+def _spmm_by_another_name(block, x, rows):
+    """A custom aggregation (GAT's path) with the product's values."""
+    return spmm(block, x)
+
+
+def test_a_custom_aggregation_finishes_the_central_rows_while_the_exchange_travels():
+    prop, events, policy, dense, halo, _ = _setup(overlap=True)
     weight = torch.randn(DIM, 5, requires_grad=True)
     h = torch.randn(NUM_INNER, DIM, requires_grad=True)
 
@@ -117,13 +162,14 @@ def test_central_rows_are_transformed_and_differentiated_while_the_exchange_trav
         events.append(f"finish {name}")
         return _Logged.apply(agg, events, name) @ weight
 
-    out = prop(h, 1, finish)
+    out = prop(h, 1, finish, aggregate=_spmm_by_another_name)
     assert events == [
         "start layer1/forward",
         "finish central",  # inside the window
         "wait layer1/forward",
         "finish marginal",
     ]
+    torch.testing.assert_close(out, dense @ torch.cat([h.detach(), halo]) @ weight.detach())
     events.clear()
     out.sum().backward()
     assert events == [
@@ -152,3 +198,32 @@ def test_a_layer_that_will_not_wait_does_not_split_its_rows():
     events.clear()
     out.sum().backward()
     assert events == ["start layer1/backward", "wait layer1/backward"]
+
+
+@pytest.mark.parametrize("aggregate", ["product", "custom"])
+@pytest.mark.parametrize(("num_central", "num_halo"), [(NUM_INNER, 0), (0, 2)])
+def test_a_part_with_no_halo_rows_or_no_central_rows(aggregate, num_central, num_halo):
+    """Every rank joins every exchange: a part with no halo in-neighbour still starts and
+    lands one (with zero rows), and one whose every row is marginal has an empty window."""
+    edges = [(u, v) for u, v in EDGES if v < NUM_INNER + num_halo]
+    rows, cols = np.array(edges).T
+    values = np.linspace(0.5, 1.4, len(edges)).astype(np.float32)
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=NUM_INNER))])
+    shape = (NUM_INNER, NUM_INNER + num_halo)
+    adjacency = SparseAdjacency.from_csr(indptr, cols, values, shape)
+    graph = SimpleNamespace(
+        num_inner=NUM_INNER, num_halo=num_halo, num_central=num_central, send_idx=torch.tensor([1])
+    )
+    halo = torch.randn(num_halo, DIM)
+    events: list[str] = []
+    prop = Propagation(graph, adjacency, _Recorder(events, halo, torch.randn(1, DIM)), True)
+    h = torch.randn(NUM_INNER, DIM, requires_grad=True)
+    custom = {"aggregate": _spmm_by_another_name} if aggregate == "custom" else {}
+    out = prop(h, 1, **custom)
+    dense = torch.zeros(shape)
+    dense[rows, cols] = torch.from_numpy(values)
+    torch.testing.assert_close(out, dense @ torch.cat([h.detach(), halo]))
+    out.sum().backward()
+    assert events == [
+        f"{verb} layer1/{way}" for way in ("forward", "backward") for verb in ("start", "wait")
+    ]
