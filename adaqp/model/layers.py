@@ -18,8 +18,12 @@ marginal rows after landing. Neither split happens where the policy says the lay
 not wait (e.g. stale rows already landed). Backward mirrors it: ``_ExchangeLand``'s
 backward sends the halo gradients to their owners and ``_ExchangeStart``'s waits for
 them, and autograd, which runs the nodes recorded last first, computes the in-flight
-work's gradients in between. Which rows an exchange resolves to (fresh, quantized, or
-buffered from an earlier epoch) is the exchange policy's business.
+work's gradients in between. A layer's linear ``transform`` of the aggregation (GCN's
+weight, SAGE's neighbour weight) adds to that window: its backward returns only the
+input's gradient, and ``_ExchangeStart``'s backward computes the weight's (one ``[O, D]``
+product over all rows) before it waits, as pipeline schedules split a layer's backward
+into the input's and the weights' gradients. Which rows an exchange resolves to (fresh,
+quantized, or buffered from an earlier epoch) is the exchange policy's business.
 
 Shapes: I inner rows (C central first, then M marginal), H halo rows, S rows sent to
 peers, D features, O output features.
@@ -57,24 +61,37 @@ class _InFlight:
         self.policy = policy
         self.layer = layer
         self.pending: Pending | None = None
+        self.deferred: tuple[torch.Tensor, torch.Tensor] | None = None
+        """The transform's ``(input, output gradient)``, left by ``_DeferredLinear``."""
+
+    def deferred_grads(self, num_params: int) -> tuple[torch.Tensor | None, ...]:
+        """The transform's weight (and bias) gradients from ``deferred``."""
+        if self.deferred is None or not num_params:
+            return (None,) * num_params
+        (x_ID, grad_IO), self.deferred = self.deferred, None
+        grad_weight = grad_IO.t().mm(x_ID)
+        return (grad_weight,) if num_params == 1 else (grad_weight, grad_IO.sum(0))
 
 
 class _ExchangeStart(torch.autograd.Function):
     """Sends the boundary rows; returns an empty ticket for ``_ExchangeLand``."""
 
     @staticmethod
-    def forward(ctx, send_SD: torch.Tensor, flight: _InFlight) -> torch.Tensor:
-        ctx.flight = flight
+    def forward(ctx, send_SD: torch.Tensor, flight: _InFlight, *params) -> torch.Tensor:
+        """``params``: the transform's weight (and bias) whose gradients are deferred."""
+        ctx.flight, ctx.num_params = flight, len(params)
         key = ExchangeKey.forward(flight.layer)
         flight.pending = flight.policy.start(key, send_SD.detach())
         return send_SD.new_empty(0)
 
     @staticmethod
     def backward(ctx, _grad_ticket: torch.Tensor):
-        # The halo gradients were sent by _ExchangeLand.backward: collect the boundary's.
+        # The halo gradients were sent by _ExchangeLand.backward: the transform's weight
+        # gradients are computed while they travel, then the boundary's are collected.
         flight = ctx.flight
+        grads = flight.deferred_grads(ctx.num_params)
         grad_SD, flight.pending = flight.pending.wait(), None
-        return grad_SD, None
+        return grad_SD, None, *grads
 
 
 class _ExchangeLand(torch.autograd.Function):
@@ -94,6 +111,25 @@ class _ExchangeLand(torch.autograd.Function):
         key = ExchangeKey.backward(flight.layer)
         flight.pending = flight.policy.start(key, grad_HD.contiguous())
         return grad_HD.new_empty(0), None
+
+
+class _DeferredLinear(torch.autograd.Function):
+    """``x @ weight.T + bias`` that returns only the input's gradient and leaves
+    ``(x, grad)`` in ``flight.deferred``: ``_ExchangeStart``'s backward computes the weight
+    gradients from them while the layer's halo gradients travel. The weight and bias come
+    in detached; ``_ExchangeStart`` holds the parameters themselves."""
+
+    @staticmethod
+    def forward(ctx, x_ID, weight_OD, bias_O, flight: _InFlight):
+        ctx.save_for_backward(x_ID, weight_OD)
+        ctx.flight = flight
+        return nn.functional.linear(x_ID, weight_OD, bias_O)
+
+    @staticmethod
+    def backward(ctx, grad_IO: torch.Tensor):
+        x_ID, weight_OD = ctx.saved_tensors
+        ctx.flight.deferred = (x_ID, grad_IO)
+        return grad_IO.mm(weight_OD), None, None, None
 
 
 def _whole(agg: torch.Tensor, rows: slice) -> torch.Tensor:
@@ -160,16 +196,26 @@ class Propagation:
         layer: int,
         finish: Finish = _whole,
         aggregate: Aggregate = _product,
+        transform: nn.Linear | None = None,
     ) -> torch.Tensor:
-        """Returns ``finish`` of the aggregation of every inner row, [I, O]."""
+        """Returns ``finish(transform(agg), rows)`` of the aggregation ``agg`` of every inner
+        row, [I, O] (``transform``: none by default). A transform's weight gradients are
+        computed while the layer's halo gradients travel, where the product aggregation
+        exchanges."""
         every = slice(0, self.graph.num_inner)
-        if self.policy is None or (layer == 0 and self.cached_input):
+        local = self.policy is None or (layer == 0 and self.cached_input)
+        if transform is not None and (local or aggregate is not _product):
+            # Nothing to defer its weight gradients to: part of the finish.
+            return self(h_RD, layer, lambda agg, rows: finish(transform(agg), rows), aggregate)
+        if local:
             # No halo, or its rows already present.
             return finish(aggregate(self.adjacency, h_RD, every), every)
         # Every rank joins every exchange, also one whose part has no halo rows: its
         # peers may still need its rows.
         flight = _InFlight(self.policy, layer)
-        ticket = _ExchangeStart.apply(h_RD.index_select(0, self.graph.send_idx), flight)
+        params = () if transform is None else _params(transform)
+        send_SD = h_RD.index_select(0, self.graph.send_idx)
+        ticket = _ExchangeStart.apply(send_SD, flight, *params)
         in_flight = self.overlap and self.policy.waits(layer)
         if aggregate is _product:
             inner_block, halo_block = self._blocks("columns")
@@ -180,6 +226,9 @@ class Propagation:
                 halo_HD = _ExchangeLand.apply(ticket, flight)
                 agg_ID = spmm(inner_block, h_RD)
             agg_ID = add_spmm_(agg_ID, self.graph.num_central, halo_block, halo_HD)
+            if transform is not None:
+                bias = None if transform.bias is None else transform.bias.detach()
+                agg_ID = _DeferredLinear.apply(agg_ID, transform.weight.detach(), bias, flight)
             return finish(agg_ID, every)
         if not in_flight:
             halo_HD = _ExchangeLand.apply(ticket, flight)
@@ -194,6 +243,10 @@ class Propagation:
             aggregate(marginal_block, torch.cat([h_RD, halo_HD]), marginal), marginal
         )
         return torch.cat([central_CO, marginal_MO])
+
+
+def _params(linear: nn.Linear) -> tuple[nn.Parameter, ...]:
+    return (linear.weight,) if linear.bias is None else (linear.weight, linear.bias)
 
 
 class GCNConv(nn.Module):
@@ -215,7 +268,7 @@ class GCNConv(nn.Module):
         if self.transform_first:
             hw = nn.functional.linear(h, self.linear.weight)
             return propagate(hw, layer) + self.linear.bias
-        return propagate(h, layer, lambda agg, rows: self.linear(agg))
+        return propagate(h, layer, transform=self.linear)
 
 
 class SAGEConv(nn.Module):
@@ -239,7 +292,7 @@ class SAGEConv(nn.Module):
         # taken over the inner rows, row range by row range with the aggregation.
         if self.transform_first:
             return propagate(self.neigh(h), layer, lambda agg, rows: self.root(h[rows]) + agg)
-        return propagate(h, layer, lambda agg, rows: self.root(h[rows]) + self.neigh(agg))
+        return propagate(h, layer, lambda z, rows: self.root(h[rows]) + z, transform=self.neigh)
 
 
 class GATConv(nn.Module):

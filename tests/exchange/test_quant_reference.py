@@ -216,12 +216,12 @@ def _reference(graph, adjacency, case: tuple, initial: np.ndarray, rounding: Rou
     optimizer = torch.optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
     every = slice(0, graph.num_nodes)
 
-    def propagate(h, layer, finish=lambda agg, rows: agg, aggregate=None, epoch=1):
+    def propagate(h, layer, finish=lambda agg, rows: agg, aggregate=None, transform=None, epoch=1):
         cached = layer == 0  # the cached input: every part reads it exactly
         halo = h.repeat(rounding.parts, 1) if cached else _Halo.apply(h, rounding, epoch, layer)
         rows = torch.cat([h, halo])
         agg = spmm(adjacency, rows) if aggregate is None else aggregate(adjacency, rows, every)
-        return finish(agg, every)
+        return finish(agg if transform is None else transform(agg), every)
 
     losses = []
     for epoch in range(1, EPOCHS + 1):

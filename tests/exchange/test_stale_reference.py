@@ -246,7 +246,12 @@ def _stale_reference(
                 return newest[ExchangeKey.forward(layer), e], newest[ExchangeKey.backward(layer), e]
             return max(1, e - staleness), max(1, e - staleness)
 
-        def propagate(h, layer, finish=lambda agg, rows: agg, aggregate=None, e=epoch):
+        def propagate(
+            h, layer, finish=lambda agg, rows: agg, aggregate=None, transform=None, e=epoch
+        ):
+            if transform is not None:
+                transformed = lambda agg, rows: finish(transform(agg), rows)  # noqa: E731
+                return propagate(h, layer, transformed, aggregate, e=e)
             every = slice(0, h.shape[0])
             if aggregate is not None:  # GAT: fresh rows, then stale copies, as sources
                 if layer == 0:

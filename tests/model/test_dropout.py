@@ -148,7 +148,10 @@ def test_the_model_uses_it_and_keys_it_by_epoch_and_layer():
     assert isinstance(model.dropout, Dropout) and model.dropout.p == 0.3
     assert model.dropout.kernels == "torch"
     x = torch.rand(30, 5)
-    propagate = lambda h, layer, finish=lambda agg, rows: agg: finish(h, slice(0, 30))  # noqa: E731
+
+    def propagate(h, layer, finish=lambda agg, rows: agg, transform=None):
+        return finish(h if transform is None else transform(h), slice(0, 30))
+
     with pytest.raises(ValueError, match="pass the epoch"):
         model(x, propagate)
     first = model(x, propagate, epoch=1)

@@ -3,6 +3,7 @@ that splitting the work around it changes no value."""
 
 from __future__ import annotations
 
+import copy
 from types import SimpleNamespace
 
 import numpy as np
@@ -85,25 +86,33 @@ def _setup(overlap: bool):
 
 @pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("aggregate", ["product", "custom"])
-def test_split_work_equals_whole_aggregation(overlap, aggregate):
+@pytest.mark.parametrize("weights", ["finish", "transform", "transform without bias"])
+def test_split_work_equals_whole_aggregation(overlap, aggregate, weights):
+    """Values and gradients equal the whole product's, whichever way the work is split:
+    the weights applied in the finish, or as a transform (deferred weight gradients)."""
     prop, _, policy, dense, halo, grad_sent = _setup(overlap)
     torch.manual_seed(1)
-    weight = torch.randn(DIM, 5, requires_grad=True)
+    linear = torch.nn.Linear(DIM, 5, bias=weights != "transform without bias")
     h = torch.randn(NUM_INNER, DIM, requires_grad=True)
     custom = {"aggregate": _spmm_by_another_name} if aggregate == "custom" else {}
-    out = prop(h, 1, lambda agg, rows: agg @ weight, **custom)
+    if weights == "finish":
+        out = prop(h, 1, lambda agg, rows: linear(agg), **custom)
+    else:
+        out = prop(h, 1, transform=linear, **custom)
     upstream = torch.randn(NUM_INNER, 5)
     out.backward(upstream)
 
     h_ref = h.detach().clone().requires_grad_(True)
-    weight_ref = weight.detach().clone().requires_grad_(True)
-    expected = dense @ torch.cat([h_ref, halo]) @ weight_ref
+    linear_ref = copy.deepcopy(linear)
+    linear_ref.zero_grad(set_to_none=True)
+    expected = linear_ref(dense @ torch.cat([h_ref, halo]))
     # The halo rows' gradient goes to their owners; what they return for the sent rows
     # (grad_sent) is added to those rows' gradient.
     expected.backward(upstream)
-    grad_halo = (dense.T @ (upstream @ weight_ref.detach().T))[NUM_INNER:]
+    grad_halo = (dense.T @ (upstream @ linear.weight.detach()))[NUM_INNER:]
     torch.testing.assert_close(out, expected)
-    torch.testing.assert_close(weight.grad, weight_ref.grad)
+    for param, param_ref in zip(linear.parameters(), linear_ref.parameters(), strict=True):
+        torch.testing.assert_close(param.grad, param_ref.grad)
     grad_h = h_ref.grad.index_add(0, torch.tensor([1, 3]), grad_sent)
     torch.testing.assert_close(h.grad, grad_h)
     torch.testing.assert_close(policy.sent["layer1/forward"], h.detach()[[1, 3]])
@@ -115,7 +124,8 @@ def test_inner_columns_are_aggregated_and_differentiated_while_the_exchange_trav
 ):
     """The product aggregation's window: every row's sum over its inner in-neighbours
     runs in flight, the halo terms and the finish after landing; backward, the inner
-    sum's gradient is computed between sending the halo gradients and waiting."""
+    sum's gradient and the transform's weight gradients are computed between sending the
+    halo gradients and waiting, and the weight's gradient is ready after the wait."""
     prop, events, policy, dense, halo, _ = _setup(overlap=True)
 
     def logged_spmm(block, x):
@@ -123,27 +133,37 @@ def test_inner_columns_are_aggregated_and_differentiated_while_the_exchange_trav
         return spmm(block, _Logged.apply(x, events, "inner"))
 
     monkeypatch.setattr(layers, "spmm", logged_spmm)
-    weight = torch.randn(DIM, 5, requires_grad=True)
+    deferred_grads = layers._InFlight.deferred_grads
+
+    def logged_deferred_grads(flight, num_params):
+        events.append("weight gradients")
+        return deferred_grads(flight, num_params)
+
+    monkeypatch.setattr(layers._InFlight, "deferred_grads", logged_deferred_grads)
+    linear = torch.nn.Linear(DIM, 5)
     h = torch.randn(NUM_INNER, DIM, requires_grad=True)
 
     def finish(agg, rows):
         events.append(f"finish {rows.start}:{rows.stop}")
-        return agg @ weight
+        return agg
 
-    out = prop(h, 1, finish)
+    out = prop(h, 1, finish, transform=linear)
     assert events == [
         "start layer1/forward",
         f"aggregate {NUM_INNER}x{NUM_INNER}",  # inside the window
         "wait layer1/forward",
         f"finish 0:{NUM_INNER}",
     ]
-    torch.testing.assert_close(out, dense @ torch.cat([h.detach(), halo]) @ weight.detach())
+    torch.testing.assert_close(out, linear(dense @ torch.cat([h.detach(), halo])))
     events.clear()
+    linear.weight.register_post_accumulate_grad_hook(lambda p: events.append("weight ready"))
     out.sum().backward()
     assert events == [
         "start layer1/backward",
         "grad inner",  # inside the window
+        "weight gradients",  # inside the window
         "wait layer1/backward",
+        "weight ready",
     ]
 
 

@@ -154,8 +154,9 @@ def _full_adjacency(graph, norm: str) -> torch.Tensor:
 
 
 def _whole_graph_propagate(adj: torch.Tensor):
-    def propagate(h, layer, finish=lambda agg, rows: agg):
-        return finish(adj @ h, slice(0, adj.shape[0]))
+    def propagate(h, layer, finish=lambda agg, rows: agg, transform=None):
+        agg = adj @ h
+        return finish(agg if transform is None else transform(agg), slice(0, adj.shape[0]))
 
     return propagate
 
