@@ -32,6 +32,7 @@ peers, D features, O output features.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cached_property
 
 import torch
 from torch import nn
@@ -66,7 +67,7 @@ class _InFlight:
 
     def deferred_grads(self, num_params: int) -> tuple[torch.Tensor | None, ...]:
         """The transform's weight (and bias) gradients from ``deferred``."""
-        if self.deferred is None or not num_params:
+        if self.deferred is None:  # no gradient reached the transform
             return (None,) * num_params
         (x_ID, grad_IO), self.deferred = self.deferred, None
         grad_weight = grad_IO.t().mm(x_ID)
@@ -166,29 +167,26 @@ class Propagation:
         self.policy = policy
         self.overlap = overlap and policy is not None
         self.cached_input = cached_input
-        self._split: dict[str, tuple[SparseAdjacency, SparseAdjacency]] = {}
 
-    def _blocks(self, name: str) -> tuple[SparseAdjacency, SparseAdjacency]:
-        """The adjacency's split around the exchange, built on first use: ``"columns"``,
-        the ``[I, I]`` inner block and the marginal rows' ``[M, H]`` halo block;
-        ``"rows"``, the central rows' ``[C, I]`` block and the marginal rows' ``[M, I + H]``."""
-        blocks = self._split.get(name)
-        if blocks is None:
-            inner, central = self.graph.num_inner, self.graph.num_central
-            every, marginal = slice(0, None), slice(central, inner)
-            if name == "columns":
-                blocks = (
-                    self.adjacency.block(every, slice(0, inner)),
-                    self.adjacency.block(marginal, slice(inner, None)),
-                )
-            else:
-                # Central rows read only inner columns.
-                blocks = (
-                    self.adjacency.row_slice(0, central, num_cols=inner),
-                    self.adjacency.row_slice(central, inner),
-                )
-            self._split[name] = blocks
-        return blocks
+    @cached_property
+    def _column_blocks(self) -> tuple[SparseAdjacency, SparseAdjacency]:
+        """The product aggregation's split: the ``[I, I]`` inner block and the marginal
+        rows' ``[M, H]`` halo block (built on first use)."""
+        inner, central = self.graph.num_inner, self.graph.num_central
+        return (
+            self.adjacency.block(slice(0, None), slice(0, inner)),
+            self.adjacency.block(slice(central, inner), slice(inner, None)),
+        )
+
+    @cached_property
+    def _row_blocks(self) -> tuple[SparseAdjacency, SparseAdjacency]:
+        """A custom aggregation's split: the central rows' ``[C, I]`` block (they read
+        only inner columns) and the marginal rows' ``[M, I + H]`` (built on first use)."""
+        inner, central = self.graph.num_inner, self.graph.num_central
+        return (
+            self.adjacency.row_slice(0, central, num_cols=inner),
+            self.adjacency.row_slice(central, inner),
+        )
 
     def __call__(
         self,
@@ -218,7 +216,7 @@ class Propagation:
         ticket = _ExchangeStart.apply(send_SD, flight, *params)
         in_flight = self.overlap and self.policy.waits(layer)
         if aggregate is _product:
-            inner_block, halo_block = self._blocks("columns")
+            inner_block, halo_block = self._column_blocks
             if in_flight:
                 agg_ID = spmm(inner_block, h_RD)
                 halo_HD = _ExchangeLand.apply(ticket, flight)
@@ -234,7 +232,7 @@ class Propagation:
             halo_HD = _ExchangeLand.apply(ticket, flight)
             return finish(aggregate(self.adjacency, torch.cat([h_RD, halo_HD]), every), every)
         # Central rows need no halo: aggregated and finished while the exchange travels.
-        central_block, marginal_block = self._blocks("rows")
+        central_block, marginal_block = self._row_blocks
         central = slice(0, self.graph.num_central)
         marginal = slice(self.graph.num_central, self.graph.num_inner)
         central_CO = finish(aggregate(central_block, h_RD, central), central)
