@@ -209,6 +209,28 @@ def pyplot(figures: str) -> Any:
     return plt
 
 
+def add_out_options(parser: argparse.ArgumentParser, filename: str) -> None:
+    """``--out-dir`` and ``--out`` of a benchmark that writes one file, ``filename``: the
+    file goes to ``--out`` where given, else into ``--out-dir`` (``out_file``)."""
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=DEFAULT_OUT_DIR,
+        help=f"where {filename} goes; {COMMITTED_OUT_DIR} updates the committed reading",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help=f"the file written (default: OUT_DIR/{filename})",
+    )
+
+
+def out_file(args: argparse.Namespace, filename: str) -> Path:
+    """The file a benchmark of ``add_out_options`` writes: ``--out``, else
+    ``<--out-dir>/<filename>``."""
+    return args.out if args.out is not None else args.out_dir / filename
+
+
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """The options of benchmarks that train through torchrun: overrides and a time limit."""
     parser.add_argument(

@@ -33,7 +33,7 @@ BENCHMARKS: dict[str, str] = {
     "power-law exponents",
     "quant": "quantizer and dropout throughput: the compiled kernels against the torch "
     "path and the torch path against the quantizer it replaced, at each bit width, beside "
-    "a memory copy (writes results/bench/quant.json by default)",
+    "a memory copy",
 }
 """Every benchmark (the module ``adaqp.bench.<name>``) and its one-line summary. The
 summaries live here so that ``--help`` imports no benchmark module (some import torch)."""
@@ -42,9 +42,9 @@ READS_ONLY = {"costmodel"}
 
 DESCRIPTION = textwrap.fill(
     "Run one benchmark. Each writes its readings (JSON and Markdown, and with matplotlib "
-    "its figures) under --out-dir (--out for aggregate), by default "
-    "results/local/bench/, which git ignores (quant: results/bench/quant.json); "
-    "--out-dir results/bench updates the committed readings that the docs quote. "
+    "its figures) under --out-dir, by default results/local/bench/, which git ignores; "
+    "--out-dir results/bench updates the committed readings that the docs quote "
+    "(aggregate and quant also take --out FILE). "
     "Figures need matplotlib: pip install -e .[bench] or bash launch/setup.sh --bench "
     "(without it the readings are still written)."
 )

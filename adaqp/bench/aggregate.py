@@ -1,8 +1,9 @@
 """Aggregation throughput: our CSR SpMM (precomputed transpose) vs autograd through
-``torch.sparse.mm``, forward + backward, on a synthetic graph. Writes ``--out`` (by default
-``results/local/bench/aggregate.json``; ``--out results/bench/aggregate.json`` updates the
-committed reading); the figure that matters is the ratio within one run, whose arms take
-turns repeat by repeat after a warm-up round of both.
+``torch.sparse.mm``, forward + backward, on a synthetic graph. Writes
+``<--out-dir>/aggregate.json`` (by default ``results/local/bench/``; ``--out-dir
+results/bench`` updates the committed reading), or ``--out``; the figure that matters is
+the ratio within one run, whose arms take turns repeat by repeat after a warm-up round of
+both.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from adaqp.bench import DEFAULT_OUT_DIR
+from adaqp.bench import add_out_options, out_file
 
 logger = logging.getLogger(__name__)
 
@@ -133,20 +134,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--repeats", type=int, default=3, help="timed forward + backward passes (median kept)"
     )
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=DEFAULT_OUT_DIR / "aggregate.json",
-        help="the JSON written; results/bench/aggregate.json updates the committed reading",
-    )
+    add_out_options(parser, "aggregate.json")
 
 
 def main(args: argparse.Namespace) -> int:
-    report = run(args.num_nodes, args.avg_degree, args.dim, args.repeats, args.threads, args.out)
+    out = out_file(args, "aggregate.json")
+    report = run(args.num_nodes, args.avg_degree, args.dim, args.repeats, args.threads, out)
     print(
         f"ours {report['results']['ours']['edges_per_s'] / 1e6:.2f} M edges/s, autograd "
         f"{report['results']['autograd_sparse_mm']['edges_per_s'] / 1e6:.2f} M edges/s: "
         f"ratio {report['ratio_ours_over_autograd']:.2f} (target {TARGET_RATIO}) "
-        f"-> {args.out}"
+        f"-> {out}"
     )
     return 0

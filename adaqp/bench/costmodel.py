@@ -10,7 +10,8 @@ cluster and mode) and, with matplotlib, ``cost_model.png`` (measured against cal
 log-log, with the tolerance band); ``--out-dir`` is ``results/local/bench/`` by default,
 ``results/bench`` updates the committed reading. Each cluster is read from
 ``<--clusters-dir>/<NAME>/cluster.json``; by default from ``--out-dir``, else from the
-committed ``results/bench/``. For example:
+committed ``results/bench/``. Without ``--clusters``, every cluster result found there
+that holds an adaptive run with both times is read. For example:
 
     python -m adaqp.bench costmodel --clusters cluster-synthetic-hetero-75mbit,...
 """
@@ -22,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from adaqp.bench import COMMITTED_OUT_DIR, DEFAULT_OUT_DIR, pyplot
+from adaqp.bench import COMMITTED_OUT_DIR, DEFAULT_OUT_DIR, UsageError, pyplot
 
 MODEL_FIELD = "calibrated_exchange_s_by_tag"
 MEASURED_FIELD = "exchange_after_arrival_s_by_tag"
@@ -118,9 +119,9 @@ def plot(report: dict[str, Any], path: Path) -> bool:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--clusters",
-        required=True,
         help="comma-separated names of bench cluster results (directories holding "
-        "cluster.json under --clusters-dir)",
+        "cluster.json under --clusters-dir) (default: every one found there with an "
+        "adaptive run that recorded both times)",
     )
     parser.add_argument(
         "--tolerance",
@@ -143,12 +144,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _places(args: argparse.Namespace) -> list[Path]:
+    """Where cluster results are read, first first: ``--clusters-dir`` if given, else
+    ``--out-dir`` and then the committed readings."""
+    explicit = getattr(args, "clusters_dir", None)
+    places = [explicit] if explicit else [args.out_dir, COMMITTED_OUT_DIR]
+    return [Path(place) for place in dict.fromkeys(places)]
+
+
+def readable_clusters(args: argparse.Namespace) -> dict[str, Path]:
+    """Name -> ``cluster.json`` of every cluster result under ``_places`` with a point to
+    compare (an adaptive run that recorded both times), sorted by name; where two places
+    hold one name, the first place's."""
+    found: dict[str, Path] = {}
+    for place in _places(args):
+        for path in sorted(place.glob("*/cluster.json")):
+            if path.parent.name in found:
+                continue
+            try:
+                if points(json.loads(path.read_text())):
+                    found[path.parent.name] = path
+            except (OSError, ValueError, KeyError, TypeError):  # unreadable or not bench's
+                continue
+    return dict(sorted(found.items()))
+
+
 def _cluster_path(name: str, args: argparse.Namespace) -> Path:
     """Where the cluster ``name`` is read: ``--clusters-dir`` if given, else ``--out-dir``
     and then the committed readings."""
-    explicit = getattr(args, "clusters_dir", None)
-    places = [explicit] if explicit else [args.out_dir, COMMITTED_OUT_DIR]
-    paths = [Path(place) / name / "cluster.json" for place in dict.fromkeys(places)]
+    paths = [place / name / "cluster.json" for place in _places(args)]
     found = next((path for path in paths if path.is_file()), None)
     if found is None:
         raise SystemExit(
@@ -158,13 +182,28 @@ def _cluster_path(name: str, args: argparse.Namespace) -> Path:
     return found
 
 
-def main(args: argparse.Namespace) -> int:
+def _sources(args: argparse.Namespace) -> dict[str, Path]:
+    """Name -> ``cluster.json`` of the clusters to read: those ``--clusters`` names, else
+    every readable one (``readable_clusters``); UsageError where there are none."""
+    if args.clusters is None:
+        found = readable_clusters(args)
+        if not found:
+            where = " or ".join(f"{place}/NAME/cluster.json" for place in _places(args))
+            raise UsageError(
+                f"--clusters not given and no cluster result with adaptive runs in {where}: "
+                "run python -m adaqp.bench cluster first, or name them with --clusters"
+            )
+        print(f"--clusters not given: reading all {len(found)} found: {', '.join(found)}")
+        return found
     names = [n for n in args.clusters.split(",") if n]
     if not names:
         raise SystemExit("--clusters: name at least one bench cluster result")
+    return {name: _cluster_path(name, args) for name in names}
+
+
+def main(args: argparse.Namespace) -> int:
     clusters, sources = {}, {}
-    for name in names:
-        path = _cluster_path(name, args)
+    for name, path in _sources(args).items():
         clusters[name] = json.loads(path.read_text())
         sources[name] = str(path)
     try:

@@ -7,7 +7,8 @@ dropout mask (``adaqp.model.dropout``) against nn.Dropout, and a copy of the mes
 stale one-bit rows decoded straight into it against decoded then averaged, and one forward
 exchange's buffer of peer segments encoded and decoded a segment at a time, in one call, and
 in one call that quantizes a row sent to several peers once (``exchange_message``). Writes
-``results/bench/quant.json``; the figures that matter are ratios within one run:
+``<--out-dir>/quant.json`` (by default ``results/local/bench/``; ``--out-dir results/bench``
+updates the committed reading); the figures that matter are ratios within one run:
 ``kernel_speedup_by_bits`` (torch path / compiled kernels), ``dropout_speedup`` (nn.Dropout /
 the compiled mask) and ``speedup`` (the replaced implementation / the torch path, at 2 bits).
 Every side is warmed up (the compiled kernels loaded or compiled, a first round dropped) and
@@ -34,6 +35,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from adaqp.bench import add_out_options, out_file
 from adaqp.bench.quant_reference import reference_dequantize_mixed, reference_quantize_mixed
 from adaqp.exchange import message
 from adaqp.exchange.message import MessageLayout
@@ -393,11 +395,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("results/bench/quant.json"))
+    add_out_options(parser, "quant.json")
 
 
 def main(args: argparse.Namespace) -> int:
-    report = run(args.rows, args.dim, args.repeats, args.seed, args.out)
+    out = out_file(args, "quant.json")
+    report = run(args.rows, args.dim, args.repeats, args.seed, out)
     logger.info(
         "speedup at %d bits (quantize + dequantize) over the replaced quantizer: %.2fx "
         "(target %.1f); compiled kernels over the torch path: %s (target %.1f); dropout "
@@ -409,6 +412,6 @@ def main(args: argparse.Namespace) -> int:
         TARGET_KERNEL_SPEEDUP,
         report["dropout_speedup"],
         TARGET_DROPOUT_SPEEDUP,
-        args.out,
+        out,
     )
     return 0

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import adaqp.bench as bench
 from adaqp.bench import COMMITTED_OUT_DIR, DEFAULT_OUT_DIR, MATPLOTLIB_HINT, cluster, costmodel
 from adaqp.bench import scaling as scaling_bench
 from adaqp.bench.__main__ import BENCHMARKS, build_parser, main
@@ -189,7 +190,14 @@ EARLIER_COMMAND_LINES = {
 def test_earlier_command_lines_still_parse(name):
     args = build_parser(name).parse_args([name, *EARLIER_COMMAND_LINES[name].split()])
     assert args.benchmark == name
-    assert str(getattr(args, "out_dir", None) or args.out).startswith(("o", "a.json"))
+    assert _written_to(args) in (Path("o"), Path("a.json"))
+
+
+def _written_to(args) -> Path:
+    """Where the benchmark of ``args`` writes: its file (aggregate, quant), else its folder."""
+    if args.benchmark in ONE_FILE:
+        return bench.out_file(args, ONE_FILE[args.benchmark])
+    return args.out_dir
 
 
 def test_cluster_and_modes_accept_every_variant_name_they_did():
@@ -200,14 +208,35 @@ def test_cluster_and_modes_accept_every_variant_name_they_did():
     assert earlier | {"adaqp-shared", "adaqp-host", "uniform-2", "uniform-8"} <= set(modes.VARIANTS)
 
 
-@pytest.mark.parametrize("name", [n for n in BENCHMARKS if n != "quant"])
+ONE_FILE = {"aggregate": "aggregate.json", "quant": "quant.json"}
+"""The benchmarks that write one file (``--out`` names it; else it goes into --out-dir)."""
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
 def test_default_output_is_outside_the_committed_results(name):
-    required = ["--clusters", "x"] if name == "costmodel" else []
-    args = build_parser(name).parse_args([name, *required])
-    out = Path(getattr(args, "out_dir", None) or args.out)
+    """``bench quant`` with no flags rewrote the committed results/bench/quant.json."""
+    assert Path("results/local/bench") == DEFAULT_OUT_DIR
+    args = build_parser(name).parse_args([name])
+    assert args.out_dir == DEFAULT_OUT_DIR
+    out = _written_to(args)
     assert out.is_relative_to(DEFAULT_OUT_DIR) and not out.is_relative_to(COMMITTED_OUT_DIR)
     ignored = (ROOT / ".gitignore").read_text().splitlines()
     assert f"/{DEFAULT_OUT_DIR.parent}/" in ignored
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_out_dir_results_bench_updates_the_committed_readings(name):
+    args = build_parser(name).parse_args([name, "--out-dir", str(COMMITTED_OUT_DIR)])
+    assert _written_to(args).is_relative_to(COMMITTED_OUT_DIR)
+
+
+@pytest.mark.parametrize("name", sorted(ONE_FILE))
+def test_out_names_the_file_whatever_out_dir_says(name):
+    args = build_parser(name).parse_args([name, "--out-dir", "d", "--out", "f.json"])
+    assert _written_to(args) == Path("f.json")
+    assert _written_to(build_parser(name).parse_args([name, "--out-dir", "d"])) == Path(
+        "d", ONE_FILE[name]
+    )
 
 
 def test_synthetic_workloads_resolve_as_the_earlier_overrides_did():
@@ -237,3 +266,52 @@ def test_cluster_default_workload_is_the_signal_graph_and_the_earlier_one_stays(
     assert load_config(ROOT / config, list(overrides)) == expected
     assert modes.DATASETS["synthetic-signal"][0] == config
     assert cluster.WORKLOADS["synthetic"][0] == "configs/cluster-synthetic-gcn.toml"
+
+
+def _cluster_json(folder: Path, adaptive: bool = True) -> None:
+    run = {
+        "calibrated_exchange_s_by_tag": {"layer1/forward": 0.1},
+        "exchange_after_arrival_s_by_tag": {"layer1/forward": 0.11} if adaptive else {},
+    }
+    folder.mkdir(parents=True)
+    (folder / "cluster.json").write_text(
+        json.dumps({"meta": {"bandwidth": "1gbit", "seeds": [0]}, "runs": {"adaqp": [run]}})
+    )
+
+
+def test_costmodel_without_clusters_reads_every_cluster_it_can(tmp_path, monkeypatch, capsys):
+    """``bench costmodel`` with no arguments exited 2 (--clusters was required)."""
+    monkeypatch.chdir(tmp_path)
+    _cluster_json(tmp_path / DEFAULT_OUT_DIR / "local")
+    _cluster_json(tmp_path / COMMITTED_OUT_DIR / "committed")
+    _cluster_json(tmp_path / COMMITTED_OUT_DIR / "no-adaptive", adaptive=False)
+    (tmp_path / COMMITTED_OUT_DIR / "garbled").mkdir()
+    (tmp_path / COMMITTED_OUT_DIR / "garbled" / "cluster.json").write_text("{")
+    assert main(["costmodel"]) == 0
+    report = json.loads((tmp_path / DEFAULT_OUT_DIR / "cost_model.json").read_text())
+    assert report["sources"] == {
+        "committed": str(COMMITTED_OUT_DIR / "committed" / "cluster.json"),
+        "local": str(DEFAULT_OUT_DIR / "local" / "cluster.json"),
+    }
+    assert "reading all 2 found: committed, local" in capsys.readouterr().out
+
+
+def test_costmodel_with_nothing_to_read_names_where_it_looked(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main(["costmodel"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--clusters not given" in err
+    assert f"{COMMITTED_OUT_DIR}/NAME/cluster.json" in err
+
+
+def test_costmodel_by_default_reads_the_committed_clusters_of_the_committed_reading(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(ROOT)
+    args = build_parser("costmodel").parse_args(["costmodel", "--out-dir", str(tmp_path)])
+    found = costmodel.readable_clusters(args)
+    reading = json.loads((ROOT / COMMITTED_OUT_DIR / "cost_model.json").read_text())
+    assert set(reading["clusters"]) <= set(found)
+    assert all(path.is_relative_to(COMMITTED_OUT_DIR) for path in found.values())
