@@ -189,6 +189,12 @@ def chosen_variants(flag: str, text: str, known: dict[str, Any]) -> list[str]:
     return names
 
 
+def bits_cell(avg_bits: float, halo_bytes: float) -> str:
+    """A table's average bits: "-" where no halo byte was sent (``nocomm``, whose summary
+    says 32 for the bits it never sent)."""
+    return f"{avg_bits:.2f}" if halo_bytes else "-"
+
+
 def pyplot(figures: str) -> Any:
     """``matplotlib.pyplot`` on the Agg backend; or None, after one warning naming the
     ``figures`` skipped, where matplotlib is not installed (the caller still writes its

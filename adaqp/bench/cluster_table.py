@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from adaqp.bench import NOCOMM_ACC_NOTE, merge_overrides
+from adaqp.bench import NOCOMM_ACC_NOTE, bits_cell, merge_overrides
 
 
 def accuracy(mode: str, a: dict[str, Any]) -> str:
@@ -50,7 +50,7 @@ def render(name: str, meta: dict[str, Any], agg: dict[str, Any]) -> str:
             f"| {mode} | {1e3 * a['epoch_time_s']:.1f} | {1e3 * b['compute_s']:.1f} "
             f"| {1e3 * b['wait_s']:.1f} | {1e3 * b['quant_s']:.1f} | {1e3 * b['allreduce_s']:.1f} "
             f"| {fmt(1e3 * a['cpu_time_s'], '{:.1f}')} | {a['halo_bytes_per_epoch'] / 1e6:.2f} | "
-            f"{a['avg_bits']:.2f} | {a.get('max_staleness', 0)} "
+            f"{bits_cell(a['avg_bits'], a['halo_bytes_per_epoch'])} | {a.get('max_staleness', 0)} "
             f"| {accuracy(mode, a)} | {a['speedup_over_vanilla']:.2f}x "
             f"| {fmt(a['ratio_to_nocomm'], '{:.2f}x')} "
             f"| {fmt(a['cpu_ratio_to_nocomm'], '{:.2f}x')} "

@@ -30,6 +30,7 @@ from adaqp.bench import (
     STALENESS_VARIANTS,
     UNIFORM_VARIANTS,
     add_run_options,
+    bits_cell,
     chosen_variants,
     merge_overrides,
     run_order,
@@ -143,7 +144,7 @@ def _table(dataset: str, results: dict[str, dict[str, Any]], meta: dict[str, Any
         lines.append(
             f"| {name} | {a['test_acc']['mean']:.4f} ± {a['test_acc']['std']:.4f}{note} "
             f"| {nbytes / 1e6:.3f} | {ratio} "
-            f"| {a['avg_bits']['mean']:.2f} | {1e3 * a['epoch_time_s']['mean']:.1f} "
+            f"| {bits_cell(a['avg_bits']['mean'], nbytes)} | {1e3 * a['epoch_time_s']['mean']:.1f} "
             f"| {1e3 * a['comm_wait_s']['mean']:.1f} "
             f"| {1e3 * (a['quant_time_s']['mean'] + a['dequant_time_s']['mean']):.1f} "
             f"| {1e3 * a['allreduce_time_s']['mean']:.1f} "

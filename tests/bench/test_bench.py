@@ -316,3 +316,49 @@ def test_a_failed_vanilla_ends_the_benchmark(monkeypatch, tmp_path):
     with pytest.raises(ClusterError, match="host 0 exited"):
         _bench(monkeypatch, tmp_path, {"vanilla"})
     assert not (tmp_path / "out" / "t" / "cluster.json").exists()
+
+
+def _column(table: str, header: str) -> dict[str, str]:
+    """One column of a Markdown table: the first cell of each row -> that column's cell."""
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()]
+    head = next(r for r in rows if header in r)
+    at = head.index(header)
+    return {r[0]: r[at] for r in rows[rows.index(head) + 2 :] if len(r) == len(head)}
+
+
+def test_cluster_table_shows_no_bits_for_nocomm_which_sends_nothing(runs):
+    """nocomm's summary says 32 bits (``avg_bits``) though it sends no halo byte."""
+    meta = {
+        "hosts": 4,
+        "procs_per_host": 1,
+        "bandwidth": "1gbit",
+        "epochs": 3,
+        "seeds": [0],
+        "config": "c.toml",
+        "overrides": [],
+        "tta_tolerance": 0.0,
+    }
+    bits = _column(cluster_table.render("t", meta, cluster._aggregate(runs, [0])), "avg bits")
+    assert bits == {"vanilla": "32.00", "adaqp": "32.00", "nocomm": "-"}
+
+
+def test_modes_table_shows_no_bits_for_nocomm_which_sends_nothing():
+    from adaqp.bench import modes
+
+    def summary(nbytes: int, bits: float) -> dict[str, float]:
+        return {key: 0.5 for key in modes.SUMMARY_KEYS} | {
+            "halo_bytes_per_epoch": nbytes,
+            "avg_bits": bits,
+        }
+
+    results = {
+        name: {"aggregate": modes._aggregate([summary(nbytes, bits)])}
+        for name, nbytes, bits in (
+            ("vanilla", 1000, 32.0),
+            ("adaqp", 100, 2.0),
+            ("nocomm", 0, 32.0),
+        )
+    }
+    meta = {"world_size": 2, "epochs": 3, "seeds": [0], "config": "c.toml", "overrides": []}
+    bits = _column(modes._table("cora", results, meta), "avg bits")
+    assert bits == {"vanilla": "32.00", "adaqp": "2.00", "nocomm": "-"}
