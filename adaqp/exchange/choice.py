@@ -41,6 +41,10 @@ measuring costs little beside the exchange. Two halves of two epochs measure the
 noisily: a choice pools the figures of every cycle so far, each earlier cycle weighted
 by ``DRIFT_DECAY`` (about the last two cycles).
 
+A fresh key's reads count in ``staleness_by_tag`` at age 0, as ``onebit``'s synchronous
+reads do, so that ``effective_staleness`` means one thing in both modes: the mean age of
+every training read (docs/staleness.md#what-a-run-reports).
+
 The decision's inputs are reduced over the ranks (the epoch time too: each rank times
 its own), and rank 0's decision is broadcast, so every rank switches the same keys at the
 same epoch.
@@ -143,6 +147,8 @@ class ChoicePolicy(AdaptivePolicy):
         device: where buffered rows live.
         last_layer: index of the model's last layer.
     """
+
+    counts_fresh_reads = True  # a fresh key's reads count at age 0, as onebit's synchronous ones
 
     def __init__(
         self,

@@ -54,14 +54,18 @@ class EpochCounters:
     bytes_by_tag: dict[str, int] = _reduced("sum", dict)
     """Halo bytes by exchange (``layer1/forward``)."""
     staleness_by_tag: dict[str, dict[int, int]] = _reduced("sum", dict)
-    """Per exchange: how many times halo rows (or gradients) s epochs old were used."""
+    """Per exchange: how many times halo rows (or gradients) s epochs old were used. In
+    the modes that may read stale rows (onebit, adaqp-s) every training read counts, one
+    that waited for its own epoch's exchange at age 0; the other modes count none."""
     max_staleness: int = _reduced("max", default=0)
     """The oldest buffer a read chose, in epochs (what ``staleness.bound`` bounds)."""
     effective_staleness: float = _reduced("per_read")
-    """Mean over the reads counted in ``staleness_by_tag`` of the age of what the layer
-    read, in epochs, under the moving average's weights (with ``staleness.smoothing`` it
-    keeps older buffers: a read one epoch old at every epoch settles at 1 / (1 - g));
-    0 where no exchange was stale."""
+    """Mean over the reads counted in ``staleness_by_tag`` (every training read of a
+    stale mode, the synchronous ones at age 0) of the age of what the layer read, in
+    epochs, under the moving average's weights (with ``staleness.smoothing`` it keeps
+    older buffers: a read one epoch old at every epoch settles at 1 / (1 - g)); 0 where
+    no read was stale. One read history gives one figure in either stale mode
+    (docs/staleness.md#what-a-run-reports)."""
     comm_time_by_tag: dict[str, float] = _reduced("mean", dict)
     """``comm_time_s`` by exchange."""
     comm_wait_by_tag: dict[str, float] = _reduced("mean", dict)

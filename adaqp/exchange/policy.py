@@ -47,13 +47,15 @@ class Pending(Protocol):
 
 
 class _Counted:
-    """A fresh exchange whose landing is recorded in the epoch's counters."""
+    """A fresh exchange whose landing is recorded in the epoch's counters, and with
+    ``counts_read`` its read too, at age 0 (see ``ExchangePolicy.counts_fresh_reads``)."""
 
-    __slots__ = ("_handle", "_counters")
+    __slots__ = ("_handle", "_counters", "_counts_read")
 
-    def __init__(self, handle: PendingExchange, counters: EpochCounters):
+    def __init__(self, handle: PendingExchange, counters: EpochCounters, counts_read: bool):
         self._handle = handle
         self._counters = counters
+        self._counts_read = counts_read
 
     @property
     def handle(self) -> PendingExchange:
@@ -64,6 +66,8 @@ class _Counted:
         rows = self._handle.wait()
         if first:
             self._counters.record_landing(self._handle, self._handle.wait_s)
+            if self._counts_read:
+                self._counters.record_staleness(str(self._handle.key), 0)
         return rows
 
 
@@ -76,6 +80,11 @@ class ExchangePolicy:
 
     staleness_bound = 0
     """The largest staleness this policy may use (for reducing its histograms)."""
+    counts_fresh_reads = False
+    """Whether a fresh exchange's read counts in ``staleness_by_tag`` (at age 0). A policy
+    that may read stale rows counts every training read, fresh ones included, so that
+    ``effective_staleness`` is the mean age of everything its layers read, whichever mode
+    read it (docs/staleness.md#what-a-run-reports); the others report no reads."""
 
     def __init__(self, transport: HaloTransport):
         self.transport = transport
@@ -117,7 +126,7 @@ class ExchangePolicy:
         if not self._training:
             return self.transport.start(rows_RD, key)
         handle = self._launch(key, rows_RD)
-        return _Counted(handle, self._counters)
+        return _Counted(handle, self._counters, self.counts_fresh_reads)
 
     def _launch(self, key: ExchangeKey, rows_RD: torch.Tensor) -> PendingExchange:
         out_counts, in_counts = self.transport.counts(key)

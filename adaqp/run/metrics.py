@@ -62,7 +62,9 @@ class EpochRecord:
     wall_time_s: float = 0.0
     """Seconds since training started, at the end of this epoch's step."""
     staleness_by_tag: dict[str, dict[str, int]] = field(default_factory=dict)
-    """Per exchange: how many times halo rows (or gradients) s epochs old were used."""
+    """Per exchange: how many times halo rows (or gradients) s epochs old were used (in
+    onebit and adaqp-s every training read, the synchronous ones at age 0; empty in the
+    modes that never read stale rows)."""
     max_staleness: int = 0
     """Largest staleness used in this epoch (0: every exchange was waited for): the age of
     the oldest buffer a read chose, which ``staleness.bound`` bounds."""
@@ -78,9 +80,11 @@ class EpochRecord:
     (de)quantization, the communication library's), mean over ranks. Unlike the times
     above it does not grow while a process waits or is descheduled."""
     effective_staleness: float = 0.0
-    """Mean age in epochs of what the layers read through stale exchanges, under the
-    moving average's weights (``staleness.smoothing`` keeps older buffers in it), over
-    every rank's reads in ``staleness_by_tag``; 0 where none was stale."""
+    """Mean age in epochs of what the layers read, under the moving average's weights
+    (``staleness.smoothing`` keeps older buffers in it), over every rank's reads in
+    ``staleness_by_tag``: every training read of a stale mode, a synchronous one (warm-up,
+    ``sync_every``, ``fresh_last_layer``, an adaqp-s exchange left fresh) at age 0; 0
+    where none was stale."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``metrics.jsonl`` object: every field, plus its older name where it has one."""

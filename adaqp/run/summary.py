@@ -124,8 +124,9 @@ class Summary:
     final_test_acc: float = 0.0
     """Test accuracy at the last evaluated epoch (beside ``test_acc_at_best_val``)."""
     effective_staleness: float = 0.0
-    """Mean age in epochs of what the layers read through stale exchanges, under the
-    moving average's weights, over every read of the run (0 for synchronous modes)."""
+    """Mean age in epochs of what the layers read, under the moving average's weights,
+    over every training read of the run, synchronous ones at age 0 (0 for the modes that
+    never read stale rows; the definition: docs/staleness.md#what-a-run-reports)."""
     threads: int = 0
     """Intra-op threads each worker trained with (torch's and the compiled kernels')."""
     host_of_rank: list[int] = field(default_factory=list)

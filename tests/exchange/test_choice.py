@@ -4,17 +4,23 @@ rows move slowly, decides again every cycle, and all ranks switch together."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from adaqp.config import ConfigError, load_config
+from adaqp.config import ConfigError, StalenessConfig, load_config
 from adaqp.data import load_dataset
-from adaqp.exchange.choice import DRIFT_DECAY, choose, drift_figures, pooled
+from adaqp.exchange import choice
+from adaqp.exchange.choice import DRIFT_DECAY, ChoicePolicy, choose, drift_figures, pooled
+from adaqp.exchange.counters import EpochCounters
+from adaqp.exchange.stale import StalePolicy
+from adaqp.exchange.transport import ExchangeKey
 from adaqp.partitioning.build import make_partition
 from tests.distributed import run_workers
 from tests.exchange.landings import delay_landings
+from tests.exchange.test_stale import _EpochRows
 from tests.run.test_checkpoint import _Records
 from tests.run.test_trainer import _config as exact_config
 from tests.run.test_trainer import rank_trainer
@@ -181,3 +187,59 @@ def test_choice_needs_a_wait_then_little_drift_and_a_stale_key_stays_stale():
     assert choose(drift, waits, epoch_s, set(), config.staleness, first=True) == {"a", "b", "d"}
     # A stale key stays stale, however its rows move.
     assert choose(drift, waits, epoch_s, {"b", "c"}, config.staleness) == {"a", "b", "c"}
+
+
+class _Planner:
+    """The planner a ``ChoicePolicy`` asks, reduced to one rank that plans float32 rows
+    and traces nothing (the choice is what is tested, not the widths)."""
+
+    tracing = False
+    world = SimpleNamespace(rank=0, world_size=1, is_main=True)
+
+    def plan(self, key, out_rows, in_rows, dim):
+        return None
+
+    def end_epoch(self, epoch, exchange_s_by_tag=None):
+        return 0.0
+
+
+def test_effective_staleness_is_one_figure_for_one_read_history(monkeypatch):
+    """The same reads give the same ``effective_staleness`` in both stale modes: layer 1
+    reads last epoch's rows from epoch 2 on, layer 2 (the last) always its own epoch's.
+    In ``onebit`` that is ``fresh_last_layer``; in ``adaqp-s`` the choice after epoch 1
+    (layer 1 waited, layer 2 did not). Both count layer 2's reads at age 0."""
+    # One rank: the choice's reductions and broadcast leave their tensors as they are.
+    monkeypatch.setattr(
+        choice, "dist", SimpleNamespace(all_reduce=lambda t: t, broadcast=lambda t, src: t)
+    )
+    config = StalenessConfig(landing="fixed", fresh_last_layer=True, min_hidden_fraction=0.5)
+    keys = (ExchangeKey.forward(1), ExchangeKey.forward(2))
+    epochs = 6
+
+    def run(policy, transport):
+        figures = []
+        for epoch in range(1, epochs + 1):
+            transport.epoch = epoch
+            counters = EpochCounters()
+            policy.begin_epoch(epoch, counters)
+            with policy.training():
+                for key in keys:
+                    policy.start(key, torch.zeros(2, 4)).wait()
+            waits = {str(keys[0]): 1.0, str(keys[1]): 0.0}  # seconds; the epoch: 1 s
+            policy.end_epoch(epoch, wait_s_by_tag=waits, epoch_s=1.0)
+            figures.append((counters.effective_staleness, counters.staleness_by_tag))
+        policy.close()
+        return figures
+
+    transport = _EpochRows(lambda s, t: True)
+    onebit = run(StalePolicy(transport, config, "cpu", last_layer=2), transport)
+    transport = _EpochRows(lambda s, t: True)
+    chooser = ChoicePolicy(transport, _Planner(), config, "cpu", last_layer=2)
+    adaqp_s = run(chooser, transport)
+    assert chooser.stale_keys == {keys[0]}  # the history is the one described
+    ages = [f[1] for f in onebit]
+    assert ages == [{str(keys[0]): {0: 1}, str(keys[1]): {0: 1}}] + [
+        {str(keys[0]): {1: 1}, str(keys[1]): {0: 1}}
+    ] * (epochs - 1)
+    assert adaqp_s == onebit
+    assert 0 < onebit[-1][0] < 10  # half of layer 1's smoothed age (which approaches 10)
