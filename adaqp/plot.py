@@ -178,6 +178,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="adaqp.plot",
         description=__doc__.split("\n\n")[0],
         epilog=f"{EXIT_CODES}. Needs matplotlib: {MATPLOTLIB_FIX}.",
+        allow_abbrev=False,
     )
     parser.add_argument(
         "run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="a run's --out folder"

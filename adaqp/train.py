@@ -58,6 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0],
         epilog=f"modes:\n{modes}\n\n{EXIT_CODES}. Every config key: adaqp/config.py.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # --epoch is a typo, not --epochs
     )
     parser.add_argument(
         "--config",

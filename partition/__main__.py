@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         "existing partition at --out is reused if it matches and refused if it does not "
         "(another number of parts, graph or parameters); --force re-creates it. Exit "
         "codes: 0 done, 2 bad arguments or a refused partition.",
+        allow_abbrev=False,  # a prefix is a typo, not the option it starts
     )
     parser.add_argument(
         "--dataset",

@@ -440,6 +440,7 @@ def _fake_launch(monkeypatch, tmp_path, mode: str, text: str) -> Path:
         ("--seed x", "argument --seed: invalid int value: 'x'"),
         ("--resume --overwrite", "argument --overwrite: not allowed with argument --resume"),
         ("--bogus", "unrecognized arguments: --bogus"),
+        ("--epoch 5", "unrecognized arguments: --epoch 5"),  # not --epochs
         ("--epochs -1", "--epochs (train.epochs): must be at least 1, got -1"),
         ("--mode adaq", "--mode (comm.mode): must be one of vanilla,"),
         ("--set comm.mode=adaq", "comm.mode: must be one of vanilla,"),

@@ -65,6 +65,7 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
         description=DESCRIPTION,
         epilog="python -m adaqp.bench BENCHMARK --help lists a benchmark's options.",
         formatter_class=HelpFormatter,
+        allow_abbrev=False,  # a prefix is a typo, not the option it starts
     )
     sub = parser.add_subparsers(
         dest="benchmark", required=True, metavar="BENCHMARK", title="benchmarks"
@@ -73,7 +74,11 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
         # The module's docstring, less its reStructuredText quotes.
         description = (load(name).__doc__ or "").replace("``", "") if name == chosen else summary
         sub_parser = sub.add_parser(
-            name, help=summary, description=description, formatter_class=HelpFormatter
+            name,
+            help=summary,
+            description=description,
+            formatter_class=HelpFormatter,
+            allow_abbrev=False,
         )
         if name == chosen:
             load(name).add_arguments(sub_parser)

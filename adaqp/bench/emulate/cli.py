@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
             "one value for all hosts or a comma-separated list with exactly one per host."
         ),
         formatter_class=HelpFormatter,
+        allow_abbrev=False,  # a prefix is a typo, not the option it starts
     )
     parser.add_argument(
         "--hosts", type=int, default=4, help="emulated hosts, each a network namespace"
