@@ -19,6 +19,13 @@ import threading
 from pathlib import Path
 
 from adaqp.bench import HelpFormatter
+from adaqp.bench.emulate.cgroups import (
+    Budget,
+    CgroupError,
+    default_cpus,
+    enforce,
+    host_budgets,
+)
 from adaqp.bench.emulate.cluster import EmulatedCluster
 from adaqp.bench.emulate.links import host_links
 from adaqp.bench.emulate.netns import ClusterError
@@ -44,8 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog=textwrap.fill(
             "Everything after -- goes to adaqp.train unchanged, e.g. -- --config "
-            "configs/cora-gcn.toml --mode adaqp. --bandwidth, --latency and --loss take "
-            "one value for all hosts or a comma-separated list with exactly one per host."
+            "configs/cora-gcn.toml --mode adaqp. --bandwidth, --latency, --loss, "
+            "--cpus-per-host and --memory-per-host take one value for all hosts or a "
+            "comma-separated list with exactly one per host. A host's budget holds all its "
+            "processes (a control group each); what each host used is written to "
+            "cluster.json."
         ),
         formatter_class=HelpFormatter,
         allow_abbrev=False,  # a prefix is a typo, not the option it starts
@@ -69,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--latency", default="", help="added one-way delay, e.g. 0.1ms (default: none)"
     )
     parser.add_argument("--loss", default="", help="packet loss, e.g. 0.1%% (default: none)")
+    add_budget_arguments(parser)
     parser.add_argument(
         "--timeout", type=float, default=3600, help="seconds for the whole job, then it is stopped"
     )
@@ -80,6 +91,28 @@ def build_parser() -> argparse.ArgumentParser:
         "(cluster.json) are written",
     )
     return parser
+
+
+def add_budget_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--cpus-per-host`` and ``--memory-per-host`` (also ``python -m adaqp.bench cluster``'s)."""
+    parser.add_argument(
+        "--cpus-per-host",
+        default=None,
+        help="CPU quota of each host in cores, e.g. 0.5 or 1,1,0.5 (0: no limit; default: "
+        "the usable cores shared among the hosts). Workers' threads follow it, rounded up",
+    )
+    parser.add_argument(
+        "--memory-per-host",
+        default="",
+        help="memory limit of each host, e.g. 3g or 200m,3g (0: no limit; default: none); "
+        "a host that runs out fails the job (exit 1)",
+    )
+
+
+def budgets_from(args: argparse.Namespace) -> list[Budget]:
+    """The hosts' budgets from ``args`` (ValueError on a value that cannot be read)."""
+    cpus = default_cpus(args.hosts) if args.cpus_per_host is None else args.cpus_per_host
+    return host_budgets(args.hosts, cpus, args.memory_per_host)
 
 
 def _log_lines(log: Path) -> list[str]:
@@ -121,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--hosts and --procs-per-host must be at least 1")
         try:
             links = host_links(args.hosts, args.bandwidth, args.latency, args.loss)
+            budgets = budgets_from(args)
         except ValueError as exc:
             parser.error(str(exc))
         require("python -m adaqp.cluster")  # every host's workers would fail alike
@@ -130,7 +164,14 @@ def main(argv: list[str] | None = None) -> int:
                 "cluster run launch/train.sh on every host instead"
             )
             return 2
-        cluster = EmulatedCluster(args.hosts, links[0], links=links)
+        try:
+            budgets, cgroups = enforce(budgets, cpus_asked=args.cpus_per_host is not None)
+        except CgroupError as exc:
+            logger.error("%s", exc)
+            return 2
+        cluster = EmulatedCluster(
+            args.hosts, links[0], links=links, budgets=budgets, cgroups=cgroups
+        )
         logger.info("the job's output goes to %s/host<i>.log (rank 0's: host0.log)", args.log_dir)
         with cluster:
             cluster.launch(args.procs_per_host, train_args, args.log_dir, args.timeout)

@@ -6,7 +6,10 @@ every one of them, and tears everything down again.
 ``down`` stops the host jobs, kills what is left inside the namespaces and deletes them.
 Used as a context manager, SIGINT and SIGTERM wait while teardown runs
 (``adaqp.bench.emulate.signals``). ``launch`` writes ``cluster.json`` (``describe``) and
-runs ``torchrun -m adaqp.train`` on every host, bounded in time.
+runs ``torchrun -m adaqp.train`` on every host, bounded in time; each host's processes run
+in a control group of its own (``adaqp.bench.emulate.cgroups``) that holds its CPU and
+memory budget and measures what it used, made for the job and removed after it (and by
+``down``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from adaqp.bench.emulate.cgroups import Budget, CgroupTree, HostGroup, Usage
 from adaqp.bench.emulate.links import LinkSpec, shape
 from adaqp.bench.emulate.netns import ClusterError, add_bridge, join_to_switch, netns_names, run_ip
 from adaqp.bench.emulate.signals import SignalGuard
@@ -53,6 +58,9 @@ class EmulatedCluster:
         tag: unique suffix for namespace and link names (default: this process id).
         links: one LinkSpec per host (heterogeneous hosts); after construction it always
             holds H specs, copies of ``link`` when it was not given.
+        budgets: one Budget per host (CPU quota, memory limit); default: unlimited.
+        cgroups: where the hosts' control groups go (``cgroups.find_cgroups()``); None
+            runs the hosts without groups, unmeasured, and then allows no budget.
     """
 
     hosts: int
@@ -60,6 +68,9 @@ class EmulatedCluster:
     tag: str = ""
     namespaces: list[str] = field(default_factory=list)
     links: list[LinkSpec] = field(default_factory=list)
+    budgets: list[Budget] = field(default_factory=list)
+    cgroups: CgroupTree | None = None
+    _groups: list[HostGroup] = field(default_factory=list, init=False, repr=False)
     _jobs: list[tuple[subprocess.Popen, IO[str]]] = field(
         default_factory=list, init=False, repr=False
     )
@@ -71,9 +82,18 @@ class EmulatedCluster:
             self.links = [dataclasses.replace(self.link) for _ in range(self.hosts)]
         elif len(self.links) != self.hosts:
             raise ValueError(f"links: {len(self.links)} specs for {self.hosts} hosts")
+        self.budgets = self.budgets or [Budget() for _ in range(self.hosts)]
+        if len(self.budgets) != self.hosts:
+            raise ValueError(f"budgets: {len(self.budgets)} for {self.hosts} hosts")
+        if self.cgroups is None and any(b.limited for b in self.budgets):
+            raise ValueError("budgets need control groups (cgroups)")
         self.tag = self.tag or str(os.getpid() % 100000)
         self.subnet = f"10.213.{int(self.tag) % 250}"
-        held = (EmulatedCluster.__exit__.__code__, EmulatedCluster.down.__code__)
+        held = (
+            EmulatedCluster.__exit__.__code__,
+            EmulatedCluster.down.__code__,
+            EmulatedCluster._remove_groups.__code__,
+        )
         self._guard = SignalGuard(held)
 
     @property
@@ -137,9 +157,11 @@ class EmulatedCluster:
         logger.info("emulated cluster: %d hosts behind one switch", self.hosts)
 
     def down(self) -> None:
-        """Stops every job and deletes every namespace this cluster made (their links go
-        with them). Idempotent; inside ``with``, signals wait until it is done."""
+        """Stops every job, removes the hosts' control groups and deletes every namespace
+        this cluster made (their links go with them). Idempotent; inside ``with``, signals
+        wait until it is done."""
         self._stop_jobs()
+        self._remove_groups()
         if not self.namespaces:
             return
         # Processes still inside would keep a namespace's network alive after its name is
@@ -176,20 +198,41 @@ class EmulatedCluster:
             log.close()
             self._jobs.pop()
 
-    def describe(self, procs_per_host: int = 1) -> dict[str, Any]:
+    def _remove_groups(self) -> None:
+        """Kills what is left in the hosts' control groups and removes them (bounded)."""
+        while self._groups:
+            self._groups[-1].remove(_TEARDOWN_S)
+            self._groups.pop()
+
+    def describe(
+        self,
+        procs_per_host: int = 1,
+        usage: list[Usage | None] | None = None,
+        elapsed_s: float | None = None,
+    ) -> dict[str, Any]:
         """The cluster as plain data, written as ``cluster.json`` by ``launch``::
 
             {"version": 1, "num_hosts": H, "procs_per_host": K, "world_size": H * K,
-             "rendezvous": "10.213.n.1:29400",
+             "rendezvous": "10.213.n.1:29400", "elapsed_s": 41.2,
              "hosts": [{"host": 0, "namespace": "aq<tag>-h0", "address": "10.213.n.1",
                         "interface": "eth0", "procs": K, "bandwidth": "300mbit",
                         "bandwidth_bits_per_s": 3e8, "latency": "0.1ms", "latency_s": 1e-4,
-                        "loss": "", "loss_fraction": 0.0}, ...]}
+                        "loss": "", "loss_fraction": 0.0,
+                        "cpus": 0.5, "memory_limit_bytes": null,
+                        "cpu_seconds": 19.8, "peak_memory_bytes": 612368384,
+                        "oom_kills": 0}, ...]}
 
         Rate and delay apply to each direction of a host's link; ``bandwidth_bits_per_s``
-        is null for an unshaped link. torchrun's rendezvous decides which ranks land on
-        which host: a worker finds its own host's entry through ``ADAQP_CLUSTER_HOST``.
+        is null for an unshaped link. ``cpus`` (a CPU quota in cores) and
+        ``memory_limit_bytes`` are the host's budget, null where unlimited.
+        ``cpu_seconds``, ``peak_memory_bytes`` and ``oom_kills`` are what the host's
+        control group used (all its processes together; the peak counts page cache as
+        the kernel charges it) and ``elapsed_s`` the job's wall time: null until the job
+        has ended, and where the hosts ran without groups. torchrun's rendezvous decides
+        which ranks land on which host: a worker finds its own host's entry through
+        ``ADAQP_CLUSTER_HOST``.
         """
+        usage = usage or [None] * self.hosts
         hosts = [
             {
                 "host": i,
@@ -203,8 +246,15 @@ class EmulatedCluster:
                 "latency_s": spec.latency_s,
                 "loss": spec.loss,
                 "loss_fraction": spec.loss_fraction,
+                "cpus": budget.cpus,
+                "memory_limit_bytes": budget.memory_bytes,
+                "cpu_seconds": used.cpu_seconds if used else None,
+                "peak_memory_bytes": used.peak_memory_bytes if used else None,
+                "oom_kills": used.oom_kills if used else None,
             }
-            for i, spec in enumerate(self.links)
+            for i, (spec, budget, used) in enumerate(
+                zip(self.links, self.budgets, usage, strict=True)
+            )
         ]
         return {
             "version": 1,
@@ -212,41 +262,69 @@ class EmulatedCluster:
             "procs_per_host": procs_per_host,
             "world_size": self.hosts * procs_per_host,
             "rendezvous": f"{self.address(0)}:{RDZV_PORT}",
+            "elapsed_s": elapsed_s,
             "hosts": hosts,
         }
 
     def launch(
         self, procs_per_host: int, train_args: list[str], log_dir: Path, timeout_s: float
     ) -> list[int]:
-        """Runs the torchrun job on every host; returns the exit codes (host order).
+        """Runs the torchrun job on every host, each inside its own control group; returns
+        the exit codes (host order).
 
-        Writes ``log_dir/cluster.json`` (``describe``) and ``log_dir/host<i>.log``.
+        Writes ``log_dir/cluster.json`` (``describe``) before the job and again, with what
+        each host used and the job's wall time, after it (also when it failed), and
+        ``log_dir/host<i>.log``.
 
         Raises:
-            ClusterError: a host's job failed or the whole job ran past ``timeout_s``.
+            ClusterError: a host's job failed, a host ran out of memory (the message names
+                the host, its limit and its peak) or the whole job ran past ``timeout_s``.
         """
         if procs_per_host < 1:
             raise ValueError(f"procs_per_host must be at least 1, got {procs_per_host}")
         log_dir.mkdir(parents=True, exist_ok=True)
         spec_path = (log_dir / "cluster.json").resolve()
-        tmp = spec_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.describe(procs_per_host), indent=2) + "\n")
-        tmp.replace(spec_path)
+        _write_json(spec_path, self.describe(procs_per_host))
+        started = time.monotonic()
         try:
+            self._make_groups()
             for i in range(self.hosts):
                 self._start_host(i, procs_per_host, train_args, log_dir, spec_path)
             return self._wait(log_dir, timeout_s)
         finally:
+            elapsed = time.monotonic() - started
             with self._guard.hold():
                 self._stop_jobs()
+                # Read once every process is gone: the counters are then final.
+                usage: list[Usage | None] | None = [g.usage() for g in self._groups]
+                self._remove_groups()
+                if len(usage) != self.hosts:  # no groups, or not all of them were made
+                    usage = None
+                _write_json(spec_path, self.describe(procs_per_host, usage, elapsed))
+
+    def _make_groups(self) -> None:
+        if self.cgroups is None:
+            return
+        for i, budget in enumerate(self.budgets):
+            group = self.cgroups.group(f"aq{self.tag}-h{i}")
+            with self._guard.hold():  # recorded in the step that makes it
+                self._groups.append(group)
+                group.create(budget)
+
+    def threads(self, i: int, procs_per_host: int) -> int:
+        """Default intra-op threads of host ``i``'s workers: its CPU budget shared among
+        them, rounded up; unbudgeted, the machine's cores shared among all workers."""
+        cpus = self.budgets[i].cpus
+        if cpus:
+            return max(1, math.ceil(cpus / procs_per_host))
+        return max(1, usable_cores() // (self.hosts * procs_per_host))
 
     def _start_host(
         self, i: int, procs_per_host: int, train_args: list[str], log_dir: Path, spec: Path
     ) -> None:
-        # Every emulated host runs on this machine's cores: they are shared among all the
-        # workers of all hosts, unless the user's OMP_NUM_THREADS says otherwise.
-        workers = self.hosts * procs_per_host
-        threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, usable_cores() // workers))
+        # Every emulated host runs on this machine's cores; the user's OMP_NUM_THREADS,
+        # where set, wins over the host's share of them.
+        threads = os.environ.get("OMP_NUM_THREADS") or str(self.threads(i, procs_per_host))
         cmd = [
             *("ip", "netns", "exec", self.host_ns(i), "env", "GLOO_SOCKET_IFNAME=eth0"),
             *(f"OMP_NUM_THREADS={threads}", f"{SPEC_ENV}={spec}", f"{HOST_ENV}={i}"),
@@ -258,6 +336,8 @@ class EmulatedCluster:
             *("--rdzv-conf", f"is_host={int(i == 0)}", "--local-addr", self.address(i)),
             *("-m", "adaqp.train", *train_args),
         ]
+        if self._groups:
+            cmd = self._groups[i].wrap(cmd)
         # Started and recorded in one held step: a signal in between would leave a job that
         # no teardown knows of (it may not have entered its namespace yet).
         with self._guard.hold():
@@ -271,13 +351,36 @@ class EmulatedCluster:
                 raise
             self._jobs.append((proc, log))
 
+    def _out_of_memory(self, codes: list[int | None]) -> str | None:
+        """The one-line report of a host that ran out of memory: the kernel killed one of
+        its processes for the group's limit, or its job failed with the peak at the limit
+        (a worker killed by SIGKILL there, where the kernel counts no OOM kills)."""
+        for i, group in enumerate(self._groups):
+            limit = self.budgets[i].memory_bytes
+            if not limit:
+                continue
+            used = group.usage()
+            peak = used.peak_memory_bytes or 0
+            failed = codes[i] not in (None, 0)
+            if used.oom_kills or (failed and peak >= _AT_LIMIT * limit):
+                return (
+                    f"host {i} ran out of memory: limit {_mib(limit)}, peak {_mib(peak)} "
+                    f"(the kernel killed {used.oom_kills} of its processes); raise "
+                    "--memory-per-host"
+                )
+        return None
+
     def _wait(self, log_dir: Path, timeout_s: float) -> list[int]:
-        """Polls every host until all succeed, one fails (the others then get a short
-        grace to fail on their own) or the time runs out."""
+        """Polls every host until all succeed, one runs out of memory (the job stops at
+        once), one fails (the others then get a short grace to fail on their own) or the
+        time runs out."""
         deadline = time.monotonic() + timeout_s
         failed_at = None
         while True:
             codes = [proc.poll() for proc, _ in self._jobs]
+            oom = self._out_of_memory(codes)
+            if oom:
+                raise ClusterError(f"{oom}; see {log_dir}/host<i>.log")
             failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
             if failed and failed_at is None:
                 failed_at = time.monotonic()
@@ -296,3 +399,17 @@ class EmulatedCluster:
             if time.monotonic() > deadline:
                 raise ClusterError(f"the job ran past {timeout_s:.0f}s; stopped")
             time.sleep(0.1)
+
+
+_AT_LIMIT = 0.97
+"""A failed host whose peak came this close to its memory limit ran out of memory."""
+
+
+def _mib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**20:.0f} MiB"
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
