@@ -49,6 +49,27 @@ def refusal(packages: tuple[str, ...] = PACKAGES) -> str | None:
     return f"{', '.join(absent)} {verb} not installed for {sys.executable}: {fix}"
 
 
+def venv_has(module: str, root: Path | None = None) -> bool:
+    """Whether ``<root>/.venv`` holds the package ``module`` (looked for on disk: that
+    interpreter is not started)."""
+    lib = (_ROOT if root is None else root) / ".venv" / "lib"
+    return any(lib.glob(f"python*/site-packages/{module}/__init__.py"))
+
+
+def extra_fix(module: str, install: str, root: Path | None = None) -> str:
+    """How to get ``module``, an optional extra's package (matplotlib) this interpreter
+    lacks: where this is not ``.venv``'s interpreter and ``.venv`` has it, use that one
+    (as ``refusal`` says for the core packages); else ``install``, the command that
+    installs it (then use ``.venv``, where this is another interpreter)."""
+    root = _ROOT if root is None else root
+    venv = root / ".venv" / "bin" / "python"
+    if not venv.exists() or Path(sys.prefix).resolve() == venv.parent.parent.resolve():
+        return install
+    if venv_has(module, root):
+        return f"use {venv} (or activate it: source {venv.parent / 'activate'})"
+    return f"{install}, then use {venv}"
+
+
 def require(prog: str, packages: tuple[str, ...] = PACKAGES) -> None:
     """Ends the process (exit code 2) with ``refusal``'s line where a package is missing."""
     line = refusal(packages)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adaqp.atomic import write_atomic
+from adaqp.deps import extra_fix
 from adaqp.run.metrics import EpochRecord
 
 FORMATS = (".png", ".pdf", ".svg")
@@ -125,7 +126,8 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise UsageError(f"matplotlib is not installed; install it with {MATPLOTLIB_FIX}") from None
+        fix = extra_fix("matplotlib", f"install it with {MATPLOTLIB_FIX}")
+        raise UsageError(f"matplotlib is not installed for {sys.executable}: {fix}") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

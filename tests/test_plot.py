@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from adaqp import deps
 from adaqp.plot import main, read_runs
 from adaqp.run.metrics import EpochRecord
 
@@ -204,3 +205,32 @@ def test_help_imports_neither_matplotlib_nor_torch():
     assert proc.returncode == 0, proc.stderr
     assert "RUN_DIR" in proc.stdout
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_without_matplotlib_another_python_is_told_to_use_the_venv_that_has_it(
+    tmp_path, capsys, monkeypatch
+):
+    """Under the system python it said to run setup.sh --bench though .venv had matplotlib."""
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setattr(sys, "prefix", "/usr")  # not .venv's interpreter
+    checkout = tmp_path / "checkout"
+    venv = checkout / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    monkeypatch.setattr(deps, "_ROOT", checkout)
+    run = _run(tmp_path, "a")
+
+    assert main([str(run)]) == 2  # .venv without matplotlib: install it, then use .venv
+    err = capsys.readouterr().err
+    assert "bash launch/setup.sh --bench" in err and f"then use {venv / 'bin' / 'python'}" in err
+
+    package = venv / "lib" / "python3.11" / "site-packages" / "matplotlib"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    assert main([str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: matplotlib is not installed for ") and err.count("\n") == 1
+    assert f"use {venv / 'bin' / 'python'} (or activate it" in err
+    assert "setup.sh" not in err and not (run / "curves.png").exists()

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from adaqp.bits import SUPPORTED_BITS
+from adaqp.deps import extra_fix
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +207,7 @@ def pyplot(figures: str) -> Any:
             "matplotlib is not installed: %s not drawn (the JSON and tables are written); "
             "for figures, %s",
             figures,
-            MATPLOTLIB_HINT,
+            extra_fix("matplotlib", MATPLOTLIB_HINT),
         )
         return None
     matplotlib.use("Agg")
