@@ -24,7 +24,14 @@ from adaqp.deps import require
 PROG = "python -m adaqp.train"
 
 try:
-    from adaqp.config import MODES, QUANTIZED_MODES, Config, ConfigError, load_config
+    from adaqp.config import (
+        MODES,
+        QUANTIZED_MODES,
+        STALE_MODES,
+        Config,
+        ConfigError,
+        load_config,
+    )
 except ModuleNotFoundError:  # numpy, which the config's dataset defaults import
     require(PROG)
     raise
@@ -153,16 +160,23 @@ def format_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+def _bits(avg_bits: float) -> str:
+    """``32 bits``, ``1 bit``, ``2.35 bits``: a whole width without decimals."""
+    text = f"{avg_bits:.0f}" if avg_bits == round(avg_bits) else f"{avg_bits:.2f}"
+    return f"{text} bit{'' if text == '1' else 's'}"
+
+
 def result_line(summary, out: Path) -> str:
-    """The line a finished run prints (rank 0)."""
+    """The line a finished run prints (rank 0): with its figures, the precision of its
+    halo messages (32 bits for float32) and, for the stale modes, the staleness bound."""
     accuracy = f"test acc {summary.test_acc_at_best_val:.4f}"
     if summary.mode == "nocomm":
         accuracy += " (nocomm: not meaningful)"
-    bits = ""
-    if summary.mode in (*QUANTIZED_MODES, "onebit"):
-        bits = f", {summary.avg_bits:.2f} bits"
-        if summary.avg_bits >= 32:
-            bits += " (full precision: the links are faster than quantizing; see quant.cost_model)"
+    bits = ", no exchange" if summary.mode == "nocomm" else f", {_bits(summary.avg_bits)}"
+    if summary.mode in QUANTIZED_MODES and summary.avg_bits >= 32:
+        bits += " (full precision: the links are faster than quantizing; see quant.cost_model)"
+    if summary.mode in STALE_MODES:
+        bits += f", staleness bound {summary.staleness_bound}"
     return (
         f"{summary.dataset} {summary.model} {summary.mode} P={summary.world_size}: "
         f"{accuracy} (best val {summary.best_val_acc:.4f} at epoch {summary.best_epoch}), "

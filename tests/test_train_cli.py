@@ -62,9 +62,10 @@ def test_bytes_are_shown_in_a_unit_that_keeps_them_apart(n, text):
     assert format_bytes(n) == text
 
 
-def _summary(mode: str, avg_bits: float = 32.0) -> SimpleNamespace:
+def _summary(mode: str, avg_bits: float = 32.0, staleness_bound: int = 0) -> SimpleNamespace:
     return SimpleNamespace(
         avg_bits=avg_bits,
+        staleness_bound=staleness_bound,
         final_test_acc=0.45,
         dataset="cora",
         model="gcn",
@@ -89,14 +90,29 @@ def test_result_line_names_the_folder_and_marks_nocomm_accuracy():
 
 
 def test_result_line_of_a_quantized_mode_shows_its_bits_and_says_when_they_are_32():
-    assert "bits" not in result_line(_summary("vanilla"), Path("o"))
-    assert "bits" not in result_line(_summary("adaqp-p"), Path("o"))
-    for mode in ("adaqp", "adaqp-q", "adaqp-s", "onebit"):
+    for mode in ("adaqp", "adaqp-q"):
         line = result_line(_summary(mode, avg_bits=2.345), Path("o"))
         assert "/epoch, 2.35 bits; written" in line and "full precision" not in line, line
     line = result_line(_summary("adaqp", avg_bits=32.0), Path("o"))
-    assert "32.00 bits (full precision: the links are faster than quantizing" in line
+    assert "32 bits (full precision: the links are faster than quantizing" in line
     assert "quant.cost_model" in line
+
+
+@pytest.mark.parametrize(
+    ("mode", "bits", "bound", "shown"),
+    [
+        ("vanilla", 32.0, 0, "32 bits"),
+        ("adaqp-p", 32.0, 0, "32 bits"),
+        ("onebit", 1.0, 1, "1 bit, staleness bound 1"),
+        ("onebit", 2.0, 2, "2 bits, staleness bound 2"),
+        ("adaqp-s", 1.5, 1, "1.50 bits, staleness bound 1"),
+        ("nocomm", 32.0, 0, "no exchange"),
+    ],
+)
+def test_result_line_names_the_precision_and_the_staleness(mode, bits, bound, shown):
+    """Vanilla's line named no precision, onebit's no staleness."""
+    line = result_line(_summary(mode, avg_bits=bits, staleness_bound=bound), Path("o"))
+    assert f"/epoch, {shown}; written" in line, line
 
 
 def test_hidden_fraction_stays_within_zero_and_one():

@@ -276,12 +276,9 @@ class _Progress:
                     left,
                 )
         if self.bar is not None:
-            self.bar.set_postfix(
-                loss=f"{record.train_loss:.4f}",
-                val=val,
-                epoch_s=f"{record.epoch_time_s:.3f}",
-                refresh=False,
-            )
+            # The validation accuracy first: at 80 columns tqdm cuts the line's end (the
+            # bar's own rate already says the epoch time).
+            self.bar.set_postfix_str(_postfix(record), refresh=False)
             self.bar.update(1)
         elif record.epoch % self.every == 0 or record.epoch == self.total:
             logger.info(
@@ -297,6 +294,12 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def _postfix(record: EpochRecord) -> str:
+    """The bar's figures of an epoch: ``val=0.8123, loss=1.2345``."""
+    val = f"{record.val_acc:.4f}" if record.val_acc is not None else "-"
+    return f"val={val}, loss={record.train_loss:.4f}"
 
 
 def _fixed_size(stream) -> tuple[int, int] | None:
