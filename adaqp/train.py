@@ -41,7 +41,8 @@ logger = logging.getLogger("adaqp.train")
 
 MODE_HELP = {
     "vanilla": "float32, synchronous: the exact baseline",
-    "adaqp-q": "quantized halo messages, bit widths chosen per message group",
+    "adaqp-q": "quantized halo messages, all at quant.bits (0: the model's width, 1 for "
+    "gcn); quant.scheme=adaptive: a solver's width per message group",
     "adaqp-p": "float32 with central/marginal overlap (exact)",
     "adaqp": "adaqp-q and adaqp-p together",
     "adaqp-s": "adaqp whose planner may also make an exchange stale where that hides a wait",
