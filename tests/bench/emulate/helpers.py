@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -43,7 +44,45 @@ def _remove(tag: str) -> None:
         for pid in run_ip("ip", "netns", "pids", ns, check=False).stdout.split():
             os.kill(int(pid), signal.SIGKILL)
         run_ip("ip", "netns", "del", ns, check=False)
+    for path in _groups(tag):
+        from adaqp.bench.emulate.cgroups import HostGroup
+
+        HostGroup([Path(path)], 2, made=[Path(path)]).remove(timeout_s=5)
 
 
 def _qdiscs(ns: str, dev: str) -> str:
     return run_ip("tc", "qdisc", "show", "dev", dev, ns=ns).stdout
+
+
+def _cgroup_tree():
+    """This machine's control groups for host budgets, or None where it has none."""
+    from adaqp.bench.emulate.cgroups import CgroupError, find_cgroups
+
+    try:
+        return find_cgroups()
+    except CgroupError:
+        return None
+
+
+def _cgroup_reason() -> str:
+    from adaqp.bench.emulate.cgroups import CgroupError, find_cgroups
+
+    try:
+        find_cgroups()
+    except CgroupError as exc:
+        return f"no control groups for host budgets here: {exc}"
+    return ""
+
+
+needs_cgroups = pytest.mark.skipif(
+    os.geteuid() != 0 or _cgroup_tree() is None,
+    reason=_cgroup_reason() if os.geteuid() == 0 else "host budgets need root",
+)
+
+
+def _groups(tag: str) -> list[str]:
+    """The control groups a cluster with this tag left behind (there must be none)."""
+    tree = _cgroup_tree()
+    if tree is None:
+        return []
+    return sorted(str(p) for base in tree.bases for p in base.glob(f"aq{tag}-*"))

@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 
 from adaqp.bench.emulate import main
-from tests.bench.emulate.helpers import ENDLESS, _namespaces, _remove, _root_links, needs_root
+from tests.bench.emulate.helpers import (
+    ENDLESS,
+    _groups,
+    _namespaces,
+    _remove,
+    _root_links,
+    needs_cgroups,
+    needs_root,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -56,6 +64,7 @@ def _stop_and_check(proc: subprocess.Popen, sig: int, bound_s: float) -> str:
         pytest.fail(f"still running {bound_s:.0f}s after signal {sig}:\n{out}")
     assert _namespaces(tag) == [], out
     assert _root_links(tag) == [], out
+    assert _groups(tag) == [], out  # the hosts' control groups (default CPU budget)
     return out
 
 
@@ -69,6 +78,27 @@ def test_cli_rejects_a_wrong_count_before_touching_anything(capsys):
             signal.signal(sig, handler)
     assert exit_info.value.code == 2
     assert "bandwidth has 2 values for 4 hosts" in capsys.readouterr().err
+
+
+def test_cli_refuses_a_budget_the_machine_cannot_enforce(monkeypatch, caplog):
+    from adaqp.bench.emulate import cgroups
+
+    def missing():
+        raise cgroups.CgroupError("this machine mounts no cpu and memory control groups")
+
+    monkeypatch.setattr(cgroups, "find_cgroups", missing)
+    monkeypatch.setattr("adaqp.bench.emulate.cli.os.geteuid", lambda: 0)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = main(["--hosts", "2", "--memory-per-host", "200m", "--", "--epochs", "1"])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert code == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [
+        "cannot enforce the per-host budgets: this machine mounts no cpu and memory control groups"
+    ]
 
 
 @needs_root
@@ -190,3 +220,47 @@ def test_a_failing_job_shows_the_workers_error(tmp_path):
         "error: --mode (comm.mode): must be one of vanilla, adaqp-q, adaqp-p, adaqp, "
         "adaqp-s, onebit, nocomm, not 'warp'"
     ], proc.stderr
+
+
+@needs_root
+@needs_cgroups
+@pytest.mark.slow
+def test_cpu_budget_holds_and_running_out_of_memory_fails_clearly(tmp_path):
+    train = ["--config", "configs/cora-gcn.toml", "--mode", "vanilla"]
+    train += ["--set", f"partition.dir={tmp_path / 'p'}", "--out", str(tmp_path / "run")]
+    train += ["--set", "checkpoint.every=1"]
+    proc = _run_cli(
+        ["--hosts", "2", "--cpus-per-host", "0.25", "--timeout", "240"],
+        [*train, "--epochs", "2"],
+        tmp_path / "logs",
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    spec = json.loads((tmp_path / "logs" / "cluster.json").read_text())
+    assert spec["elapsed_s"] > 0
+    for host in spec["hosts"]:
+        assert (host["cpus"], host["memory_limit_bytes"], host["oom_kills"]) == (0.25, None, 0)
+        # Two hosts alone could take a core each; the quota holds each to a quarter.
+        assert 0.05 < host["cpu_seconds"] / spec["elapsed_s"] <= 0.29, spec
+        assert host["peak_memory_bytes"] > 50 * 2**20
+    checkpoints = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert checkpoints, "the first run wrote no checkpoints"
+
+    # The same run continued with too little memory on host 1: the job stops at once,
+    # one line names the host, its limit and its peak, the checkpoints stay.
+    started = time.monotonic()
+    proc = _run_cli(
+        ["--hosts", "2", "--memory-per-host", "0,200m", "--timeout", "240"],
+        [*train, "--epochs", "4", "--resume"],
+        tmp_path / "logs2",
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert time.monotonic() - started < 120  # no waiting for a collective's timeout
+    lines = [line for line in proc.stderr.splitlines() if "memory" in line]
+    assert len(lines) == 1, proc.stderr
+    assert "host 1 ran out of memory: limit 200 MiB, peak 20" in lines[0], lines
+    spec = json.loads((tmp_path / "logs2" / "cluster.json").read_text())
+    assert [h["memory_limit_bytes"] for h in spec["hosts"]] == [None, 200 * 2**20]
+    assert spec["hosts"][1]["oom_kills"] >= 1
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == checkpoints

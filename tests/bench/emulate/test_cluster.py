@@ -9,12 +9,17 @@ import sys
 import pytest
 
 from adaqp.bench.emulate import ClusterError, EmulatedCluster, LinkSpec, host_links
+from adaqp.bench.emulate.cgroups import Budget, CgroupTree, host_budgets
+from adaqp.cores import usable_cores
 from tests.bench.emulate.helpers import (
     ENDLESS,
+    _cgroup_tree,
+    _groups,
     _namespaces,
     _qdiscs,
     _root_links,
     _tag,
+    needs_cgroups,
     needs_root,
 )
 
@@ -106,3 +111,42 @@ def test_timeout_stops_the_job_and_tears_down(tmp_path):
             timeout_s=3,
         )
     assert _namespaces(tag) == []
+
+
+def test_workers_threads_follow_the_host_cpu_budget(tmp_path):
+    fake = CgroupTree(2, (tmp_path,))
+    budgets = [Budget(0.25), Budget(2.5), Budget(None, 2**30)]
+    cluster = EmulatedCluster(3, budgets=budgets, cgroups=fake, tag="12345")
+    assert [cluster.threads(i, 1) for i in range(3)] == [1, 3, max(1, usable_cores() // 3)]
+    assert [cluster.threads(i, 2) for i in range(3)] == [1, 2, max(1, usable_cores() // 6)]
+    spec = cluster.describe()
+    assert [h["cpus"] for h in spec["hosts"]] == [0.25, 2.5, None]
+    assert [h["memory_limit_bytes"] for h in spec["hosts"]] == [None, None, 2**30]
+    assert spec["elapsed_s"] is None and spec["hosts"][0]["cpu_seconds"] is None
+    with pytest.raises(ValueError, match="budgets need control groups"):
+        EmulatedCluster(3, budgets=budgets)
+    with pytest.raises(ValueError, match="2 for 3 hosts"):
+        EmulatedCluster(3, budgets=budgets[:2], cgroups=fake)
+
+
+@needs_root
+@needs_cgroups
+def test_timeout_with_budgets_records_usage_and_removes_the_groups(tmp_path):
+    tag = _tag(8)
+    cluster = EmulatedCluster(
+        2, budgets=host_budgets(2, "0.5", "2g"), cgroups=_cgroup_tree(), tag=tag
+    )
+    with pytest.raises(ClusterError, match="ran past"), cluster:
+        cluster.launch(
+            1,
+            [*ENDLESS, "--set", f"partition.dir={tmp_path / 'p'}", "--out", str(tmp_path / "r")],
+            tmp_path / "logs",
+            timeout_s=4,
+        )
+    assert (_namespaces(tag), _groups(tag)) == ([], [])
+    spec = json.loads((tmp_path / "logs" / "cluster.json").read_text())
+    assert 4 <= spec["elapsed_s"] < 10
+    for host in spec["hosts"]:
+        assert (host["cpus"], host["memory_limit_bytes"]) == (0.5, 2 * 2**30)
+        assert 0 < host["cpu_seconds"] <= 0.55 * spec["elapsed_s"]
+        assert host["peak_memory_bytes"] > 0 and host["oom_kills"] == 0
