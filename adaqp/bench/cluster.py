@@ -9,7 +9,10 @@ readings): ``cluster.json`` (every figure), ``cluster.md`` (the table) and, with
 matplotlib, its plots: ``breakdown.png`` (stacked epoch time per mode),
 ``time_to_accuracy.png`` and ``curves.png`` (validation accuracy against time),
 ``bytes_by_layer.png`` and ``pareto.png`` (test accuracy against time to Vanilla's
-accuracy). The runs themselves go to ``results/runs/bench-<NAME>/``.
+accuracy). The runs themselves go to ``results/runs/bench-<NAME>/``. Every host runs under
+the same budgets as in ``adaqp.cluster`` (``--cpus-per-host``, ``--memory-per-host``), and
+``cluster.md`` shows what each host used (CPU seconds and peak memory, from each run's
+``logs/cluster.json``).
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ from adaqp.bench import (
 from adaqp.bench.cluster_plot import plot
 from adaqp.bench.cluster_table import render
 from adaqp.bench.emulate import ClusterError, EmulatedCluster, host_links
+from adaqp.bench.emulate.cgroups import CgroupError, enforce
+from adaqp.bench.emulate.cli import add_budget_arguments, budgets_from
 
 logger = logging.getLogger(__name__)
 
@@ -74,13 +79,17 @@ WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
 def _read_run(run_dir: Path) -> dict[str, Any]:
     summary = json.loads((run_dir / "summary.json").read_text())
     epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    try:  # what each host used (the emulated cluster's cluster.json; older runs lack it)
+        cluster = json.loads((run_dir / "logs" / "cluster.json").read_text())
+    except (OSError, ValueError):
+        cluster = {}
     # Time to accuracy counts training steps only: evaluation (full precision in every
     # mode) is a measuring cost that would blur the comparison.
     elapsed = 0.0
     for e in epochs:
         elapsed += e["epoch_time_s"]
         e["train_time_s"] = elapsed
-    return {"summary": summary, "epochs": epochs}
+    return {"summary": summary, "epochs": epochs, "cluster": cluster}
 
 
 def _breakdown(summary: dict[str, Any]) -> dict[str, float]:
@@ -156,6 +165,32 @@ def _planned(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _host_usage(clusters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per host over seeds: its budget, mean CPU seconds and their share of the job's wall
+    time (``cpu_share``: 0.5 is half a core throughout), and the highest peak memory."""
+    measured = [c for c in clusters if c.get("elapsed_s") and c["hosts"][0].get("cpu_seconds")]
+    if not measured:
+        return []
+    out = []
+    for i, host in enumerate(measured[0]["hosts"]):
+        cpu = [c["hosts"][i]["cpu_seconds"] for c in measured]
+        peaks = [c["hosts"][i]["peak_memory_bytes"] or 0 for c in measured]
+        out.append(
+            {
+                "host": i,
+                "cpus": host.get("cpus"),
+                "memory_limit_bytes": host.get("memory_limit_bytes"),
+                "cpu_seconds": _mean(cpu),
+                "cpu_share": _mean(
+                    [c["hosts"][i]["cpu_seconds"] / c["elapsed_s"] for c in measured]
+                ),
+                "peak_memory_bytes": max(peaks),
+                "elapsed_s": _mean([c["elapsed_s"] for c in measured]),
+            }
+        )
+    return out
+
+
 def _aggregate(
     runs: dict[str, list[dict[str, Any]]], seeds: list[int], tolerance: float = 0.0
 ) -> dict[str, Any]:
@@ -193,6 +228,7 @@ def _aggregate(
             "time_to_vanilla_val_s": _mean(reached) if reached else None,
             "runs_reaching_vanilla_val": len(reached),
             "time_to_accuracy_ratio": _mean(ratios) if ratios else None,
+            "hosts": _host_usage([r.get("cluster", {}) for r in mode_runs]),
             **_planned(summaries),
         }
     base_epoch = out["vanilla"]["epoch_time_s"]
@@ -236,6 +272,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="",
         help="one-way delay per host link, e.g. 0.1ms, or one per host (default: none)",
     )
+    add_budget_arguments(parser)
     parser.add_argument(
         "--seeds",
         type=seed_list,
@@ -273,6 +310,7 @@ def main(args: argparse.Namespace) -> int:
     modes = chosen_variants("--modes", args.modes, VARIANTS)
     try:  # before any work: a typo in a link setting would otherwise end a long run
         links = host_links(args.hosts, args.bandwidth, args.latency)
+        budgets_from(args)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     config, overrides = WORKLOADS[args.workload]
@@ -294,6 +332,8 @@ def main(args: argparse.Namespace) -> int:
         "procs_per_host": args.procs_per_host,
         "bandwidth": args.bandwidth,
         "latency": args.latency,
+        "cpus_per_host": args.cpus_per_host,
+        "memory_per_host": args.memory_per_host,
         "seeds": seeds,
         "epochs": args.epochs,
         "config": config,
@@ -331,7 +371,11 @@ def _run_all(
     other modes run on: returns the failed modes with their errors."""
     total, done = len(modes) * len(seeds), 0
     failed: dict[str, str] = {}
-    with EmulatedCluster(args.hosts, links=links) as cluster:
+    try:
+        budgets, cgroups = enforce(budgets_from(args), cpus_asked=args.cpus_per_host is not None)
+    except CgroupError as exc:
+        raise UsageError(str(exc)) from None
+    with EmulatedCluster(args.hosts, links=links, budgets=budgets, cgroups=cgroups) as cluster:
         for mode, seed in run_order(modes, seeds):
             done += 1
             if mode in failed:

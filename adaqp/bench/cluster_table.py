@@ -1,5 +1,6 @@
-"""The ``cluster.md`` table of ``python -m adaqp.bench cluster``: one row per mode, the
-adaptive modes' plans against their measured exchanges, and the runs that failed."""
+"""The ``cluster.md`` table of ``python -m adaqp.bench cluster``: one row per mode, what
+each host used (CPU and peak memory), the adaptive modes' plans against their measured
+exchanges, and the runs that failed."""
 
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ def render(name: str, meta: dict[str, Any], agg: dict[str, Any]) -> str:
             f"| {fmt(a['time_to_accuracy_ratio'], '{:.2f}x')} "
             f"({a['runs_reaching_vanilla_val']}/{len(meta['seeds'])} seeds) |"
         )
+    lines += _host_usage_lines(agg)
     planned = {m: a for m, a in agg.items() if "bits_by_host_pair" in a}
     if planned:
         pairs = sorted({p for a in planned.values() for p in a["bits_by_host_pair"]})
@@ -100,3 +102,45 @@ def render(name: str, meta: dict[str, Any], agg: dict[str, Any]) -> str:
         lines += ["", "Failed (left out of the tables above; their other seeds not run):", ""]
         lines += [f"- {mode}: {error}" for mode, error in failed.items()]
     return "\n".join(lines) + "\n"
+
+
+def _budget(host: dict[str, Any]) -> str:
+    cpus, memory = host.get("cpus"), host.get("memory_limit_bytes")
+    parts = [f"{cpus:g} CPU" if cpus else "CPU unlimited"]
+    parts.append(f"{memory / 2**20:.0f} MiB" if memory else "memory unlimited")
+    return ", ".join(parts)
+
+
+def _host_usage_lines(agg: dict[str, Any]) -> list[str]:
+    """Per mode and host: CPU seconds of the whole job (all the host's processes, start-up
+    included), their share of its wall time, and the peak memory; empty for runs made
+    without the hosts' control groups."""
+    measured = {m: a["hosts"] for m, a in agg.items() if a.get("hosts")}
+    if not measured:
+        return []
+    hosts = next(iter(measured.values()))
+    lines = [
+        "",
+        "What each host used over the whole job (its control group: every process, start-up "
+        "and evaluation included; means over seeds, the peak the highest): CPU seconds, "
+        "their share of the job's wall time in cores, and peak memory (page cache "
+        "included, as the kernel charges it). Budgets: "
+        + "; ".join(f"host {h['host']} {_budget(h)}" for h in hosts)
+        + ".",
+        "",
+        "| mode | wall s | "
+        + " | ".join(f"host {h['host']} CPU s (cores)" for h in hosts)
+        + " | "
+        + " | ".join(f"host {h['host']} peak MiB" for h in hosts)
+        + " |",
+        "|---|---|" + "---|" * (2 * len(hosts)),
+    ]
+    for mode, usage in measured.items():
+        lines.append(
+            f"| {mode} | {usage[0]['elapsed_s']:.1f} | "
+            + " | ".join(f"{h['cpu_seconds']:.1f} ({h['cpu_share']:.2f})" for h in usage)
+            + " | "
+            + " | ".join(f"{h['peak_memory_bytes'] / 2**20:.0f}" for h in usage)
+            + " |"
+        )
+    return lines

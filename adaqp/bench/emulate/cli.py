@@ -98,14 +98,15 @@ def add_budget_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cpus-per-host",
         default=None,
-        help="CPU quota of each host in cores, e.g. 0.5 or 1,1,0.5 (0: no limit; default: "
-        "the usable cores shared among the hosts). Workers' threads follow it, rounded up",
+        help="CPU quota of each host in cores, e.g. 0.5 or 1,1,0.5, 0 for no limit; its "
+        "workers' threads follow it, rounded up (default: the usable cores shared among the "
+        "hosts)",
     )
     parser.add_argument(
         "--memory-per-host",
         default="",
-        help="memory limit of each host, e.g. 3g or 200m,3g (0: no limit; default: none); "
-        "a host that runs out fails the job (exit 1)",
+        help="memory limit of each host, e.g. 3g or 200m,3g, 0 for no limit; a host that "
+        "runs out fails the job (exit 1) (default: none)",
     )
 
 
