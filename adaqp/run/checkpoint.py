@@ -152,13 +152,15 @@ def check_fits(
             f"checkpoint {where} was written by {manifest['world_size']} workers, this run "
             f"has {world_size}; resume with the same number of workers"
         )
-    saved = manifest["fingerprint"]
+    # A key only the checkpoint has is a setting this run does not read (its mode ignores
+    # it, Config.fingerprint): it cannot change the trajectory, so it is not compared.
+    saved = {k: v for k, v in manifest["fingerprint"].items() if k in fingerprint}
     diffs = [
         f"{key}: checkpoint {saved.get(key)!r}, this run {fingerprint.get(key)!r}"
         if key in saved
         else f"{key}: not in the checkpoint (written before the setting existed), this run "
         f"{fingerprint.get(key)!r}"
-        for key in sorted(set(saved) | set(fingerprint))
+        for key in sorted(fingerprint)
         if saved.get(key) != fingerprint.get(key)
     ]
     if diffs:

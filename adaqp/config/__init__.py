@@ -1,0 +1,183 @@
+"""Typed run configuration: TOML files plus ``--set section.key=value`` overrides.
+
+Each section is a frozen dataclass; every field carries a one-line docstring and is
+checked in ``__post_init__``. Unknown sections or keys and values of the wrong type are
+errors that name the offending key, never silently ignored (:mod:`adaqp.typed_toml`
+reads the file and the overrides). Example files: ``configs/*.toml``, such as::
+
+    [data]
+    dataset = "cora"
+
+    [model]
+    name = "gcn"
+    layers = 2
+    hidden = 64
+
+Every key is documented where its section is defined:
+
+- :mod:`adaqp.config.sections`: ``[data]``, ``[partition]``, ``[model]``, ``[train]``,
+  ``[checkpoint]``, ``[metrics]``;
+- :mod:`adaqp.config.exchange`: the halo exchange's ``[comm]``, ``[quant]`` and
+  ``[staleness]``, each with its benchmark-only settings listed last (docs/benchmarks.md);
+- :mod:`adaqp.config.modes`: the modes, and which of those sections each one reads.
+
+This module assembles them into :class:`Config` and says what a checkpoint must agree on
+(:meth:`Config.fingerprint`). Every name the sections define is importable from here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from adaqp.bits import planner_bits, uniform_bits
+from adaqp.config.exchange import (
+    COST_MODELS,
+    KERNELS,
+    LANDINGS,
+    SCHEMES,
+    STALE_BITS,
+    CommConfig,
+    QuantConfig,
+    StalenessConfig,
+)
+from adaqp.config.modes import (
+    MODES,
+    OVERLAP_MODES,
+    QUANTIZED_MODES,
+    STALE_MODES,
+    reads_quant,
+    reads_staleness,
+)
+from adaqp.config.sections import (
+    METIS_OBJECTIVES,
+    MODELS,
+    PARTITION_METHODS,
+    CheckpointConfig,
+    DataConfig,
+    MetricsConfig,
+    ModelConfig,
+    PartitionConfig,
+    TrainConfig,
+)
+from adaqp.typed_toml import ConfigError as ConfigError  # raised for every bad key here
+from adaqp.typed_toml import build, read_tree
+
+__all__ = [
+    "COST_MODELS",
+    "KERNELS",
+    "LANDINGS",
+    "METIS_OBJECTIVES",
+    "MODELS",
+    "MODES",
+    "OVERLAP_MODES",
+    "PARTITION_METHODS",
+    "QUANTIZED_MODES",
+    "SCHEMES",
+    "STALE_BITS",
+    "STALE_MODES",
+    "CheckpointConfig",
+    "CommConfig",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "MetricsConfig",
+    "ModelConfig",
+    "PartitionConfig",
+    "QuantConfig",
+    "StalenessConfig",
+    "TrainConfig",
+    "load_config",
+]
+
+
+@dataclass(frozen=True)
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
+    quant: QuantConfig = field(default_factory=QuantConfig)
+    staleness: StalenessConfig = field(default_factory=StalenessConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    def __post_init__(self) -> None:
+        quant = self.quant  # the model's defaults, stated in the config the run records
+        if not quant.allowed_bits:
+            quant = dataclasses.replace(quant, allowed_bits=planner_bits(self.model.name))
+        if not quant.bits:
+            quant = dataclasses.replace(quant, bits=uniform_bits(self.model.name))
+        object.__setattr__(self, "quant", quant)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What a checkpoint must agree on to be resumed by this config, as dotted keys:
+        the graph, its partition, the model and everything that shapes the training
+        trajectory. Epochs, evaluation, output and timeouts may change.
+
+        Only what the mode reads is covered (:mod:`adaqp.config.modes`): ``[quant]`` in
+        the quantized modes, ``[staleness]`` and the rounding's ``quant.seed`` in the
+        stale modes (onebit without the adaqp-s choice's thresholds). A setting the mode
+        ignores cannot change its trajectory, so a Vanilla checkpoint stays resumable
+        when, say, ``quant.bits``' default changes. ``quant.kernels`` is left out
+        everywhere: both paths write the same bits."""
+        mode = self.comm.mode
+        quant: dict[str, Any] = {}
+        if reads_quant(mode):
+            quant = {k: v for k, v in dataclasses.asdict(self.quant).items() if k != "kernels"}
+        elif reads_staleness(mode):
+            quant = {"seed": self.quant.seed}
+        staleness: dict[str, Any] = {}
+        if reads_staleness(mode):
+            staleness = {
+                k: v
+                for k, v in dataclasses.asdict(self.staleness).items()
+                if mode == "adaqp-s" or k not in StalenessConfig.CHOICE_ONLY
+            }
+        sections = {
+            "data": self.data.spec(),
+            "partition": {
+                k: v for k, v in dataclasses.asdict(self.partition).items() if k != "dir"
+            },
+            "model": {
+                k: v
+                for k, v in dataclasses.asdict(self.model).items()
+                if self.model.name == "gat" or k not in ModelConfig.GAT_ONLY
+            },
+            "train": {k: getattr(self.train, k) for k in ("lr", "weight_decay", "seed")},
+            "comm": {
+                k: getattr(self.comm, k) for k in ("mode", "cache_input_halo", "transform_first")
+            },
+            "quant": quant,
+            "staleness": staleness,
+        }
+        flat: dict[str, Any] = {}
+
+        def walk(prefix: str, value: Any) -> None:
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    walk(f"{prefix}.{k}" if prefix else k, v)
+            else:
+                flat[prefix] = list(value) if isinstance(value, tuple) else value
+
+        walk("", sections)
+        return flat
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Reads a TOML file (optional) and applies ``section.key=value`` overrides.
+
+    Raises:
+        ConfigError: a missing file, bad TOML, an unknown key or a value of the wrong type.
+    """
+    return build(Config, read_tree(path, overrides), "")
