@@ -17,18 +17,28 @@ and traffic between them stays on the host. Each job writes ``cluster.json`` (se
 ``EmulatedCluster.describe``) into its log directory and hands its path to the workers in
 ``ADAQP_CLUSTER_SPEC``, with the worker's host index in ``ADAQP_CLUSTER_HOST``.
 
-Every namespace and link is removed on success, failure, timeout, Ctrl-C and SIGTERM, also
-while the hosts are still being built: a namespace is recorded before it is made, veth
-pairs are born inside the namespaces (never in the machine's own), a host job is recorded
-in the same step that starts it, and teardown holds SIGINT and SIGTERM until it is done.
-Addresses live only inside the namespaces this package creates (``10.213.<n>.0/24``); every
-run is bounded in time.
+Every host's processes (torchrun and its workers) run in a control group of the host's
+own, v1 or v2: ``--cpus-per-host`` is a CPU quota (default: the usable cores shared among
+the hosts; the workers' threads follow it) and ``--memory-per-host`` a memory limit
+(default: none). ``cluster.json`` records each host's budget and, after the job, what its
+group used (``cpu_seconds``, ``peak_memory_bytes``) and the job's wall time
+(``elapsed_s``). A host that runs out of memory stops the job at once with one line that
+names the host, its limit and its peak.
+
+Every namespace, link and control group is removed on success, failure, timeout, Ctrl-C
+and SIGTERM, also while the hosts are still being built: a namespace is recorded before it
+is made, veth pairs are born inside the namespaces (never in the machine's own), a host
+job is recorded in the same step that starts it, and teardown holds SIGINT and SIGTERM
+until it is done. Addresses live only inside the namespaces this package creates
+(``10.213.<n>.0/24``); every run is bounded in time.
 
 Modules: ``netns`` (the ``ip`` commands, bridge and veth pairs), ``links`` (``LinkSpec``,
-``host_links`` and tc shaping), ``signals`` (signals held during teardown), ``cluster``
+``host_links`` and tc shaping), ``cgroups`` (``Budget``, ``host_budgets`` and the hosts'
+control groups), ``signals`` (signals held during teardown), ``cluster``
 (``EmulatedCluster``: build, run, tear down) and ``cli`` (``main``, the command line).
 """
 
+from adaqp.bench.emulate.cgroups import Budget, CgroupError, host_budgets
 from adaqp.bench.emulate.cli import main
 from adaqp.bench.emulate.cluster import HOST_ENV, RDZV_PORT, SPEC_ENV, EmulatedCluster
 from adaqp.bench.emulate.links import LinkSpec, host_links
@@ -36,11 +46,14 @@ from adaqp.bench.emulate.netns import ClusterError
 
 __all__ = [
     "HOST_ENV",
+    "Budget",
+    "CgroupError",
     "RDZV_PORT",
     "SPEC_ENV",
     "ClusterError",
     "EmulatedCluster",
     "LinkSpec",
+    "host_budgets",
     "host_links",
     "main",
 ]

@@ -33,7 +33,6 @@ Files read and written::
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import math
 import os
@@ -253,9 +252,7 @@ class HostGroup:
                     d.rmdir()
                 except FileNotFoundError:
                     pass
-                except OSError as exc:
-                    if exc.errno not in (errno.EBUSY, errno.ENOTEMPTY):
-                        raise
+                except OSError:  # EBUSY, ENOTEMPTY: not empty yet; anything else: logged below
                     continue
                 self.made.remove(d)
             if self.made:
