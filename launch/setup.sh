@@ -98,12 +98,18 @@ if [[ ${#extras[@]} -gt 0 ]]; then
   extras_spec="[$(IFS=,; echo "${extras[*]}")]"
 fi
 
+# One line before each step: pip is quiet, and the steps take minutes the first time.
 if [[ ! -x "$VENV/bin/python" ]]; then
+  echo "creating the virtual environment $VENV ($PYTHON -m venv)..."
   "$PYTHON" -m venv "$VENV"
 fi
 pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 # torch first and by exact version: a bare "torch" requirement may pull a multi-GB build.
-if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+if "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  echo "torch is installed in $VENV already: kept"
+else
+  echo "installing $TORCH_SPEC into $VENV${index:+, looked for at $index too}: the" \
+    "largest download, minutes the first time..."
   # PyTorch's index is asked for torch alone (--no-deps; torch's dependencies come from the
   # package index with AdaQP's below), so that one out of reach is waited on once, briefly.
   asked=()
@@ -120,9 +126,12 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
       "(no NVIDIA driver here, so the CPU build was tried); installing $fallback, which" \
       "may be the multi-GB CUDA build. For the CPU build, set PIP_EXTRA_INDEX_URL (or" \
       "TORCH_CPU_INDEX) to an index with it that this machine reaches." >&2
+    echo "installing $fallback into $VENV..."
     "${pip[@]}" "$fallback"
   fi
 fi
+echo "installing AdaQP (editable) into $VENV with numpy, scipy, pymetis, ogb, tqdm and" \
+  "numba${extras_spec:+, and the extras $extras_spec}..."
 "${pip[@]}" -e ".${extras_spec}"
 echo "compiling the CPU kernels (numba; once, up to a minute)..."
 if ! "$VENV/bin/python" -c "from adaqp.quant import kernels; kernels.warm_up(parallel=True)"; then

@@ -16,6 +16,7 @@ SETUP = ROOT / "launch" / "setup.sh"
 # to compile the kernels where $FAIL_COMPILE is set.
 FAKE_PYTHON = """#!/usr/bin/env bash
 echo "$*" >> "$(dirname "$0")/calls.log"
+[[ "$1 $2" == "-m pip" ]] && echo "PIP ${@: -1}"  # on stdout, after setup's own lines
 if [[ "$1" == "-c" ]]; then
   [[ -e "$(dirname "$0")/torch-installed" ]] || exit 1
   [[ "$2" == *warm_up* && -n "${FAIL_COMPILE:-}" ]] && exit 1
@@ -179,3 +180,41 @@ def test_bench_installs_the_plotting_extra(tmp_path, flags, extras):
     proc, calls = _setup(tmp_path, *flags, nvidia=True)
     assert proc.returncode == 0, proc.stderr
     assert _installed(calls) == ["torch==2.13.0", extras]
+
+
+@pytest.mark.parametrize(
+    ("flags", "refuse", "steps"),
+    [
+        (
+            ["--test"],
+            "torch==2.13.0",
+            [("installing torch==2.13.0 ", "torch==2.13.0"), ("installing AdaQP", ".[test,pyg]")],
+        ),
+        (
+            ["--bench"],
+            "torch==2.13.0+cpu",
+            [
+                ("installing torch==2.13.0+cpu", "torch==2.13.0+cpu"),
+                ("installing torch==2.13.0 ", "torch==2.13.0"),
+                ("installing AdaQP", ".[bench]"),
+            ],
+        ),
+    ],
+)
+def test_each_step_is_named_before_it_runs(tmp_path, flags, refuse, steps):
+    """Setup was silent for about 50 s while pip installed."""
+    nvidia = refuse == "torch==2.13.0"
+    if not nvidia and Path("/proc/driver/nvidia/version").exists():
+        pytest.skip("an NVIDIA driver here")
+    proc, _ = _setup(tmp_path, *flags, refuse="" if nvidia else refuse, nvidia=nvidia)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    pips = [i for i, line in enumerate(lines) if line.startswith("PIP ")]
+    assert [lines[i].removeprefix("PIP ") for i in pips] == [spec for _, spec in steps]
+    for i, (said, _) in zip(pips, steps, strict=True):
+        assert lines[i - 1].startswith(said) and lines[i - 1].endswith("..."), lines
+    assert "the extras [" + flags[0][2:] in proc.stdout
+    assert lines[pips[-1] + 1].startswith("compiling the CPU kernels")
+
+    proc, _ = _setup(tmp_path, *flags, nvidia=True)  # torch there now: kept, and said so
+    assert f"torch is installed in {tmp_path / 'venv'} already: kept" in proc.stdout
