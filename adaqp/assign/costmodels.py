@@ -274,12 +274,15 @@ class HostModel:
             [[table[b].sum(), dim * quant[b].sum(), dim * dequant[b].sum()] for b in widths]
         )  # [C, 3]: bytes, quantize seconds, dequantize seconds
         use = np.einsum("ck,kcr->r", per_channel, self.channel_map(channels))
-        return self.alpha_s + float(self._host_times(use).max())
+        return self.alpha_s + float(self.host_and_fabric_times(use).max())
 
-    def _host_times(self, use: np.ndarray) -> np.ndarray:
-        """float64 ``[..., H + 1]`` host times, then the fabric's (its use plus the slowest
-        rank's; all without ``alpha``), from resource use ``[..., R]``; ``T`` is ``alpha``
-        plus their maximum."""
+    def host_and_fabric_times(self, use: np.ndarray) -> np.ndarray:
+        """float64 ``[..., H + 1]``: each host's busy seconds (the busier of its NIC's two
+        directions plus its slowest rank's (de)quantization and copies), then the fabric's
+        (its use plus the slowest rank's), all without ``alpha``, from resource use
+        ``[..., R]`` (``channel_map``'s columns). ``T`` is ``alpha`` plus their maximum;
+        the solvers (``adaqp.assign.problem``, ``adaqp.assign.host``) price a change of
+        widths by what it does to these."""
         h = self.num_hosts
         net = np.maximum(use[..., :h], use[..., h : 2 * h])
         order = np.argsort(self.host_of_rank, kind="stable")

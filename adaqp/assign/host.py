@@ -31,8 +31,8 @@ def host_polish(p: HostProblem, k: np.ndarray, deadline: float) -> np.ndarray:
         if time.perf_counter() > deadline:
             break
         delta = p.unit - p.unit[groups, k][:, None, :]  # [G, K, R] use change of each move
-        t = p.alpha + p.model._host_times(use).max()
-        new_t = p.alpha + p.model._host_times(use + delta).max(axis=-1)  # [G, K]
+        t = p.alpha + p.model.host_and_fabric_times(use).max()
+        new_t = p.alpha + p.model.host_and_fabric_times(use + delta).max(axis=-1)  # [G, K]
         dobj = p.wv * p.w[:, None] * (p.f[None, :] - p.f[k][:, None]) + p.wt * (new_t - t)
         best = int(np.argmin(dobj))
         if dobj.flat[best] >= -OBJECTIVE_TOL:
@@ -75,7 +75,7 @@ def _host_prices(p: HostProblem, k: np.ndarray) -> np.ndarray:
     elsewhere: growing it barely moves ``T``.
     """
     H, use = p.model.num_hosts, p.use(k)
-    times = p.model._host_times(use)  # [H + 1]: the fabric's last
+    times = p.model.host_and_fabric_times(use)  # [H + 1]: the fabric's last
     net = np.maximum(use[:H], use[H : 2 * H])
     busiest_rank = np.zeros(H)
     np.maximum.at(busiest_rank, p.model.host_of_rank, use[2 * H : -1])
@@ -284,6 +284,6 @@ def host_brute(p: HostProblem, max_combos: int) -> np.ndarray:
         use = np.zeros((k.shape[0], p.model.num_resources))
         for g in range(p.w.size):
             use += p.unit[g, k[:, g]]
-        return p.alpha + p.model._host_times(use).max(axis=1)
+        return p.alpha + p.model.host_and_fabric_times(use).max(axis=1)
 
     return p.exhaustive(max_combos, 1 << 14, times)

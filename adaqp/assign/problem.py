@@ -317,7 +317,7 @@ class HostProblem(Groups):
     def time(self, k: np.ndarray) -> float:
         if self.w.size == 0:  # nothing to send: not even the start-up latency
             return 0.0
-        return self.alpha + float(self.model._host_times(self.use(k)).max())
+        return self.alpha + float(self.model.host_and_fabric_times(self.use(k)).max())
 
     def objective(self, k: np.ndarray) -> float:
         v = float(np.sum(self.w * self.f[k]))

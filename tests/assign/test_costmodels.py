@@ -92,6 +92,21 @@ def test_host_evaluate_matches_hand_computation():
     assert t == pytest.approx(0.5 + 1.48 + 0.06)
 
 
+def test_host_and_fabric_times_are_each_hosts_busy_seconds_then_the_fabrics():
+    """The public figure the solvers price width changes with: per host the busier NIC
+    direction plus its slowest rank's work, then the fabric's; ``T`` is alpha plus the
+    largest (the example of the hand computation above)."""
+    model = HostModel([0, 0, 1], 0.5, [100.0, 50.0], [200.0, 25.0], 100.0, {}, {})
+    use = np.zeros(model.num_resources)  # columns: send NICs, receive NICs, ranks, fabric
+    use[[0, 1, 2, 3]] = [0.37, 9 / 200, 0.18, 1.48]
+    use[[4, 5, 6]] = [0.168, 0.344, 0.06]
+    times = model.host_and_fabric_times(use)
+    assert times == pytest.approx([0.37 + 0.344, 1.48 + 0.06, 0.0 + 0.344])
+    # Batched over leading axes, as the greedy prices every group's choices at once.
+    batch = model.host_and_fabric_times(np.stack([use, 2 * use]))
+    assert batch.shape == (2, 3) and batch[1] == pytest.approx(2 * times)
+
+
 def test_host_model_validation():
     ok = dict(
         host_of_rank=[0, 1],
