@@ -246,15 +246,20 @@ def test_help_lists_every_option_and_answers_without_torch():
 
 
 def test_the_launcher_imports_only_the_standard_library():
-    """And adaqp.deps (which says what is missing where torch is), itself stdlib only."""
-    for path in [*(ROOT / "adaqp" / "launcher").glob("*.py"), ROOT / "adaqp" / "deps.py"]:
+    """And adaqp.deps (which says what is missing where torch is) and adaqp.cores (the
+    workers' share of the cores), themselves stdlib only."""
+    stdlib_only = ("adaqp.deps", "adaqp.cores")
+    for path in [
+        *(ROOT / "adaqp" / "launcher").glob("*.py"),
+        *(ROOT / "adaqp" / f"{name.partition('.')[2]}.py" for name in stdlib_only),
+    ]:
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom):
                 names = [node.module or ""]
             for name in names:
                 top = name.partition(".")[0]
-                ours = name.startswith("adaqp.launcher") or name == "adaqp.deps"
+                ours = name.startswith("adaqp.launcher") or name in stdlib_only
                 assert top in sys.stdlib_module_names or ours, (path, name)
 
 
@@ -401,6 +406,7 @@ import os, signal, subprocess, sys, time
 from pathlib import Path
 status = Path(os.environ["ADAQP_STATUS_DIR"])
 (status.parent / (status.name + ".env")).write_text(os.environ["ADAQP_COMMAND"])
+(status.parent / (status.name + ".omp")).write_text(os.environ.get("OMP_NUM_THREADS", "unset"))
 if sys.argv[1] == "stubborn":  # ignores Ctrl-C, as does a worker of its own session
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     worker = subprocess.Popen(["sleep", "60"], start_new_session=True)
@@ -493,6 +499,49 @@ def test_failure_passes_the_workers_code_and_cleans_up(monkeypatch, tmp_path, ca
     (command,) = tmp_path.glob("adaqp-status-*.env")
     assert command.read_text() == f"bash 'launch/my train.sh' {CORA} --epochs 3"
     assert not [p for p in tmp_path.glob("adaqp-status-*") if p.is_dir()]  # removed
+
+
+@pytest.mark.parametrize(("nproc", "user"), [(2, None), (1, None), (2, "3")])
+def test_torchrun_gets_the_workers_thread_count(monkeypatch, tmp_path, nproc, user):
+    """Set in torchrun's environment (unset, torchrun prints a banner about it on every
+    run): the usable cores shared among the workers, unless the user set a count."""
+    if user is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", user)
+    _fake_launch(monkeypatch, tmp_path, "fail", CONFIG_ERROR)
+    assert main([CORA, "--nproc", str(nproc)]) == 2
+    (omp,) = tmp_path.glob("adaqp-status-*.omp")
+    assert omp.read_text() == (user or str(max(1, usable_cores() // nproc)))
+
+
+WORKER = """\
+import os, sys
+import torch
+sys.path.insert(0, os.environ["ROOT"])
+from adaqp.runtime import thread_count
+threads = thread_count(0, os.environ, int(os.environ["LOCAL_WORLD_SIZE"]))
+print(f"rank {os.environ['RANK']} threads {threads}", flush=True)
+"""
+
+
+@pytest.mark.distributed
+def test_torchrun_says_nothing_about_omp_and_the_workers_get_their_share(
+    monkeypatch, tmp_path, capfd
+):
+    """torchrun's four-line OMP_NUM_THREADS banner came on every run of two workers."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("ROOT", str(ROOT))
+    standalone = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command = [*standalone, "--nproc-per-node", "2", str(script)]
+    monkeypatch.setattr(Launch, "torchrun", lambda self: command)
+    assert main([CORA, "--nproc", "2"]) == 0
+    out, err = capfd.readouterr()
+    assert "OMP_NUM_THREADS" not in err and "*****" not in err, err
+    share = max(1, usable_cores() // 2)
+    assert sorted(out.split("\n"))[-2:] == [f"rank {r} threads {share}" for r in (0, 1)], out
 
 
 def test_a_host_of_several_says_whom_it_waits_for(monkeypatch, tmp_path, capfd):
@@ -588,6 +637,7 @@ def test_train_sh_runs_cora_and_a_config_error_is_one_line_exit_2(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["epochs"] == 3
     assert summary["threads"] == max(1, usable_cores() // 2)  # the cores shared by 2
+    assert "OMP_NUM_THREADS" not in run.stderr  # torchrun's banner: the launcher set it
     assert "test acc" in run.stdout and "Traceback" not in run.stderr
 
     # One worker, nothing set: it trains on every usable core (torchrun would say 1).

@@ -13,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from adaqp.cores import usable_cores
 from adaqp.deps import refusal
 from adaqp.launcher.args import Launch
 from adaqp.launcher.output import (
@@ -100,6 +101,12 @@ def _silent_failure(filter_: OutputFilter, codes: dict[int, int], torchrun_code:
     return f"rank {rank} ended with {describe(code)} without a message{why}; --debug shows more"
 
 
+def worker_threads(nproc: int) -> int:
+    """Threads per worker where the user set none: this host's usable cores shared among
+    its ``nproc`` workers (what ``adaqp.runtime.thread_count`` chooses)."""
+    return max(1, usable_cores() // nproc)
+
+
 def launch(spec: Launch, command: str) -> int:
     """Runs torchrun for ``spec``; returns the exit code."""
     if (lacking := refusal()) is not None:  # each worker would fail on it, after torchrun
@@ -109,6 +116,11 @@ def launch(spec: Launch, command: str) -> int:
     env = dict(os.environ)
     env.pop("ADAQP_LAUNCH_SCRIPT", None)
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "5")
+    if not env.get("OMP_NUM_THREADS"):
+        # torchrun, finding it unset, sets 1 for several workers and says so in a four-line
+        # banner on every run; the launcher sets the workers' share itself (comm.threads
+        # still wins over it).
+        env["OMP_NUM_THREADS"] = str(worker_threads(spec.nproc))
     env.update(ADAQP_STATUS_DIR=str(status_dir), ADAQP_COMMAND=command)
     stopping: list[float] = []  # when the first stop signal came
     proc: subprocess.Popen | None = None
