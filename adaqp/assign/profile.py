@@ -236,7 +236,7 @@ def time_quantization(
         best_q = best_d = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()
-            quantize_mixed(x, plan, generator, out=buf)
+            quantize_mixed(x, plan, out=buf)
             t1 = time.perf_counter()
             dequantize_mixed(buf, plan, dim, out=out)
             t2 = time.perf_counter()

@@ -61,20 +61,26 @@ _METRIC_BITS = 2  # width of the headline figure
 
 # --------------------------------------------------------------------------- benchmark
 
-Quantizer = Callable[[Tensor, Tensor, torch.Generator, Tensor], Tensor]
+Quantizer = Callable[[Tensor, Tensor, int, Tensor], Tensor]  # (x, widths, seed, out)
 Dequantizer = Callable[[Tensor, Tensor, int, Tensor], Tensor]
 
+
+def _keys(x: Tensor, seed: int) -> RowKeys:
+    """A plain call's keys: rows keyed by index under the base key ``seed``."""
+    return RowKeys.of(seed, count=x.shape[0])
+
+
 SIDES: dict[str, tuple[Quantizer, Dequantizer]] = {
-    "reference": (
-        lambda x, b, g, out: reference_quantize_mixed(x, b, g, out=out),
+    "reference": (  # drew from a generator (it predates the keyed draws)
+        lambda x, b, s, out: reference_quantize_mixed(x, b, torch.Generator().manual_seed(s), out),
         lambda buf, b, dim, out: reference_dequantize_mixed(buf, b, dim, out=out),
     ),
     "new": (  # the torch path (the subject of the ``speedup`` figure, hence its name)
-        lambda x, b, g, out: quantize_mixed(x, b, g, out=out, kernels="torch"),
+        lambda x, b, s, out: quantize_mixed(x, b, out=out, kernels="torch", keys=_keys(x, s)),
         lambda buf, b, dim, out: dequantize_mixed(buf, b, dim, out=out, kernels="torch"),
     ),
     "compiled": (
-        lambda x, b, g, out: quantize_mixed(x, b, g, out=out, kernels="compiled"),
+        lambda x, b, s, out: quantize_mixed(x, b, out=out, kernels="compiled", keys=_keys(x, s)),
         lambda buf, b, dim, out: dequantize_mixed(buf, b, dim, out=out, kernels="compiled"),
     ),
 }
@@ -110,7 +116,7 @@ def _cross_decode(x: Tensor, bits_R: Tensor, seed: int) -> dict[str, float]:
     dim, worst = x.shape[1], {"all": 0.0, "new_vs_compiled": 0.0}
     for quantize, _ in SIDES.values():
         buf = torch.empty(mixed_buffer_bytes(bits_R, dim), dtype=torch.uint8)
-        quantize(x, bits_R, torch.Generator().manual_seed(seed), buf)
+        quantize(x, bits_R, seed, buf)
         decoded = {
             side: dequantize(buf, bits_R, dim, torch.empty_like(x))
             for side, (_, dequantize) in SIDES.items()
@@ -136,13 +142,12 @@ def _time_widths(x: Tensor, repeats: int, seed: int) -> dict[str, dict]:
         size = mixed_buffer_bytes(bits_R, dim)
         send = {side: torch.empty(size, dtype=torch.uint8) for side in SIDES}
         recv = {side: torch.empty(rows, dim) for side in SIDES}
-        gens = {side: torch.Generator().manual_seed(seed + bits) for side in SIDES}
         cpu = {side: {"quantize": [], "dequantize": [], "total": []} for side in SIDES}
         wall = {side: [] for side in SIDES}
         for rep in range(repeats + 1):  # the first round warms up and is dropped
             for side, (quantize, dequantize) in SIDES.items():  # interleaved: same conditions
                 w0, t0 = time.perf_counter(), time.thread_time()
-                quantize(x, bits_R, gens[side], send[side])
+                quantize(x, bits_R, seed + 1000 * bits + rep, send[side])
                 t1 = time.thread_time()
                 dequantize(send[side], bits_R, dim, recv[side])
                 t2, w2 = time.thread_time(), time.perf_counter()
@@ -255,7 +260,7 @@ def _time_blend(x: Tensor, repeats: int, seed: int, bits: int = 1) -> dict[str, 
     against decoded straight into the average, interleaved."""
     rows, dim = x.shape
     bits_R = torch.full((rows,), bits, dtype=torch.int8)
-    buf = quantize_mixed(x, bits_R, torch.Generator().manual_seed(seed), kernels="compiled")
+    buf = quantize_mixed(x, bits_R, kernels="compiled", keys=_keys(x, seed))
     lerped, fused = torch.zeros_like(x), torch.zeros_like(x)
     sides = {
         "decode_then_lerp": lambda: lerped.lerp_(
@@ -302,16 +307,17 @@ def _time_exchange_sides(
     dedup = MessageLayout(bits_R, counts, dim, sources)
     buf = torch.empty(sum(plain.segment_bytes), dtype=torch.uint8)
     out = torch.empty_like(x)
-    g = torch.Generator().manual_seed(seed)
+    keys = _keys(x, seed)  # as the transport keys a message: one key a row
 
     def per_segment():
+        seg_keys = iter(keys.split(counts))
         for seg_x, seg_bits, seg_buf in plain.segments(x, buf):
-            encode_segment(seg_x, seg_bits, g, seg_buf, False, "compiled")
+            encode_segment(seg_x, seg_bits, seg_buf, False, "compiled", next(seg_keys))
         for seg_out, seg_bits, seg_buf in plain.segments(out, buf):
             decode_segment(seg_buf, seg_bits, dim, seg_out, False, "compiled")
 
     def one_call(layout: MessageLayout):
-        message.encode(x, layout, g, buf, False, "compiled")
+        message.encode(x, layout, buf, False, "compiled", keys)
         message.decode(buf, layout, out, False, "compiled")
 
     sides = {

@@ -79,7 +79,6 @@ def _one_call(has_full: bool, kernels: str | None, device) -> bool:
 def encode(
     rows_RD: torch.Tensor,
     layout: MessageLayout,
-    generator,
     out: torch.Tensor,
     has_full: bool,
     kernels: str | None,
@@ -88,17 +87,17 @@ def encode(
     """Fills uint8 ``out`` (``sum(layout.segment_bytes)`` bytes) with ``rows_RD``'s segments;
     ``has_full``: whether any row of the plan travels at full precision. ``keys``: one per
     row of ``rows_RD`` (``adaqp/quant/draws.py``), which the draws then come from on either
-    path (``generator`` unused)."""
+    path (None: fresh ones, ``adaqp.quant.draws.fresh_keys``)."""
     if _one_call(has_full, kernels, rows_RD.device):
         rows = rows_RD if rows_RD.dtype == torch.float32 else rows_RD.to(torch.float32)
-        quant_kernels.quantize_segments(rows, layout.compiled, generator, out, keys)
+        quant_kernels.quantize_segments(rows, layout.compiled, out, keys)
         return
     seg_keys = [None] * len(layout.counts) if keys is None else keys.split(layout.counts)
     seg_keys = [k for k, count in zip(seg_keys, layout.counts, strict=True) if count]
     for (seg_rows, seg_bits, seg_out), k in zip(
         layout.segments(rows_RD, out), seg_keys, strict=True
     ):
-        encode_segment(seg_rows, seg_bits, generator, seg_out, has_full, kernels, k)
+        encode_segment(seg_rows, seg_bits, seg_out, has_full, kernels, k)
 
 
 def decode(

@@ -148,11 +148,14 @@ class ExchangePolicy:
         return 0.0
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """What a resumed run needs to continue as this one would (for checkpoints)."""
-        return {f"transport/{k}": v for k, v in self.transport.state_dict().items()}
+        """What a resumed run needs to continue as this one would (for checkpoints): nothing
+        here. The transport has no state to save either: its rounding draws are keyed by
+        (seed, epoch, exchange, node), not drawn from a generator (checkpoints from before
+        that, which saved generators, are refused by their format version)."""
+        return {}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.transport.load_state_dict(substate(state, "transport/"))
+        """Restores what ``state_dict`` saved (nothing here)."""
 
     def close(self) -> None:
         """Waits for every exchange still in flight (none here)."""

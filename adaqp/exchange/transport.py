@@ -309,13 +309,6 @@ class HaloTransport:
         base = draw_key(self.seed, self.epoch, key.layer, Draw.BACKWARD, self.rank)
         return RowKeys.of(base, self.halo_ids, rows)
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Nothing: the rounding's draws are keyed, not drawn from a generator."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        pass
-
     def counts(self, key: ExchangeKey) -> tuple[list[int], list[int]]:
         """(rows out per peer, rows in per peer) of an exchange in ``key``'s direction."""
         if key.direction.sends_inner:
@@ -354,7 +347,7 @@ class HaloTransport:
         sent, received = plan.layouts(dim, out_counts, in_counts, sources)
         send = torch.empty(sum(sent.segment_bytes), dtype=torch.uint8, device=rows_RD.device)
         keys = self.draw_keys(key, rows_RD.shape[0])
-        message.encode(rows_RD, sent, None, send, plan.has_full, self.kernels, keys)
+        message.encode(rows_RD, sent, send, plan.has_full, self.kernels, keys)
         # The exchange clock starts once the payload is ready: quantization is counted
         # apart and is not communication that compute could hide.
         quantized = time.perf_counter()

@@ -1,48 +1,45 @@
 """Compiled CPU kernels (numba): quantize + pack, unpack + dequantize, and dropout's mask.
 
 One fused pass per row writes exactly what :func:`~adaqp.quant.mixed.quantize_mixed` writes
-(the wire format of :mod:`adaqp.quant.pack` and :mod:`adaqp.quant.mixed`, byte for byte given
-the same codes), with the rounding rule of :mod:`adaqp.quant.rows` (a multiply where it
-divides) and a counter-based random draw in place of the torch generator's stream. Python
+(the wire format of :mod:`adaqp.quant.pack` and :mod:`adaqp.quant.mixed`), with the rounding
+rule and the keyed draws of :mod:`adaqp.quant.rows`: the same keys give the same bytes. Python
 wrappers, the choice of path and the threads live in :mod:`adaqp.quant.kernels`; this module
 holds only the numba code.
 
 **The random draw.** A message (one call) takes a 64-bit base key ``s`` and a uint64 key
-``k_r`` per row (:mod:`adaqp.quant.draws`: in training, ``s`` hashes the seed, epoch, layer
-and direction, and ``k_r`` is the global id of the node whose row it is; a plain call with a
-generator draws ``s`` from it, :func:`adaqp.quant.kernels.message_seed`, and takes
-``k_r = r``). Row ``r`` of an ``[R, D]`` message (an exchange's buffer of peer segments is one
-message, :mod:`adaqp.exchange.message`) takes ``K_r = mix64(s + (k_r + 1)·γ mod 2**64)``,
-output ``k_r + 1`` of SplitMix64 (Steele, Lea and Flood, 2014) seeded with ``s``
-(``γ = 0x9E3779B97F4A7C15``, ``mix64`` its finaliser), split into 32-bit halves ``a_r`` (low)
-and ``b_r`` (high). Value ``(r, j)`` draws the 16-bit lane ``j mod 2`` (bits ``16·(j mod 2)``
-and up) of the word ``h(a_r + (j // 2)·0x9E3779B9 mod 2**32)``, where ``h`` is lowbias32
+``k_r`` per row (:mod:`adaqp.quant.draws`: in training, ``s`` hashes the seed, epoch, layer and
+direction, and ``k_r`` is the global id of the node whose row it is; a plain call that names no
+keys draws ``s`` from torch's default generator and takes ``k_r = r``,
+:func:`adaqp.quant.draws.fresh_keys`). Row ``r`` of an ``[R, D]`` message (an exchange's buffer
+of peer segments is one message, :mod:`adaqp.exchange.message`) takes ``K_r = mix64(s + (k_r +
+1)·γ mod 2**64)``, output ``k_r + 1`` of SplitMix64 (Steele, Lea and Flood, 2014) seeded with
+``s`` (``γ = 0x9E3779B97F4A7C15``, ``mix64`` its finaliser), split into 32-bit halves ``a_r``
+(low) and ``b_r`` (high). Value ``(r, j)`` draws the 16-bit lane ``j mod 2`` (bits ``16·(j mod
+2)`` and up) of the word ``h(a_r + (j // 2)·0x9E3779B9 mod 2**32)``, where ``h`` is lowbias32
 (Wellons' hash-prospector function: xor-shift 16, multiply by ``0x7FEB352D``, xor-shift 15,
-multiply by ``0x846CA68B``, xor-shift 16) with ``b_r`` xored in after its first multiply.
-Codes therefore depend on ``(s, k_r, j)`` and the value only: not on the thread count, the
-order rows are visited in or how rows split into widths. (A 32-bit word hash vectorises in
-eight lanes of native 32-bit multiplies; SplitMix64 per word, as before, cost three times as
-much and a quarter of the quantizer's time.)
+multiply by ``0x846CA68B``, xor-shift 16) with ``b_r`` xored in after its first multiply. Codes
+therefore depend on ``(s, k_r, j)`` and the value only: not on the thread count, the order rows
+are visited in or how rows split into widths. (A 32-bit word hash vectorises in eight lanes of
+native 32-bit multiplies; SplitMix64 per word, as before, cost three times as much and a
+quarter of the quantizer's time.)
 
 **Rounding.** ``Δ = (M - m) / L`` (1 where it is 0) as in :mod:`adaqp.quant.rows`, the scaled
 value ``σ = min((x - m)·(2**16 / Δ), 2**16·L)`` (float32; where ``2**16 / Δ`` overflows,
 ``(x - m) / Δ·2**16``), ``ρ = rint(σ)`` (rounded half to even), and ``q = (ρ + u) >> 16``
-with ``u`` the value's 16-bit draw; ``q <= L`` as ``σ <= 2**16·L``. ``σ`` is ``2**16·t``
-for the torch path's ``t = (x - m) / Δ`` up to float32 rounding of the reciprocal and the
-product (a multiply instead of a divide per value).
+with ``u`` the value's 16-bit draw; ``q <= L`` as ``σ <= 2**16·L``. The torch path
+(:mod:`adaqp.quant.rows`) evaluates the same float32 operations, so its codes are these.
 
 **Unbiasedness.** For a seed uniform on ``[0, 2**64)``, ``s + (k_r + 1)·γ`` is uniform,
-``mix64`` is a bijection of 64-bit words, so ``K_r`` is uniform and its halves are independent and
-uniform; given ``b_r``, ``a_r + k·0x9E3779B9`` is uniform on 32-bit words and the keyed ``h``
-is a bijection of them (each step is), so every word is uniform and a 16-bit lane of a
-uniform word is uniform: each ``u`` is *exactly* uniform on ``{0, ..., 2**16 - 1}``, so
-``E[q] = ρ / 2**16`` exactly and ``|E[q] - σ / 2**16| <= 2**-17``. Hence ``|E[x̂] - x| <= Δ /
-2**17`` beyond float32 rounding of ``σ`` and of ``m + q·Δ`` (half the torch path's ``Δ /
-2**16``), and ``Var[x̂] = Δ²·f(1 - f) <= Δ²/4`` with ``f`` the fractional part of ``ρ /
-2**16``. Distinct values of a row use distinct words (or lanes of one word); rows with
-distinct keys use distinct SplitMix64 outputs. Joint independence beyond that is as good as
-the hash's and is not otherwise claimed; the tests check the lanes' uniformity and the
-correlation of neighbouring draws.
+``mix64`` is a bijection of 64-bit words, so ``K_r`` is uniform and its halves are independent
+and uniform; given ``b_r``, ``a_r + k·0x9E3779B9`` is uniform on 32-bit words and the keyed
+``h`` is a bijection of them (each step is), so every word is uniform and a 16-bit lane of a
+uniform word is uniform: each ``u`` is *exactly* uniform on ``{0, ..., 2**16 - 1}``, so ``E[q]
+= ρ / 2**16`` exactly and ``|E[q] - σ / 2**16| <= 2**-17``. Hence ``|E[x̂] - x| <= Δ / 2**17``
+beyond float32 rounding of ``σ`` and of ``m + q·Δ``, and ``Var[x̂] = Δ²·f(1 - f) <= Δ²/4`` with
+``f`` the fractional part of ``ρ / 2**16``. Distinct values of a row use distinct words (or
+lanes of one word); rows with distinct keys use distinct SplitMix64 outputs. Joint independence
+beyond that is as good as the hash's and is not otherwise claimed; the tests check the lanes'
+uniformity and the correlation of neighbouring draws.
 
 **Reconstruction** is the torch path's expression, evaluated in the same float32 order
 (``min(m + q·Δ, M)``, no fused multiply-add; one bit: ``m`` or ``M``), so both paths decode the

@@ -34,6 +34,7 @@ Shapes: R rows, C columns (values a row), W words a row.
 from __future__ import annotations
 
 import enum
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -131,26 +132,54 @@ class RowKeys:
             return mix64(self.base + (self.rows + np.uint64(1)) * np.uint64(_GAMMA))
 
 
-def _times(z: Tensor, constant: int) -> Tensor:
-    """``z·constant mod 2**32`` for int64 ``z`` in ``[0, 2**32)``, in 16-bit halves of the
-    constant so that no product leaves int64."""
-    low = z * (constant & 0xFFFF)
-    high = ((z * (constant >> 16)) & 0xFFFF) << 16
-    return (low + high) & _MASK32
+def fresh_keys(count: int) -> RowKeys:
+    """Keys for a plain call that names none: rows keyed by their index ``0..count-1`` under
+    a base key drawn from torch's default CPU generator (so ``torch.manual_seed`` replays
+    it). Training always passes keys; a generator of its own would be a second way to the
+    same draws."""
+    base = torch.empty((), dtype=torch.int64).random_(-(2**63), None).item()
+    return RowKeys.of(np.int64(base).view(np.uint64), count=count)
+
+
+def row_keys(keys: RowKeys | None, count: int) -> RowKeys:
+    """``keys`` checked against the ``count`` rows they key, or :func:`fresh_keys`."""
+    if keys is None:
+        return fresh_keys(count)
+    if len(keys) != count:
+        raise ValueError(f"{len(keys)} row keys for {count} rows")
+    return keys
+
+
+def _signed32(value: int) -> int:
+    """The int32 whose bits are ``value``'s low 32 bits."""
+    value &= _MASK32
+    return value - (1 << 32) if value >> 31 else value
+
+
+def _words32(keys: RowKeys, count: int, device: torch.device | str) -> Tensor:
+    """int32 ``[R, count]``: the bits of :func:`words`. int32 tensors wrap on overflow (two's
+    complement, as the compiled kernels' uint32 do); a right shift sign-extends, so each
+    shift is masked to a logical one. Half the memory of int64 words and no split multiply:
+    several times faster (tests/quant/test_draws.py ties it to a numpy statement)."""
+    mixed = torch.from_numpy(keys.mixed().view(np.int64)).to(device)
+    low = ((mixed & _MASK32) ^ (1 << 31)) - (1 << 31)  # the low half's bits as an int32
+    high = (((mixed >> 32) & _MASK32) ^ (1 << 31)) - (1 << 31)
+    steps = torch.arange(count, dtype=torch.int64, device=device) * _G32 & _MASK32
+    steps = (steps ^ (1 << 31)) - (1 << 31)
+    z = low.to(torch.int32)[:, None] + steps.to(torch.int32)
+    z ^= (z >> 16) & 0xFFFF
+    z *= _signed32(_H1)
+    z ^= high.to(torch.int32)[:, None]
+    z ^= (z >> 15) & 0x1FFFF
+    z *= _signed32(_H2)
+    z ^= (z >> 16) & 0xFFFF
+    return z
 
 
 def words(keys: RowKeys, count: int, device: torch.device | str = "cpu") -> Tensor:
     """int64 ``[R, count]``: words ``0..count-1`` of every row, each in ``[0, 2**32)``
     (torch operators on ``device``; the compiled kernels' words bit for bit)."""
-    mixed = torch.from_numpy(keys.mixed().view(np.int64)).to(device)
-    low = (mixed & _MASK32)[:, None]
-    high = ((mixed >> 32) & _MASK32)[:, None]
-    z = (low + torch.arange(count, dtype=torch.int64, device=device) * _G32) & _MASK32
-    z = z ^ (z >> 16)
-    z = _times(z, _H1) ^ high
-    z = z ^ (z >> 15)
-    z = _times(z, _H2)
-    return z ^ (z >> 16)
+    return _words32(keys, count, device).to(torch.int64) & _MASK32
 
 
 def keep_mask(keys: RowKeys, cols: int, threshold: int, device="cpu") -> Tensor:
@@ -165,3 +194,14 @@ def lanes16(keys: RowKeys, cols: int, device="cpu") -> Tensor:
     w = words(keys, (cols + 1) // 2, device)
     pairs = torch.stack([w & 0xFFFF, w >> 16], dim=-1).view(w.shape[0], -1)
     return pairs[:, :cols].to(torch.int32)
+
+
+def centred_lanes16(keys: RowKeys, cols: int, device="cpu") -> Tensor:
+    """int16 ``[R, cols]`` (a view, strided where ``cols`` is odd): :func:`lanes16` less
+    ``2**15``, the quantizer's draws as the torch path adds them (the words' bits read in
+    place as 16-bit lanes, the top bit of each lane flipped)."""
+    w = _words32(keys, (cols + 1) // 2, device)
+    if sys.byteorder != "little":  # an int16 view would read the high lane first
+        return (lanes16(keys, cols, device) - (1 << 15)).to(torch.int16)
+    w ^= _signed32(0x80008000)  # u xor 2**15 read as int16 is u - 2**15
+    return w.view(torch.int16)[:, :cols]

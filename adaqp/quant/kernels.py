@@ -5,8 +5,9 @@ Two implementations write the same wire format (:mod:`adaqp.quant.pack`, :mod:`a
 * ``torch``: torch operators (:mod:`adaqp.quant.rows`), on any device; the reference, and the
   path for CUDA tensors;
 * ``compiled``: fused numba kernels (:mod:`adaqp.quant.compiled`), on CPU tensors, several times
-  faster. Its random draws are counter-based (a hash of a message's base key, a row's key and
-  the column, :mod:`adaqp.quant.draws`): same rounding rule and wire format, other draws.
+  faster. Both paths take the same counter-based draws (a hash of a message's base key, a
+  row's key and the column, :mod:`adaqp.quant.draws`) and round alike: the same keys give the
+  same bytes on either.
 
 The switch (:data:`~adaqp.config.KERNELS`, config key ``quant.kernels``): ``auto`` takes the
 compiled path for CPU tensors when numba is importable and the torch path otherwise;
@@ -33,7 +34,7 @@ import torch
 from torch import Tensor
 
 from adaqp.config import KERNELS
-from adaqp.quant.draws import RowKeys
+from adaqp.quant.draws import RowKeys, row_keys
 
 logger = logging.getLogger(__name__)
 
@@ -116,12 +117,6 @@ def _warn_fallback(reason: str) -> None:
     logger.warning("quant.kernels = auto: %s; using the slower torch path", reason)
 
 
-def message_seed(generator: torch.Generator | None) -> np.uint64:
-    """One uniform 64-bit seed from ``generator`` (None: torch's default CPU generator)."""
-    draw = torch.empty((), dtype=torch.int64).random_(-(2**63), None, generator=generator)
-    return np.int64(draw.item()).view(np.uint64)
-
-
 def threads() -> int:
     """Threads a compiled call uses: ``torch.get_num_threads()``, capped at numba's pool."""
     import numba
@@ -154,20 +149,25 @@ _NO_REPEATS = np.empty(0, np.int64)
 
 
 def _encode(
-    x_RD: Tensor, bits_R: np.ndarray, offsets_R, payload, generator, first_R=_NO_REPEATS, keys=None
+    x_RD: Tensor,
+    bits_R: np.ndarray,
+    offsets_R,
+    payload,
+    keys: RowKeys | None,
+    first_R=_NO_REPEATS,
 ) -> tuple:
     """Runs the quantize kernel; returns float32 ``(mins, maxs)`` numpy arrays. A row ``r``
     with ``first_R[r] >= 0`` gets the codes of that earlier row, the same values. Draws keyed
-    by ``keys`` (:class:`~adaqp.quant.draws.RowKeys`), else by a seed from ``generator`` and
-    the row index."""
+    by ``keys`` (:class:`~adaqp.quant.draws.RowKeys`; None:
+    :func:`~adaqp.quant.draws.fresh_keys`)."""
     kernels = compiled_module()
     rows, dim = x_RD.shape
     mins = np.zeros(rows, np.float32)
     maxs = np.zeros(rows, np.float32)
+    keys = row_keys(keys, rows)
     if rows == 0 or dim == 0:
         return mins, maxs
     x = numpy_view(x_RD.contiguous())
-    keys = keys if keys is not None else RowKeys.of(message_seed(generator), count=rows)
     args = (x, bits_R, keys.base, keys.rows, offsets_R, payload, mins, maxs, first_R)
     count = parallel_threads(x_RD.numel())
     if count == 1:
@@ -223,7 +223,7 @@ def _mixed_layout(bits: np.ndarray, dim: int) -> tuple[np.ndarray, int]:
 
 
 def quantize_mixed(
-    x_RD: Tensor, bits_R: Tensor, generator, out: Tensor | None, keys: RowKeys | None = None
+    x_RD: Tensor, bits_R: Tensor, out: Tensor | None, keys: RowKeys | None = None
 ) -> Tensor:
     """:func:`adaqp.quant.quantize_mixed` on the compiled path (float32 CPU ``x_RD``)."""
     rows, dim = x_RD.shape
@@ -236,7 +236,7 @@ def quantize_mixed(
     elif out.dim() != 1 or out.dtype != torch.uint8 or out.shape[0] != size:
         raise ValueError(f"out must be uint8 [{size}], got {tuple(out.shape)} {out.dtype}")
     payload = numpy_view(out)
-    mins, maxs = _encode(x_RD, bits, offsets, payload, generator, keys=keys)
+    mins, maxs = _encode(x_RD, bits, offsets, payload, keys)
     payload[: 4 * rows] = mins.view(np.uint8)
     payload[4 * rows : 8 * rows] = maxs.view(np.uint8)
     return out
@@ -329,13 +329,13 @@ def _check_message(layout: SegmentLayout, buf: Tensor, rows_RD: Tensor) -> None:
 
 
 def quantize_segments(
-    x_RD: Tensor, layout: SegmentLayout, generator, out: Tensor, keys: RowKeys | None = None
+    x_RD: Tensor, layout: SegmentLayout, out: Tensor, keys: RowKeys | None = None
 ) -> Tensor:
     """Every segment of a message quantized into uint8 ``out`` in one call, one base key for
     the whole message: each segment is then a :func:`quantize_mixed` buffer of its rows."""
     _check_message(layout, out, x_RD)
     payload = numpy_view(out)
-    args = (x_RD, layout.widths, layout.offsets, payload, generator, layout.first, keys)
+    args = (x_RD, layout.widths, layout.offsets, payload, keys, layout.first)
     mins, maxs = _encode(*args)
     compiled_module().copy_metadata(payload, layout.starts, layout.rows, mins, maxs, True)
     return out
@@ -354,13 +354,15 @@ def dequantize_segments(
     return _decode(payload, layout.widths, layout.offsets, mins, maxs, out_RD, blend)
 
 
-def quantize_rows(x_RD: Tensor, bits: int, generator, packed: Tensor) -> tuple[Tensor, Tensor]:
+def quantize_rows(
+    x_RD: Tensor, bits: int, packed: Tensor, keys: RowKeys | None = None
+) -> tuple[Tensor, Tensor]:
     """:func:`adaqp.quant.quantize` on the compiled path: fills uint8 ``packed``
     ``[R, packed_row_bytes]`` and returns float32 ``(minimum, maximum)``."""
     rows = x_RD.shape[0]
     widths = np.full(rows, bits, np.int8)
     offsets = np.arange(rows, dtype=np.int64) * packed.shape[1]
-    mins, maxs = _encode(x_RD, widths, offsets, numpy_view(packed).reshape(-1), generator)
+    mins, maxs = _encode(x_RD, widths, offsets, numpy_view(packed).reshape(-1), keys)
     return torch.from_numpy(mins), torch.from_numpy(maxs)
 
 
@@ -400,12 +402,12 @@ def warm_up(parallel: bool | None = None) -> bool:
     kernels = compiled_module()
     x = torch.zeros(2, 8)
     bits = torch.tensor([1, 8], dtype=torch.int8)
-    buf = quantize_mixed(x, bits, torch.Generator().manual_seed(0), None)
+    buf = quantize_mixed(x, bits, None, RowKeys.of(0, count=2))
     dequantize_mixed(buf, bits, 8, None)
     ones = torch.ones(2, dtype=torch.int8)
     layout = segment_layout(ones, [1, 1], 8, sources=np.zeros(2, np.int64))  # a repeat
     buf = torch.empty(18, dtype=torch.uint8)
-    quantize_segments(x, layout, torch.Generator().manual_seed(0), buf)
+    quantize_segments(x, layout, buf, RowKeys.of(0, count=2))
     dequantize_segments(buf, layout, x)
     keys = np.arange(2, dtype=np.uint64)  # the dropout mask's kernel, as adaqp.quant.mask calls it
     kernels.masked_scale_serial(

@@ -13,9 +13,9 @@ The buffer may start at any byte offset (a slice of an all_to_all buffer), so fl
 moved through byte copies, never through a float view of the buffer itself.
 
 Each row is quantized as :mod:`adaqp.quant.rows` quantizes a row (same rounding, same
-unbiasedness, same metadata) and packed as :mod:`adaqp.quant.pack` packs one. This module is the
-torch path; on CPU tensors the entry points hand over to the compiled kernels, which write the
-same layout (:mod:`adaqp.quant.kernels`).
+unbiasedness, same metadata, same draws) and packed as :mod:`adaqp.quant.pack` packs one. This
+module is the torch path; on CPU tensors the entry points hand over to the compiled kernels,
+which write the same layout (:mod:`adaqp.quant.kernels`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from adaqp.bits import SUPPORTED_BITS
-from adaqp.quant.draws import RowKeys
+from adaqp.quant.draws import RowKeys, row_keys
 from adaqp.quant.kernels import dequantize_mixed as compiled_dequantize_mixed
 from adaqp.quant.kernels import quantize_mixed as compiled_quantize_mixed
 from adaqp.quant.kernels import use_compiled
@@ -88,7 +88,7 @@ def _bytes_to_float32(buf: Tensor) -> Tensor:
 def quantize_mixed(
     x_RD: Tensor,
     bits_R: Tensor,
-    generator: torch.Generator | None = None,
+    *,
     out: Tensor | None = None,
     kernels: str | None = None,
     keys: RowKeys | None = None,
@@ -104,13 +104,12 @@ def quantize_mixed(
     Args:
         x_RD: ``[R, D]`` floating tensor (computed in float32).
         bits_R: integer ``[R]`` per-row widths, each in :data:`SUPPORTED_BITS`.
-        generator: random generator on ``x_RD``'s device.
         out: optional 1-D uint8 tensor of ``mixed_buffer_bytes(bits_R, D)`` bytes to fill (e.g.
             a slice of an all_to_all send buffer).
         kernels: ``auto``, ``torch`` or ``compiled`` (:mod:`adaqp.quant.kernels`); None: the
             process default.
-        keys: the rows' keys (:mod:`adaqp.quant.draws`); the draws then come from them, on
-            either path, and ``generator`` is not used.
+        keys: the rows' keys (:mod:`adaqp.quant.draws`): the same keys give the same bytes,
+            on either path. None: :func:`~adaqp.quant.draws.fresh_keys`.
 
     Returns:
         uint8 ``[mixed_buffer_bytes(bits_R, D)]``: ``out`` when given.
@@ -120,8 +119,9 @@ def quantize_mixed(
     """
     x_RD = as_float32_rows(x_RD)
     if use_compiled(kernels, x_RD.device):
-        return compiled_quantize_mixed(x_RD, bits_R, generator, out, keys)
+        return compiled_quantize_mixed(x_RD, bits_R, out, keys)
     rows, dim = x_RD.shape
+    keys = row_keys(keys, rows)
     bits_R = bits_R.to(x_RD.device)
     counts = _width_counts(bits_R)
     if bits_R.shape[0] != rows:
@@ -144,9 +144,9 @@ def quantize_mixed(
     # A single-width message (the common case) packs each block straight into its rows.
     single = next(iter(sections)) if len(sections) == 1 else None
     filled = dict.fromkeys(sections, 0)
-    # Blocks run over all rows in order with per-row L, so the random stream does not depend
-    # on how rows split into widths.
-    for start, codes in code_blocks(x_RD, minimum, maximum, _levels(bits_R), generator, keys):
+    # Blocks run over all rows in order with per-row L; a row's draws are its keys', whatever
+    # width its neighbours have.
+    for start, codes in code_blocks(x_RD, minimum, maximum, _levels(bits_R), keys):
         stop = start + codes.shape[0]
         if single is not None:
             pack_words_(codes, single, sections[single][start:stop])

@@ -8,13 +8,15 @@ quantized independently to ``b`` bits, ``b`` in :data:`~adaqp.bits.SUPPORTED_BIT
   above ``L`` (float rounding can give ``t`` just above ``L``);
 * the receiver reconstructs ``x̂ = min(m + q·Δ, M)``; at one bit, exactly ``m`` or ``M``.
 
-The Bernoulli draw uses 15 random bits per value (two values per 32-bit random word, half the
-generator calls of one float draw per value): ``q = floor((r + u) / 2**15)`` with
-``r = round(2**15·t)`` and ``u`` uniform on ``{0, ..., 2**15 - 1}``, so ``E[q] = r / 2**15``
-exactly, and the only bias beyond float32 rounding of ``t`` is that of rounding ``t`` to a
-multiple of ``2**-15``: ``|E[x̂] - x| <= Δ / 2**16``. ``Var[x̂_j] = Δ²·f_j(1 - f_j) <= Δ²/4``
-with ``f_j`` the fractional part of ``r_j / 2**15``, so a row's total variance is at most
-``D·Δ²/4``.
+The Bernoulli draw uses 16 random bits per value, a lane of a keyed 32-bit hash word
+(:mod:`adaqp.quant.draws`; two values a word): with the scaled value
+``σ = min((x - m)·(2**16 / Δ), 2**16·L)`` (float32), ``ρ = rint(σ)`` and ``u`` uniform on
+``{0, ..., 2**16 - 1}``, ``q = floor((ρ + u) / 2**16)``, so ``E[q] = ρ / 2**16`` exactly, and
+the only bias beyond float32 rounding of ``σ`` is that of rounding it to an integer:
+``|E[x̂] - x| <= Δ / 2**17``. ``Var[x̂_j] = Δ²·f_j(1 - f_j) <= Δ²/4`` with ``f_j`` the
+fractional part of ``ρ_j / 2**16``, so a row's total variance is at most ``D·Δ²/4``. This is
+the compiled kernels' rule operation for operation (:mod:`adaqp.quant.compiled`): given the
+same keys, both paths write the same codes.
 
 Row metadata is ``(m, M)`` in exact float32 (8 bytes a row, the same as ``(m, Δ)``; 16-bit
 metadata would bias the reconstruction). ``Δ`` is recomputed on the receiver by the same
@@ -24,11 +26,10 @@ Constant rows (``M == m``) send codes of 0 and reconstruct ``m`` exactly.
 
 The codes are packed by :mod:`adaqp.quant.pack`. All functions are pure tensor functions: they
 run unchanged on any device, allocate on the input's device, and do not communicate. This
-module is the torch path (the reference); on CPU tensors the entry points hand over to the
-compiled kernels unless told otherwise (``kernels=``, :mod:`adaqp.quant.kernels`), whose draws
-are counter-based and whose bias bound is half this one (:mod:`adaqp.quant.compiled`). On a
-CPU the torch path works through a message in cache-sized blocks of rows
-(:data:`_CPU_BLOCK_VALUES`).
+module is the torch path (the reference, and the path for CUDA tensors); on CPU tensors the
+entry points hand over to the compiled kernels unless told otherwise (``kernels=``,
+:mod:`adaqp.quant.kernels`), which write the same bytes for the same keys. On a CPU the torch
+path works through a message in cache-sized blocks of rows (:data:`_CPU_BLOCK_VALUES`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from adaqp.quant.draws import RowKeys, lanes16
+from adaqp.quant.draws import RowKeys, centred_lanes16, row_keys
 from adaqp.quant.kernels import dequantize_rows as compiled_dequantize
 from adaqp.quant.kernels import quantize_rows as compiled_quantize
 from adaqp.quant.kernels import use_compiled
@@ -53,10 +54,7 @@ from adaqp.quant.pack import (
     unpack_with,
 )
 
-_NOISE_BITS = 15  # random bits per value: the resolution of the Bernoulli draw
-# Float32 values in [2**23, 2**24) are the integers: adding 0 <= x < 2**23 to 2**23 rounds x to
-# an integer r, and the float's bits read as the int32 0x4B000000 + r.
-_INTEGER_BASE = 2.0**23
+_SCALE = 2.0**16  # random bits per value, 2**16: the resolution of the Bernoulli draw
 
 _CPU_BLOCK_VALUES = 1 << 19
 """Values quantized (and dequantized) per block of rows on a CPU. A block's buffers (about 3 MB)
@@ -146,17 +144,6 @@ def row_range(x_RD: Tensor) -> tuple[Tensor, Tensor]:
     return minimum, maximum
 
 
-def _fill_noise_(words: Tensor, generator: torch.Generator | None) -> Tensor:
-    """Fill int32 ``words`` with two independent draws each, uniform on ``{0, ..., 2**15 - 1}``,
-    in bits 0-14 and 16-30 (the other bits 0): ``words.view(torch.int16)`` holds one draw per
-    element.
-
-    ``random_()`` fills an int32 with 31 uniform bits (bit 31 is 0): half the generator calls of
-    one float draw per value.
-    """
-    return words.random_(generator=generator).bitwise_and_(0x7FFF7FFF)
-
-
 def _block_rows(rows: int, dim: int, device: torch.device) -> int:
     """Rows per block of :func:`code_blocks`: see :data:`_CPU_BLOCK_VALUES`."""
     if device.type != "cpu":
@@ -165,12 +152,7 @@ def _block_rows(rows: int, dim: int, device: torch.device) -> int:
 
 
 def code_blocks(
-    x_RD: Tensor,
-    minimum: Tensor,
-    maximum: Tensor,
-    levels: Tensor,
-    generator: torch.Generator | None,
-    keys: RowKeys | None = None,
+    x_RD: Tensor, minimum: Tensor, maximum: Tensor, levels: Tensor, keys: RowKeys
 ) -> Iterator[tuple[int, Tensor]]:
     """Stochastically rounded codes ``q`` in ``[0, L]``, one block of rows at a time, in order.
 
@@ -179,9 +161,8 @@ def code_blocks(
         minimum: float32 ``[R]`` row minima.
         maximum: float32 ``[R]`` row maxima.
         levels: float32 ``[R]`` per-row ``L = 2**bits - 1``.
-        generator: random generator on ``x_RD``'s device.
-        keys: the rows' keys: each draw is then the top 15 bits of the compiled path's 16-bit
-            draw for the same keys (:mod:`adaqp.quant.draws`), not the generator's.
+        keys: the rows' keys: value ``(r, j)`` takes the compiled path's 16-bit draw for the
+            same keys (:func:`adaqp.quant.draws.lanes16`), so both paths give the same codes.
 
     Yields:
         ``(start, codes)``: the block's first row and contiguous uint8
@@ -192,43 +173,39 @@ def code_blocks(
     width = padded_dim(dim)
     device = x_RD.device
     step = row_step(minimum, maximum, levels)
-    # Constant rows (and steps that underflow to 0) divide by 1 instead: x - m is 0 there (or
-    # subnormal), so t rounds to code 0 and the receiver reconstructs m.
-    safe_step_R1 = torch.where(step > 0, step, torch.ones_like(step))[:, None]
-    levels_R1 = levels[:, None]
+    # Constant rows divide by 1 instead: x - m is 0 there, so σ is 0 and the code 0.
+    safe_step = torch.where(step > 0, step, torch.ones_like(step))
+    # σ = (x - m)·(2**16 / Δ), a multiply a value as the compiled kernel does, rounded alike.
+    scale_R1 = (torch.full_like(safe_step, _SCALE) / safe_step)[:, None]
+    # A step below 2**16 / float32 max: its reciprocal overflows, and such rows (rare) take
+    # σ = (x - m) / Δ·2**16 instead, as the kernel does.
+    overflow = ~torch.isfinite(scale_R1[:, 0])
+    overflow = overflow.nonzero().squeeze(1) if bool(overflow.any()) else None
+    top_R1 = (levels * _SCALE)[:, None]  # 2**16·L, exact
     block = _block_rows(rows, dim, device)
     value_buf = torch.empty(block, dim, dtype=torch.float32, device=device)
-    integer_base = torch.tensor(_INTEGER_BASE, dtype=torch.float32, device=device)
-    # Holds a block's random draws and then, once they are added in, the block's codes.
-    scratch = torch.empty(
-        max(-(-block * dim // 2), -(-block * width // 4)), dtype=torch.int32, device=device
-    )
+    code_buf = torch.empty(block * width, dtype=torch.uint8, device=device)
     for start in range(0, rows, block):
         stop = min(rows, start + block)
-        count = (stop - start) * dim
-        if keys is None:
-            noise = _fill_noise_(scratch[: -(-count // 2)], generator).view(torch.int16)[:count]
-        else:
-            noise = lanes16(keys.take(slice(start, stop)), dim, device).bitwise_right_shift_(1)
+        noise = centred_lanes16(keys.take(slice(start, stop)), dim, device)  # u - 2**15
         value = torch.sub(
             x_RD[start:stop], minimum[start:stop, None], out=value_buf[: stop - start]
         )
-        t = value.div_(safe_step_R1[start:stop])  # >= 0: x >= m is exact in floats
-        # t can exceed L by an ulp after rounding, and a code of L + 1 would spill into the
-        # neighbouring packed code (or wrap to 0 at 8 bits): clamping t to L keeps q <= L.
-        torch.minimum(t, levels_R1[start:stop], out=t)
-        # 2**23 + 2**15·t rounds 2**15·t (exact) to the nearest integer r, and as the sum lies
-        # in [2**23, 2**24) its bits read as the int32 0x4B000000 + r: float rounding does the
-        # conversion. Adding u is then exact, and floor((r + u) / 2**15) is floor(r / 2**15) +
-        # Bernoulli((r mod 2**15) / 2**15): E[q] = r / 2**15, within 2**-16 of t.
-        torch.add(integer_base, t, alpha=2**_NOISE_BITS, out=value)
-        word = value.view(torch.int32)
-        word.add_(noise.view(stop - start, dim))
-        word.bitwise_right_shift_(_NOISE_BITS)
-        # word = 2**8 + q, as r + u < (L + 1)·2**15: the uint8 cast wraps 2**8 away.
-        codes = scratch.view(torch.uint8)[: (stop - start) * width]
-        codes = codes.view(stop - start, width)
-        codes[:, :dim] = word
+        sigma = value.mul_(scale_R1[start:stop])  # >= 0: x >= m is exact in floats
+        if overflow is not None:
+            inside = overflow[(overflow >= start) & (overflow < stop)]
+            if inside.numel():
+                exact = (x_RD[inside] - minimum[inside, None]) / step[inside, None] * _SCALE
+                sigma[inside - start] = exact
+        # σ can exceed 2**16·L by an ulp after rounding, and a code of L + 1 would spill into
+        # the neighbouring packed code (or wrap to 0 at 8 bits): the clamp keeps q <= L.
+        torch.minimum(sigma, top_R1[start:stop], out=sigma)
+        # ρ = rint(σ) (half to even, as numpy's rint) and ρ + u are integers below 2**24,
+        # exact in float32, and so is their quotient by 2**16 rounded down:
+        # q = floor(ρ / 2**16) + Bernoulli((ρ mod 2**16) / 2**16), E[q] = ρ / 2**16.
+        sigma.round_().add_(_SCALE / 2).add_(noise).mul_(1.0 / _SCALE).floor_()
+        codes = code_buf[: (stop - start) * width].view(stop - start, width)
+        codes[:, :dim] = sigma
         if width > dim:
             codes[:, dim:] = 0
         yield start, codes
@@ -237,35 +214,39 @@ def code_blocks(
 def quantize(
     x_RD: Tensor,
     bits: int,
-    generator: torch.Generator | None = None,
+    *,
     kernels: str | None = None,
+    keys: RowKeys | None = None,
 ) -> QuantizedRows:
     """Stochastically quantize each row of ``x_RD`` to ``bits`` bits.
 
     Args:
         x_RD: ``[R, D]`` floating tensor (computed in float32).
         bits: bit width, in :data:`SUPPORTED_BITS`.
-        generator: random generator on ``x_RD``'s device; same seed gives the same result.
         kernels: ``auto``, ``torch`` or ``compiled`` (:mod:`adaqp.quant.kernels`); None: the
             process default.
+        keys: the rows' keys (:mod:`adaqp.quant.draws`): the same keys give the same codes,
+            on either path. None: rows keyed by index under a base key drawn from torch's
+            default generator (:func:`~adaqp.quant.draws.fresh_keys`).
 
     Returns:
         The packed codes and float32 ``(m, M)`` metadata.
 
     Raises:
         ValueError: unsupported ``bits``, a non-2-D or non-float input, NaN/Inf in the input,
-            or a row range that overflows float32.
+            a row range that overflows float32, or keys for another number of rows.
     """
     check_bits(bits)
     x_RD = as_float32_rows(x_RD)
     rows, dim = x_RD.shape
+    keys = row_keys(keys, rows)
     packed = torch.empty(rows, packed_row_bytes(dim, bits), dtype=torch.uint8, device=x_RD.device)
     if use_compiled(kernels, x_RD.device):
-        minimum, maximum = compiled_quantize(x_RD, bits, generator, packed)
+        minimum, maximum = compiled_quantize(x_RD, bits, packed, keys)
         return QuantizedRows(packed, minimum, maximum, bits, dim)
     minimum, maximum = row_range(x_RD)
     levels = torch.full_like(minimum, float((1 << bits) - 1))
-    for start, codes in code_blocks(x_RD, minimum, maximum, levels, generator):
+    for start, codes in code_blocks(x_RD, minimum, maximum, levels, keys):
         pack_words_(codes, bits, packed[start : start + codes.shape[0]])
     return QuantizedRows(packed, minimum, maximum, bits, dim)
 

@@ -27,7 +27,6 @@ def segment_bytes(bits_R: Tensor, dim: int) -> int:
 def encode_segment(
     rows_RD: Tensor,
     bits_R: Tensor,
-    generator,
     out: Tensor,
     has_full: bool,
     kernels: str | None,
@@ -35,16 +34,17 @@ def encode_segment(
 ) -> None:
     """Fills uint8 ``out`` (``segment_bytes`` long) with the segment of ``rows_RD``;
     ``has_full``: whether any row of the exchange travels at full precision; ``keys``: the
-    rows' keys, which the draws then come from (:mod:`adaqp.quant.draws`)."""
+    rows' keys, which the draws come from (:mod:`adaqp.quant.draws`; None: fresh ones)."""
     full = bits_R == FULL_PRECISION_BITS if has_full else None
     if full is None or not full.any():
-        quantize_mixed(rows_RD, bits_R, generator, out=out, kernels=kernels, keys=keys)
+        quantize_mixed(rows_RD, bits_R, out=out, kernels=kernels, keys=keys)
     elif full.all():  # a segment of float32 rows is their bytes: one copy
         out.copy_(rows_RD.to(torch.float32).contiguous().view(torch.uint8).reshape(-1))
     else:
         quantized = mixed_buffer_bytes(bits_R[~full], rows_RD.shape[1])
         keys = None if keys is None else keys.take((~full).cpu().numpy())
-        quantize_mixed(rows_RD[~full], bits_R[~full], generator, out[:quantized], kernels, keys)
+        quantized_rows = (rows_RD[~full], bits_R[~full])
+        quantize_mixed(*quantized_rows, out=out[:quantized], kernels=kernels, keys=keys)
         out[quantized:].copy_(rows_RD[full].contiguous().view(torch.uint8).reshape(-1))
 
 

@@ -10,7 +10,6 @@ import torch
 from adaqp.bits import SUPPORTED_BITS
 from adaqp.exchange import message
 from adaqp.exchange.message import BitPlan, MessageLayout
-from adaqp.quant import kernels as K
 from adaqp.quant.draws import Draw, RowKeys, draw_key
 from adaqp.quant.mixed import blend_
 from adaqp.quant.pack import unpack
@@ -40,11 +39,10 @@ def test_one_call_writes_every_segment_as_a_message_of_its_own(dim: int):
     x = torch.randn(rows, dim, generator=_gen(1)) * 3
     layout = MessageLayout(_widths(rows, 2), COUNTS, dim)
     buf = torch.empty(sum(layout.segment_bytes), dtype=torch.uint8)
-    generator = _gen(3)
-    message.encode(x, layout, generator, buf, has_full=False, kernels="compiled")
-    # One seed for the whole buffer; row r of it draws as row r of one message.
-    seed = K.message_seed(_gen(3))
-    codes = _codes(x, layout.bits_R, seed)
+    keys = RowKeys.of(3, count=rows)
+    message.encode(x, layout, buf, has_full=False, kernels="compiled", keys=keys)
+    # One base key for the whole buffer; row r of it draws as row r of one message.
+    codes = _codes(x, layout.bits_R, np.uint64(3))
     decoded = message.decode(buf, layout, torch.empty(rows, dim), False, "compiled")
     for first, count, chunk in _segments(layout, buf):
         if count == 0:
@@ -78,7 +76,7 @@ def test_one_call_blends_as_decode_then_blend_bit_for_bit():
     rows, dim = sum(COUNTS), 33
     layout = MessageLayout(torch.ones(rows, dtype=torch.int8), COUNTS, dim)
     buf = torch.empty(sum(layout.segment_bytes), dtype=torch.uint8)
-    message.encode(torch.randn(rows, dim), layout, _gen(4), buf, False, "compiled")
+    message.encode(torch.randn(rows, dim), layout, buf, False, "compiled")
     average = torch.randn(rows, dim, generator=_gen(5))
     expected = blend_(
         average.clone(), message.decode(buf, layout, torch.empty(rows, dim), False, "compiled"), 0.1
@@ -95,13 +93,14 @@ def test_torch_path_and_float32_rows_encode_segment_by_segment():
     layout = MessageLayout(widths, COUNTS, dim)
     for kernels in ("torch", "compiled"):
         buf = torch.empty(sum(layout.segment_bytes), dtype=torch.uint8)
-        message.encode(x, layout, _gen(8), buf, has_full=True, kernels=kernels)
+        keys = RowKeys.of(8, count=rows)
+        message.encode(x, layout, buf, has_full=True, kernels=kernels, keys=keys)
         expected = torch.empty(sum(layout.segment_bytes), dtype=torch.uint8)
-        generator = _gen(8)
         for first, count, chunk in _segments(layout, expected):
             if count:
                 own = slice(first, first + count)
-                encode_segment(x[own], widths[own], generator, chunk, True, kernels)
+                seg_keys = keys.take(own)
+                encode_segment(x[own], widths[own], chunk, True, kernels, seg_keys)
         assert torch.equal(buf, expected), kernels
         decoded = message.decode(buf, layout, torch.empty(rows, dim), True, kernels)
         assert torch.equal(decoded[widths == 32], x[widths == 32]), kernels
@@ -118,7 +117,8 @@ def test_one_call_does_not_depend_on_the_thread_count():
         for count in (1, 2):
             torch.set_num_threads(count)
             buf = torch.empty(sum(layout.segment_bytes), dtype=torch.uint8)
-            message.encode(x, layout, _gen(11), buf, False, "compiled")
+            keys = RowKeys.of(11, count=rows)
+            message.encode(x, layout, buf, False, "compiled", keys)
             results.append((buf, message.decode(buf, layout, torch.empty(rows, dim), False, None)))
     finally:
         torch.set_num_threads(threads)
@@ -145,9 +145,10 @@ def test_a_row_sent_to_several_peers_is_quantized_once_per_width():
     x = h.index_select(0, sources)
     layout = MessageLayout(widths, counts, dim, sources)
     buf = torch.empty(sum(layout.segment_bytes), dtype=torch.uint8)
-    message.encode(x, layout, _gen(15), buf, False, "compiled")
+    keys = RowKeys.of(15, count=12)
+    message.encode(x, layout, buf, False, "compiled", keys)
     rows = message.decode(buf, layout, torch.empty(12, dim), False, "compiled")
-    codes = _codes(x, widths, K.message_seed(_gen(15)))
+    codes = _codes(x, widths, np.uint64(15))
     offsets = layout.compiled.offsets
     repeats = {6: 3, 7: 1, 8: 0}  # row: the earlier row of the same node and width
     for r in range(12):
@@ -162,7 +163,7 @@ def test_a_row_sent_to_several_peers_is_quantized_once_per_width():
     assert not torch.equal(rows[2], rows[10])
     # Without sources every row draws its own codes.
     alone = torch.empty_like(buf)
-    message.encode(x, MessageLayout(widths, counts, dim), _gen(15), alone, False, "compiled")
+    message.encode(x, MessageLayout(widths, counts, dim), alone, False, "compiled", keys)
     assert not torch.equal(alone, buf)
 
 
@@ -171,11 +172,11 @@ def test_a_buffer_or_rows_of_another_shape_are_refused_not_written_past():
     size = sum(layout.segment_bytes)
     x = torch.randn(12, 16)
     with pytest.raises(ValueError, match=f"uint8 \\[{size}\\] buffer"):
-        message.encode(x, layout, _gen(0), torch.empty(size - 1, dtype=torch.uint8), False, None)
+        message.encode(x, layout, torch.empty(size - 1, dtype=torch.uint8), False, None)
     buf = torch.empty(size, dtype=torch.uint8)
     with pytest.raises(ValueError, match="float32 rows"):
-        message.encode(torch.randn(11, 16), layout, _gen(0), buf, False, None)
-    message.encode(x, layout, _gen(0), buf, False, None)
+        message.encode(torch.randn(11, 16), layout, buf, False, None)
+    message.encode(x, layout, buf, False, None)
     with pytest.raises(ValueError, match="float32 rows"):
         message.decode(buf, layout, torch.empty(12, 15), False, None)
 
@@ -198,7 +199,7 @@ def test_a_nodes_row_is_rounded_alike_in_any_message(kernels: str, has_full: boo
     for perm, counts in ((np.arange(rows), COUNTS), (order, [2, 9, 4])):
         layout = MessageLayout(widths[perm], counts, dim)
         buf = torch.empty(sum(layout.segment_bytes), dtype=torch.uint8)
-        message.encode(x[perm], layout, None, buf, has_full, kernels, keys.take(perm))
+        message.encode(x[perm], layout, buf, has_full, kernels, keys.take(perm))
         out = message.decode(buf, layout, torch.empty(rows, dim), has_full, kernels)
         decoded.append(torch.empty_like(out).index_copy_(0, torch.from_numpy(perm), out))
     assert torch.equal(decoded[0], decoded[1])

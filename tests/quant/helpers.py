@@ -1,4 +1,5 @@
-"""Helpers shared by the tests of adaqp.quant: generators, test rows, statistical criteria."""
+"""Helpers shared by the tests of adaqp.quant: generators and keys, test rows, statistical
+criteria."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pytest
 import torch
 
 from adaqp.quant import SUPPORTED_BITS, QuantizedRows, packed_row_bytes
+from adaqp.quant.draws import RowKeys
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -18,6 +20,12 @@ def _skip_compiled_off_cpu(kernel_path: str, device: str) -> None:
 
 def _gen(seed: int, device: str = "cpu") -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
+
+
+def _keys(seed: int, x: torch.Tensor) -> RowKeys:
+    """Keys for the rows of ``x``: keyed by index under the base key ``seed`` (as a plain
+    call's :func:`~adaqp.quant.draws.fresh_keys`, but named)."""
+    return RowKeys.of(seed, count=x.shape[0])
 
 
 def _levels(bits: int) -> int:

@@ -29,8 +29,9 @@ from adaqp.quant import (
     unpack,
 )
 from adaqp.quant import kernels as K
+from adaqp.quant.draws import RowKeys
 from adaqp.quant.mixed import blend_
-from tests.quant.helpers import _gen, _levels, _on_grid_rows, _parse_mixed
+from tests.quant.helpers import _gen, _keys, _levels, _on_grid_rows, _parse_mixed
 
 DIMS = [1, 3, 7, 8, 9, 33, 64, 67]
 
@@ -91,8 +92,10 @@ def _codes(x: torch.Tensor, bits_r: torch.Tensor, seed: np.uint64) -> np.ndarray
     return _round(np.minimum(scaled, levels * np.float32(2**16)), _draws(seed, *x.shape))
 
 
-def _seed_of(generator_seed: int) -> np.uint64:
-    return K.message_seed(_gen(generator_seed))
+def _needs_compiled(path: str) -> None:
+    """The compiled side of a test that compares the paths runs where numba can."""
+    if path == "compiled" and not K.compiled_available():
+        pytest.skip(f"the compiled kernels cannot run here: {K.compiled_module()}")
 
 
 # --------------------------------------------------------------------------- the switch
@@ -133,7 +136,7 @@ def test_packed_bytes_equal_pack_of_the_same_codes(bits: int, dim: int):
     x = _on_grid_rows(bits_r, max(dim, 2), dim + bits)[:, :dim]
     if dim == 1:
         x = torch.zeros(9, 1)
-    q = quantize(x, bits, _gen(0), kernels="compiled")
+    q = quantize(x, bits, kernels="compiled", keys=_keys(0, x))
     assert torch.equal(q.packed, pack(x.to(torch.uint8), bits))
     assert torch.equal(q.minimum, x.amin(1)) and torch.equal(q.maximum, x.amax(1))
 
@@ -144,11 +147,11 @@ def test_mixed_buffer_equals_the_torch_paths_byte_for_byte(dim: int):
         torch.randperm(23, generator=_gen(dim)) % 4
     ]
     x = _on_grid_rows(bits_r, dim, dim)
-    compiled = quantize_mixed(x, bits_r, _gen(1), kernels="compiled")
-    assert torch.equal(compiled, quantize_mixed(x, bits_r, _gen(1), kernels="torch"))
+    compiled = quantize_mixed(x, bits_r, kernels="compiled", keys=_keys(1, x))
+    assert torch.equal(compiled, quantize_mixed(x, bits_r, kernels="torch", keys=_keys(1, x)))
     # At an odd offset of a larger buffer, as a slice of an all_to_all send buffer.
     send = torch.zeros(compiled.numel() + 3, dtype=torch.uint8)
-    quantize_mixed(x, bits_r, _gen(1), out=send[3:], kernels="compiled")
+    quantize_mixed(x, bits_r, out=send[3:], kernels="compiled", keys=_keys(1, x))
     assert torch.equal(send[3:], compiled) and bool((send[:3] == 0).all())
 
 
@@ -158,25 +161,27 @@ def test_each_path_decodes_the_others_bytes_to_the_same_floats(dim: int):
     x = torch.randn(40, dim, generator=g) * torch.logspace(-3, 3, 40)[:, None]
     bits_r = torch.tensor(SUPPORTED_BITS, dtype=torch.int8)[torch.randperm(40, generator=g) % 4]
     for writer in ("torch", "compiled"):
-        buf = quantize_mixed(x, bits_r, _gen(2), kernels=writer)
+        buf = quantize_mixed(x, bits_r, kernels=writer, keys=_keys(2, x))
         ours = dequantize_mixed(buf, bits_r, dim, kernels="compiled")
         theirs = dequantize_mixed(buf, bits_r, dim, kernels="torch")
         assert torch.equal(ours, theirs), writer  # bit for bit, one bit included
-    q = quantize(x, 2, _gen(3), kernels="torch")
+    q = quantize(x, 2, kernels="torch", keys=_keys(3, x))
     assert torch.equal(dequantize(q, kernels="compiled"), dequantize(q, kernels="torch"))
 
 
 # --------------------------------------------------------------------------- the draws
 
 
+@pytest.mark.parametrize("path", ["torch", "compiled"])
 @pytest.mark.parametrize("dim", [1, 6, 37, 64])
-def test_codes_are_the_stated_hash_of_seed_row_and_column(dim: int):
+def test_codes_are_the_stated_hash_of_seed_row_and_column(dim: int, path: str):
+    _needs_compiled(path)
     g = _gen(dim)
     x = torch.randn(50, dim, generator=g) * torch.logspace(-2, 2, 50)[:, None]
     bits_r = torch.tensor(SUPPORTED_BITS, dtype=torch.int8)[torch.randperm(50, generator=g) % 4]
-    for generator_seed in (0, 7, 12345):
-        buf = quantize_mixed(x, bits_r, _gen(generator_seed), kernels="compiled")
-        expected = _codes(x, bits_r, _seed_of(generator_seed))
+    for seed in (0, 7, 12345):
+        buf = quantize_mixed(x, bits_r, kernels=path, keys=_keys(seed, x))
+        expected = _codes(x, bits_r, np.uint64(seed))
         for bits, group in _parse_mixed(buf, bits_r, dim).items():
             rows = (bits_r == bits).numpy()
             got = unpack(group.packed, bits, dim).numpy()
@@ -216,8 +221,10 @@ def test_neighbouring_draws_are_uncorrelated(seed: int):
         assert abs(np.corrcoef(a, b)[0, 1]) < 5 / np.sqrt(a.size), name
 
 
+@pytest.mark.parametrize("path", ["torch", "compiled"])
 @pytest.mark.parametrize("bits", SUPPORTED_BITS)
-def test_rounding_expectation_is_exact_and_the_bias_bound_tight(bits: int):
+def test_rounding_expectation_is_exact_and_the_bias_bound_tight(bits: int, path: str):
+    _needs_compiled(path)
     # Over every 16-bit draw, E[q] = rint(2**16 t) / 2**16: the bias is at most 2**-17 (Δ = 1
     # here, so t = x) and attained where 2**16 t is half an integer.
     levels = _levels(bits)
@@ -236,21 +243,23 @@ def test_rounding_expectation_is_exact_and_the_bias_bound_tight(bits: int):
     np.testing.assert_array_equal(mean, expected)
     bias = np.abs(mean - t.astype(np.float64))
     assert (bias <= 2.0**-17).all() and bias.max() == 2.0**-17
-    # The kernel rounds exactly so: rows [0, L, t...] have Δ = 1 and t = x, and their codes
-    # match the statement above for the kernel's own draws.
+    # Each path rounds exactly so: rows [0, L, t...] have Δ = 1 and t = x, and their codes
+    # match the statement above for the keys' draws.
     x = torch.from_numpy(np.concatenate([[0.0, levels], t]).astype(np.float32))[None]
-    q = quantize(x, bits, _gen(9), kernels="compiled")
-    expected_codes = _round(x.numpy() * np.float32(2**16), _draws(_seed_of(9), 1, x.shape[1]))
+    q = quantize(x, bits, kernels=path, keys=_keys(9, x))
+    expected_codes = _round(x.numpy() * np.float32(2**16), _draws(np.uint64(9), 1, x.shape[1]))
     np.testing.assert_array_equal(unpack(q.packed, bits, x.shape[1]).numpy(), expected_codes)
 
 
-def test_a_step_whose_reciprocal_overflows_rounds_by_the_quotient():
+@pytest.mark.parametrize("path", ["torch", "compiled"])
+def test_a_step_whose_reciprocal_overflows_rounds_by_the_quotient(path: str):
     # A normal Δ below 2**16 / float32 max: the codes still span 0..L.
+    _needs_compiled(path)
     g = _gen(8)
     x = torch.rand(30, 40, generator=g) * torch.logspace(-35, -34.5, 30)[:, None]
     bits_r = torch.tensor(SUPPORTED_BITS, dtype=torch.int8).repeat(8)[:30]
-    buf = quantize_mixed(x, bits_r, _gen(3), kernels="compiled")
-    expected = _codes(x, bits_r, _seed_of(3))
+    buf = quantize_mixed(x, bits_r, kernels=path, keys=_keys(3, x))
+    expected = _codes(x, bits_r, np.uint64(3))
     levels = 2 ** bits_r.numpy().astype(np.int64) - 1
     for bits, group in _parse_mixed(buf, bits_r, 40).items():
         rows = (bits_r == bits).numpy()
@@ -259,23 +268,24 @@ def test_a_step_whose_reciprocal_overflows_rounds_by_the_quotient():
         low, high = x[rows].argmin(1), x[rows].argmax(1)
         assert (got[np.arange(rows.sum()), low] == 0).all()
         assert (got[np.arange(rows.sum()), high] == levels[rows]).all()
-    out = dequantize_mixed(buf, bits_r, 40, kernels="compiled")
+    out = dequantize_mixed(buf, bits_r, 40, kernels=path)
     assert bool((out >= x.amin(1, keepdim=True)).all() and (out <= x.amax(1, keepdim=True)).all())
 
 
-def test_one_draw_per_message_from_the_generator():
-    g, twin = _gen(5), _gen(5)
-    quantize_mixed(
-        torch.randn(30, 9), torch.full((30,), 2, dtype=torch.int8), g, kernels="compiled"
-    )
-    K.message_seed(twin)
-    assert torch.equal(g.get_state(), twin.get_state())
-    # A restored generator state replays the message bit for bit (checkpoints).
+def test_a_call_without_keys_draws_one_base_key_from_the_default_generator():
+    # One 64-bit draw a call, rows keyed by index: torch.manual_seed replays it, on either path.
     x, bits_r = torch.randn(30, 9), torch.full((30,), 4, dtype=torch.int8)
-    state = g.get_state()
-    first = quantize_mixed(x, bits_r, g, kernels="compiled")
-    g.set_state(state)
-    assert torch.equal(first, quantize_mixed(x, bits_r, g, kernels="compiled"))
+    with torch.random.fork_rng():
+        torch.manual_seed(5)
+        base = torch.empty((), dtype=torch.int64).random_(-(2**63), None).item()
+        after = torch.random.get_rng_state()
+        keyed = quantize_mixed(
+            x, bits_r, kernels="compiled", keys=RowKeys.of(np.int64(base).view(np.uint64), count=30)
+        )
+        for path in ("compiled", "torch"):
+            torch.manual_seed(5)
+            assert torch.equal(quantize_mixed(x, bits_r, kernels=path), keyed), path
+            assert torch.equal(torch.random.get_rng_state(), after), path
 
 
 def test_thread_count_does_not_change_the_codes():
@@ -287,7 +297,7 @@ def test_thread_count_does_not_change_the_codes():
         results = []
         for count in (1, 2):
             torch.set_num_threads(count)
-            buf = quantize_mixed(x, bits_r, _gen(4), kernels="compiled")
+            buf = quantize_mixed(x, bits_r, kernels="compiled", keys=_keys(4, x))
             results.append((buf, dequantize_mixed(buf, bits_r, 64, kernels="compiled")))
     finally:
         torch.set_num_threads(threads)
@@ -299,8 +309,10 @@ def test_strided_inputs_and_outputs():
     x = torch.randn(20, 12, generator=_gen(3))
     bits_r = torch.full((12,), 4, dtype=torch.int8)
     strided = x.t()  # [12, 20], not contiguous
-    buf = quantize_mixed(strided, bits_r, _gen(0), kernels="compiled")
-    expected = quantize_mixed(strided.contiguous(), bits_r, _gen(0), kernels="compiled")
+    buf = quantize_mixed(strided, bits_r, kernels="compiled", keys=_keys(0, strided))
+    expected = quantize_mixed(
+        strided.contiguous(), bits_r, kernels="compiled", keys=_keys(0, strided.contiguous())
+    )
     assert torch.equal(buf, expected)
     out = torch.zeros(20, 12).t()
     result = dequantize_mixed(buf, bits_r, 20, out=out, kernels="compiled")
@@ -325,7 +337,7 @@ def test_blending_decoder_is_decode_then_blend_bit_for_bit(dim: int, threads: in
     g = _gen(dim)
     x = torch.randn(rows, dim, generator=g) * torch.logspace(-3, 3, rows)[:, None]
     bits_r = torch.tensor(SUPPORTED_BITS, dtype=torch.int8)[torch.randperm(rows, generator=g) % 4]
-    buf = quantize_mixed(x, bits_r, _gen(2), kernels="compiled")
+    buf = quantize_mixed(x, bits_r, kernels="compiled", keys=_keys(2, x))
     decoded = dequantize_mixed(buf, bits_r, dim, kernels="compiled")
     average = torch.randn(rows, dim, generator=g)
     expected = blend_(average.clone(), decoded, 0.1)

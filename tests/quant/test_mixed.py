@@ -21,6 +21,7 @@ from tests.quant.helpers import (
     DEVICES,
     _gen,
     _grid_fraction,
+    _keys,
     _levels,
     _mean_error_ok,
     _on_grid_rows,
@@ -40,7 +41,7 @@ def test_mixed_round_trip_layout_and_order(device: str, kernel_path: str):
         device
     )
     bits_r = torch.tensor(SUPPORTED_BITS, dtype=torch.int8)[torch.randperm(rows) % 4].to(device)
-    buf = quantize_mixed(x, bits_r, _gen(12, device))
+    buf = quantize_mixed(x, bits_r, keys=_keys(12, x))
     expected_size = 8 * rows + sum(
         int((bits_r == b).sum()) * packed_row_bytes(dim, b) for b in SUPPORTED_BITS
     )
@@ -85,11 +86,11 @@ def test_mixed_exact_on_grid_matches_per_width(kernel_path: str):
             for b in bits_r.tolist()
         ]
     )
-    xhat = dequantize_mixed(quantize_mixed(x, bits_r, _gen(0)), bits_r, dim)
+    xhat = dequantize_mixed(quantize_mixed(x, bits_r, keys=_keys(0, x)), bits_r, dim)
     assert torch.equal(xhat, x)
     for bits in SUPPORTED_BITS:
         idx = (bits_r == bits).nonzero().squeeze(1)
-        assert torch.equal(dequantize(quantize(x[idx], bits, _gen(1))), x[idx])
+        assert torch.equal(dequantize(quantize(x[idx], bits, keys=_keys(1, x[idx]))), x[idx])
 
 
 @pytest.mark.parametrize("bits", SUPPORTED_BITS)
@@ -98,12 +99,12 @@ def test_mixed_uniform_width_matches_single_width(bits: int, kernel_path: str):
     # the same generator state.
     x = torch.randn(9, 13, generator=_gen(31))
     bits_r = torch.full((9,), bits, dtype=torch.int8)
-    q = quantize(x, bits, _gen(5))
+    q = quantize(x, bits, keys=_keys(5, x))
     expected = torch.cat(
         [q.minimum.view(torch.uint8), q.maximum.view(torch.uint8), q.packed.reshape(-1)]
     )
     send = torch.zeros(expected.numel() + 5, dtype=torch.uint8)
-    buf = quantize_mixed(x, bits_r, _gen(5), out=send[5:])
+    buf = quantize_mixed(x, bits_r, out=send[5:], keys=_keys(5, x))
     assert buf.data_ptr() == send[5:].data_ptr()
     assert torch.equal(buf, expected) and bool((send[:5] == 0).all())
 
@@ -114,7 +115,9 @@ def test_mixed_unbiased(kernel_path: str):
     bits_r = torch.tensor([1, 2, 4, 8], dtype=torch.int8)
     n = 2000
     xs, bs = x.repeat(n, 1), bits_r.repeat(n)
-    xhat = dequantize_mixed(quantize_mixed(xs, bs, _gen(77)), bs, x.shape[1]).view(n, 4, -1)
+    xhat = dequantize_mixed(quantize_mixed(xs, bs, keys=_keys(77, xs)), bs, x.shape[1]).view(
+        n, 4, -1
+    )
     mean_err = (xhat.double() - x.double()).mean(0)
     for r, bits in enumerate(bits_r.tolist()):
         step, f = _grid_fraction(x[r : r + 1], bits)
@@ -142,13 +145,13 @@ def test_wire_format_matches_reference(kernel_path: str):
     dim = 19
     # On the grid no draw changes a code: both encoders must write the same bytes.
     x = _on_grid_rows(bits_r, dim, 5)
-    new = quantize_mixed(x, bits_r, _gen(0))
+    new = quantize_mixed(x, bits_r, keys=_keys(0, x))
     assert torch.equal(new, reference_quantize_mixed(x, bits_r, _gen(0)))
     # Off the grid each code is floor(t) or floor(t) + 1 on both paths; each decoder reads
     # the other's buffers, and they agree on every row of width > 1 (one bit: exact m or M).
     x = torch.randn(30, dim, generator=_gen(6)) * torch.logspace(-2, 2, 30)[:, None]
     step = (x.amax(1) - x.amin(1)) / (2 ** bits_r.float() - 1)
-    new = quantize_mixed(x, bits_r, _gen(1))
+    new = quantize_mixed(x, bits_r, keys=_keys(1, x))
     old = reference_quantize_mixed(x, bits_r, _gen(1))
     assert torch.equal(new[: 8 * 30], old[: 8 * 30])  # exact float32 metadata
     wide = bits_r > 1
@@ -171,10 +174,10 @@ def test_blocks_split_rows_without_changing_layout(block_values: int, monkeypatc
     bits_r = torch.tensor([8, 1, 1, 4, 2, 2, 2, 8, 1, 4, 4, 2, 8, 8, 1], dtype=torch.int8)
     dim = 21
     x = _on_grid_rows(bits_r, dim, 7)
-    buf = quantize_mixed(x, bits_r, _gen(0), kernels="torch")
+    buf = quantize_mixed(x, bits_r, kernels="torch", keys=_keys(0, x))
     assert torch.equal(dequantize_mixed(buf, bits_r, dim, kernels="torch"), x)
     monkeypatch.undo()
-    assert torch.equal(buf, quantize_mixed(x, bits_r, _gen(0), kernels="torch"))
+    assert torch.equal(buf, quantize_mixed(x, bits_r, kernels="torch", keys=_keys(0, x)))
     for bits in SUPPORTED_BITS:
         rows = x[bits_r == bits]
-        assert torch.equal(dequantize(quantize(rows, bits, _gen(1))), rows)
+        assert torch.equal(dequantize(quantize(rows, bits, keys=_keys(1, rows))), rows)

@@ -16,7 +16,7 @@ from adaqp.quant import (
     unpack,
 )
 from adaqp.quant.pack import _pack_slots
-from tests.quant.helpers import DEVICES, _gen, _levels
+from tests.quant.helpers import DEVICES, _gen, _keys, _levels
 
 # --------------------------------------------------------------------------- sizes and packing
 
@@ -29,7 +29,7 @@ def test_byte_counts_are_exact():
     assert message_bytes(0, 9, 2) == 0
     x = torch.randn(7, 33)
     for bits in SUPPORTED_BITS:
-        q = quantize(x, bits, _gen(0))
+        q = quantize(x, bits, keys=_keys(0, x))
         actual = q.packed.numel() + q.minimum.numel() * 4 + q.maximum.numel() * 4
         assert q.packed.shape == (7, packed_row_bytes(33, bits))
         assert q.nbytes == message_bytes(7, 33, bits) == actual
@@ -84,13 +84,13 @@ def test_one_bit_pack_round_trip_and_bytes(dim: int):
     assert torch.equal(packed.long(), (expected.view(11, -1, 8) * weights).sum(-1))
     # Exact wire size: ceil(D / 8) payload bytes + 8 metadata bytes per row, on every path.
     x = torch.randn(11, dim, generator=_gen(dim))
-    q = quantize(x, 1, _gen(1))
+    q = quantize(x, 1, keys=_keys(1, x))
     per_row = -(-dim // 8) + 8
     assert q.packed.shape == (11, -(-dim // 8))
     assert q.nbytes == message_bytes(11, dim, 1) == 11 * per_row
     bits_r = torch.ones(11, dtype=torch.int8)
     assert (
-        quantize_mixed(x, bits_r, _gen(1)).numel()
+        quantize_mixed(x, bits_r, keys=_keys(1, x)).numel()
         == mixed_buffer_bytes(bits_r, dim)
         == 11 * per_row
     )

@@ -22,6 +22,7 @@ from tests.quant.helpers import (
     DEVICES,
     _gen,
     _grid_fraction,
+    _keys,
     _levels,
     _mean_error_ok,
     _parse_mixed,
@@ -40,7 +41,9 @@ def test_unbiased(device: str, bits: int, kernel_path: str):
     rows, dim = x.shape
     n = 2000
     # Rows are quantized independently, so n stacked copies are n independent draws.
-    xhat = dequantize(quantize(x.repeat(n, 1), bits, _gen(bits, device))).view(n, rows, dim)
+    xhat = dequantize(quantize(x.repeat(n, 1), bits, keys=_keys(bits, x.repeat(n, 1)))).view(
+        n, rows, dim
+    )
     mean_err = (xhat.double() - x.double()).mean(0).cpu()
     step, f = _grid_fraction(x.cpu(), bits)
     assert _mean_error_ok(mean_err, step, f, n)
@@ -65,7 +68,10 @@ def test_variance_matches_analytic_and_bound(bits: int, kernel_path: str):
     x = torch.cat([random_rows, half[None]])
     rows, dim = x.shape
     n = 4000
-    xhat = dequantize(quantize(x.repeat(n, 1), bits, _gen(7 + bits))).view(n, rows, dim).double()
+    copies = x.repeat(n, 1)
+    xhat = (
+        dequantize(quantize(copies, bits, keys=_keys(7 + bits, copies))).view(n, rows, dim).double()
+    )
     empirical = xhat.var(0, unbiased=True).sum(1)  # [R] total variance per row
 
     step, f = _grid_fraction(x, bits)
@@ -83,33 +89,23 @@ def test_variance_matches_analytic_and_bound(bits: int, kernel_path: str):
     assert analytic[-1].item() == pytest.approx(30 * step[-1].item() ** 2 / 4)
 
 
-def _every_draw(dim: int):
-    """A stand-in for ``_fill_noise_`` that gives every value of row c the draw c mod 2**15.
+def _every_draw(keys, cols: int, device) -> torch.Tensor:
+    """A stand-in for ``centred_lanes16`` that gives every value of the row keyed ``c`` the
+    draw ``c mod 2**16`` (less ``2**15``, as the torch path takes its draws).
 
-    Quantizing one row repeated 2**15 times then takes each draw once per value, so the mean
-    over the copies is the exact expectation over the noise.
+    Quantizing one row repeated 2**16 times, keyed by index, then takes each draw once per
+    value, so the mean over the copies is the exact expectation over the noise.
     """
-    drawn = 0
-
-    def fill(words: torch.Tensor, generator) -> torch.Tensor:
-        nonlocal drawn
-        count = 2 * words.numel()  # blocks hold whole rows, and dim is even
-        element = torch.arange(drawn, drawn + count, device=words.device)
-        drawn += count
-        draws = (element // dim % 2**15).to(torch.int16)
-        words.view(torch.int16).copy_(draws)
-        return words
-
-    return fill
+    draws = torch.from_numpy((keys.rows % 2**16).astype("int64")) - 2**15
+    return draws.to(device=device, dtype=torch.int16)[:, None].expand(-1, cols)
 
 
 def _exact_expectation(x_row: torch.Tensor, bits: int, monkeypatch) -> torch.Tensor:
-    """float64 ``E[x̂]`` over all 2**15 noise draws, for one float32 row ``[D]`` (the torch
-    path; the compiled one's is in test_kernels.py)."""
-    dim = x_row.numel()
-    assert dim % 2 == 0
-    monkeypatch.setattr(R, "_fill_noise_", _every_draw(dim))
-    xhat = dequantize(quantize(x_row.repeat(2**15, 1), bits, _gen(0), "torch"), kernels="torch")
+    """float64 ``E[x̂]`` over all 2**16 draws, for one float32 row ``[D]`` (the torch path;
+    the compiled one rounds alike, test_kernels.py)."""
+    monkeypatch.setattr(R, "centred_lanes16", _every_draw)
+    copies = x_row.repeat(2**16, 1)
+    xhat = dequantize(quantize(copies, bits, kernels="torch", keys=_keys(0, copies)))
     monkeypatch.undo()
     return xhat.double().mean(0)
 
@@ -117,24 +113,24 @@ def _exact_expectation(x_row: torch.Tensor, bits: int, monkeypatch) -> torch.Ten
 @pytest.mark.parametrize("bits", SUPPORTED_BITS)
 def test_noise_resolution_bias_bound_is_exact_and_tight(bits: int, monkeypatch):
     # m = 0 and M = L give a step of exactly 1, so t = x with no float rounding anywhere: the
-    # only bias left is that of the 15-bit draw, E[q] = round(2**15 t) / 2**15.
+    # only bias left is that of the 16-bit draw, E[q] = round(2**16 t) / 2**16.
     levels = _levels(bits)
     g = _gen(40 + bits)
     k = torch.randint(0, levels, (40,), generator=g).double()
     frac = torch.cat(
         [
-            torch.tensor([2.0**-16, 3 * 2.0**-17, 2.0**-17, 2.0**-15, 0.5, 1 - 2.0**-16]),
+            torch.tensor([2.0**-17, 3 * 2.0**-18, 2.0**-18, 2.0**-16, 0.5, 1 - 2.0**-17]),
             torch.rand(34, generator=g, dtype=torch.float64),
         ]
     )
     inner = (k + frac).float()  # the float32 values are the points; with Δ = 1, t = x exactly
     x = torch.cat([torch.tensor([0.0, float(levels)]), inner])
-    expected = torch.round(x.double() * 2**15) / 2**15  # round half to even, as float32 adds do
+    expected = torch.round(x.double() * 2**16) / 2**16  # round half to even, as rint does
     mean = _exact_expectation(x, bits, monkeypatch)
     assert torch.equal(mean, expected)
     bias = (mean - x.double()).abs()
-    assert bool((bias <= 2.0**-16).all())  # the documented bound, Δ / 2**16 with Δ = 1
-    assert bias.max().item() == 2.0**-16  # ...attained (at 2**15 t = 1/2): the test has teeth
+    assert bool((bias <= 2.0**-17).all())  # the documented bound, Δ / 2**17 with Δ = 1
+    assert bias.max().item() == 2.0**-17  # ...attained (at 2**16 t = 1/2): the test has teeth
 
 
 @pytest.mark.parametrize("bits", SUPPORTED_BITS)
@@ -144,9 +140,9 @@ def test_noise_resolution_bias_bound_on_general_rows(bits: int, monkeypatch):
         mean = _exact_expectation(x, bits, monkeypatch)
         m, big = x.amin().double(), x.amax().double()
         step = (big - m) / _levels(bits)
-        # Beyond Δ / 2**16: float32 rounding of t (a few ulps of t <= L) and of m + q·Δ.
+        # Beyond Δ / 2**17: float32 rounding of σ (a few ulps of σ <= 2**16·L) and of m + q·Δ.
         slack = step * _levels(bits) * 2.0**-21 + 4 * torch.finfo(torch.float32).eps * x.abs().max()
-        assert bool(((mean - x.double()).abs() <= step * 2.0**-16 + slack).all()), r
+        assert bool(((mean - x.double()).abs() <= step * 2.0**-17 + slack).all()), r
 
 
 # --------------------------------------------------------------------------- bounds and clamping
@@ -158,7 +154,7 @@ def test_reconstruction_within_row_range_and_one_step(bits: int, kernel_path: st
     scale = torch.logspace(-6, 4, 64)[:, None]
     offset = torch.randn(64, 1, generator=g) * 1e3
     x = torch.randn(64, 45, generator=g) * scale + offset
-    q = quantize(x, bits, _gen(6))
+    q = quantize(x, bits, keys=_keys(6, x))
     xhat = dequantize(q)
     lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
     assert torch.equal(q.minimum, lo[:, 0]) and torch.equal(q.maximum, hi[:, 0])
@@ -169,29 +165,35 @@ def test_reconstruction_within_row_range_and_one_step(bits: int, kernel_path: st
     assert bool(((xhat.double() - x.double()).abs() <= step * (1 + 1e-5) + 1e-6 * hi.abs()).all())
 
 
+def _scaled(x: torch.Tensor, m: torch.Tensor, big: torch.Tensor, bits: int) -> torch.Tensor:
+    """σ as both paths compute it in float32: ``(x - m)·(2**16 / Δ)``, or ``(x - m) / Δ·2**16``
+    where the reciprocal overflows."""
+    step = (big - m) / torch.full_like(big, float(_levels(bits)))
+    scale = torch.full_like(step, 2.0**16) / step
+    return torch.where(torch.isfinite(scale), (x - m) * scale, (x - m) / step * 2.0**16)
+
+
 def _overshooting_range(bits: int) -> tuple[float, float]:
-    """(m, M) in float32 for which t = (M - m) / ((M - m) / L) rounds above L."""
+    """(m, M) in float32 for which σ of M lands above 2**16·L."""
     levels = _levels(bits)
     m = torch.full((20000,), -0.75)
     big = m + torch.linspace(0.01, 7.0, 20000)
-    t = (big - m) / ((big - m) / levels)
-    hits = (t > levels).nonzero()
+    hits = (_scaled(big, m, big, bits) > levels * 2**16).nonzero()
     assert hits.numel() > 0, "no float32 overshoot found; widen the search"
     i = hits[0, 0]
     return m[i].item(), big[i].item()
 
 
 def _far_overshooting_range(bits: int) -> tuple[float, float]:
-    """(0, M) with t above L by more than the 2**-16 that rounding to 2**-15 absorbs.
+    """(0, M) with σ above 2**16·L by more than the half that rounding to an integer absorbs.
 
-    A normal step puts t at most an ulp above L, which the 15-bit rounding takes back to L;
-    a subnormal step (a range near 1e-43) is coarse enough to overshoot further.
+    A normal step puts σ at most an ulp above 2**16·L, which rint takes back to it below 8
+    bits; a subnormal step (a range near 1e-43) is coarse enough to overshoot further.
     """
     levels = _levels(bits)
     big = torch.logspace(-44, -40, 4000, dtype=torch.float64).float()
-    step = big / levels
-    t = big / step
-    hits = ((step > 0) & (torch.round(t * 2**15) > levels * 2**15)).nonzero()
+    sigma = _scaled(big, torch.zeros_like(big), big, bits)
+    hits = ((big / levels > 0) & (torch.round(sigma) > levels * 2**16)).nonzero()
     assert hits.numel() > 0, "no float32 overshoot found; widen the search"
     return 0.0, big[hits[0, 0]].item()
 
@@ -210,30 +212,31 @@ def test_clamp_prevents_neighbour_corruption(
     row = torch.tensor([big, m] * 8 + [big], dtype=torch.float32)
     x = row.repeat(4, 1)
     dim = x.shape[1]
-    assert ((x - m) / ((big - m) / _levels(bits)) > _levels(bits)).any()  # precondition
+    ends = (torch.full_like(x, m), torch.full_like(x, big))
+    assert (_scaled(x, *ends, bits) > _levels(bits) * 2**16).any()  # precondition
 
-    # u = 2**15 - 1 is a legal draw that rounds up whenever 2**15·t is not a whole number: the
-    # worst case, deterministic.
+    # u = 2**16 - 1 is a legal draw that rounds up whenever rint(σ) is not a multiple of 2**16:
+    # the worst case, deterministic.
     calls = []
 
-    def max_noise(words, generator):
-        calls.append(words.numel())
-        return words.fill_(0x7FFF7FFF)  # both 15-bit draws of every word at their maximum
+    def max_noise(keys, cols, device):
+        calls.append(cols)
+        return torch.full((len(keys), cols), 2**15 - 1, dtype=torch.int16, device=device)
 
-    monkeypatch.setattr(R, "_fill_noise_", max_noise)
+    monkeypatch.setattr(R, "centred_lanes16", max_noise)
     if path == "single":
-        q = quantize(x, bits, _gen(0), "torch")
+        q = quantize(x, bits, kernels="torch", keys=_keys(0, x))
     else:
         # The adversarial rows share the buffer with rows at other widths.
         one, other = [b for b in SUPPORTED_BITS if b != bits][:2]
         bits_r = torch.tensor([bits, one, bits, other, bits, bits], dtype=torch.int8)
         x = torch.cat([x[:1], torch.randn(1, dim), x[1:2], torch.randn(1, dim), x[2:]])
-        buf = quantize_mixed(x, bits_r, _gen(0), kernels="torch")
+        buf = quantize_mixed(x, bits_r, kernels="torch", keys=_keys(0, x))
         group = _parse_mixed(buf, bits_r, dim)[bits]
         x = x[bits_r == bits]
         q = QuantizedRows(group.packed.clone(), group.minimum, group.maximum, bits, dim)
     monkeypatch.undo()
-    assert calls, "quantization no longer draws through _fill_noise_; update this test"
+    assert calls, "quantization no longer draws through centred_lanes16; update this test"
 
     codes = unpack(q.packed, bits, dim)
     assert bool((codes <= _levels(bits)).all())
@@ -247,11 +250,11 @@ def test_clamp_prevents_neighbour_corruption(
 
 
 def test_clamp_under_real_noise(kernel_path: str):
-    # Same adversarial rows with the real generator: ~1M elements at t = L + 2**-16 would round
-    # to 256 about 15 times without the clamp (wrapping to code 0).
+    # Same adversarial rows with the real draws: ~1M elements with σ above 2**16·L would round
+    # to 256 now and then without the clamp (wrapping to code 0).
     m, big = _overshooting_range(8)
     x = torch.tensor([big, m], dtype=torch.float32).repeat(8192, 64)
-    xhat = dequantize(quantize(x, 8, _gen(3)))
+    xhat = dequantize(quantize(x, 8, keys=_keys(3, x)))
     assert bool((xhat[:, 1::2] == m).all())
     assert torch.allclose(xhat[:, 0::2], torch.full_like(xhat[:, 0::2], big), rtol=1e-6, atol=0)
 
@@ -272,11 +275,13 @@ def test_one_bit_values_are_row_extremes(kernel_path: str):
     x = _one_bit_rows()
     m, big = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
     assert bool(((m + (big - m)) != big).any())  # precondition: m + 1·Δ misses M somewhere
-    xhat = dequantize(quantize(x.repeat(50, 1), 1, _gen(9))).view(50, *x.shape)
+    xhat = dequantize(quantize(x.repeat(50, 1), 1, keys=_keys(9, x.repeat(50, 1)))).view(
+        50, *x.shape
+    )
     assert bool(((xhat == m) | (xhat == big)).all())
     assert bool((xhat == big).any()) and bool((xhat == m).any())
     bits_r = torch.ones(x.shape[0], dtype=torch.int8)
-    xhat = dequantize_mixed(quantize_mixed(x, bits_r, _gen(9)), bits_r, x.shape[1])
+    xhat = dequantize_mixed(quantize_mixed(x, bits_r, keys=_keys(9, x)), bits_r, x.shape[1])
     assert bool(((xhat == m) | (xhat == big)).all())
 
 
@@ -285,13 +290,17 @@ def test_one_bit_unbiased(kernel_path: str):
     # (M - m)² p (1 - p). The mean of n draws must sit within 5 standard errors of x.
     x = _one_bit_rows()
     n = 4000
-    xhat = dequantize(quantize(x.repeat(n, 1), 1, _gen(10))).view(n, *x.shape).double()
+    xhat = (
+        dequantize(quantize(x.repeat(n, 1), 1, keys=_keys(10, x.repeat(n, 1))))
+        .view(n, *x.shape)
+        .double()
+    )
     x64 = x.double()
     m, big = x64.amin(1, keepdim=True), x64.amax(1, keepdim=True)
     p = (x64 - m) / (big - m)
     se = (big - m) * torch.sqrt(p * (1 - p) / n)
-    # The 15-bit draw can shift p by 2**-16, float32 rounding of p by a few ulps.
-    slack = (big - m) * (2.0**-16 + 1e-6)
+    # The 16-bit draw can shift p by 2**-17, float32 rounding of p by a few ulps.
+    slack = (big - m) * (2.0**-17 + 1e-6)
     err = xhat.mean(0) - x64
     assert bool((err.abs() <= 5 * se + slack).all())
     assert err.sum().abs() <= 4 * torch.sqrt((se**2).sum()) + slack.sum()
@@ -312,13 +321,15 @@ def test_one_bit_unbiased(kernel_path: str):
 @pytest.mark.parametrize("bits", SUPPORTED_BITS)
 def test_constant_rows_exact(bits: int, kernel_path: str):
     x = torch.tensor([[3.5] * 9, [-2.0] * 9, [0.0] * 9, [1e-30] * 9])
-    q = quantize(x, bits, _gen(0))
+    q = quantize(x, bits, keys=_keys(0, x))
     assert bool((q.packed == 0).all()) and bool((q.step == 0).all())
     assert torch.equal(dequantize(q), x)
     single_column = torch.randn(6, 1)
-    assert torch.equal(dequantize(quantize(single_column, bits, _gen(0))), single_column)
+    assert torch.equal(
+        dequantize(quantize(single_column, bits, keys=_keys(0, single_column))), single_column
+    )
     mixed = torch.full((4,), bits, dtype=torch.int8)
-    assert torch.equal(dequantize_mixed(quantize_mixed(x, mixed, _gen(0)), mixed, 9), x)
+    assert torch.equal(dequantize_mixed(quantize_mixed(x, mixed, keys=_keys(0, x)), mixed, 9), x)
 
 
 @pytest.mark.parametrize("bits", SUPPORTED_BITS)
@@ -387,7 +398,7 @@ def test_bad_shapes_rejected(kernel_path: str):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
 def test_other_input_dtypes(dtype: torch.dtype, kernel_path: str):
     x = torch.randn(8, 20, generator=_gen(2)).to(dtype)
-    q = quantize(x, 8, _gen(0))
+    q = quantize(x, 8, keys=_keys(0, x))
     assert q.minimum.dtype == torch.float32 and q.maximum.dtype == torch.float32
     xhat = dequantize(q)
     assert xhat.dtype == torch.float32
@@ -398,17 +409,19 @@ def test_other_input_dtypes(dtype: torch.dtype, kernel_path: str):
 def test_seeded_determinism(kernel_path: str):
     x = torch.randn(50, 33, generator=_gen(8))
     for bits in SUPPORTED_BITS:
-        a, b = quantize(x, bits, _gen(42)), quantize(x, bits, _gen(42))
+        a, b = quantize(x, bits, keys=_keys(42, x)), quantize(x, bits, keys=_keys(42, x))
         assert torch.equal(a.packed, b.packed)
         assert torch.equal(a.minimum, b.minimum) and torch.equal(a.maximum, b.maximum)
-        assert not torch.equal(a.packed, quantize(x, bits, _gen(43)).packed)
+        assert not torch.equal(a.packed, quantize(x, bits, keys=_keys(43, x)).packed)
     bits_r = torch.tensor(SUPPORTED_BITS, dtype=torch.int8).repeat(13)[:50]
-    assert torch.equal(quantize_mixed(x, bits_r, _gen(1)), quantize_mixed(x, bits_r, _gen(1)))
+    assert torch.equal(
+        quantize_mixed(x, bits_r, keys=_keys(1, x)), quantize_mixed(x, bits_r, keys=_keys(1, x))
+    )
 
 
 def test_dequantize_into_out_slice(kernel_path: str):
     x = torch.randn(6, 10, generator=_gen(4))
-    q = quantize(x, 4, _gen(0))
+    q = quantize(x, 4, keys=_keys(0, x))
     halo = torch.full((10, 10), -7.0)
     result = dequantize(q, out=halo[2:8])
     assert result.data_ptr() == halo[2:8].data_ptr()

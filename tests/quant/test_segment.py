@@ -8,7 +8,7 @@ from adaqp.bits import FULL_PRECISION_BITS
 from adaqp.quant import mixed_buffer_bytes
 from adaqp.quant.mixed import blend_
 from adaqp.quant.segment import decode_segment, encode_segment, segment_bytes
-from tests.quant.helpers import _gen
+from tests.quant.helpers import _gen, _keys
 
 
 def test_segment_round_trip_on_each_path(kernel_path: str):
@@ -18,7 +18,7 @@ def test_segment_round_trip_on_each_path(kernel_path: str):
     size = segment_bytes(bits_r, 13)
     assert size == mixed_buffer_bytes(bits_r[~full], 13) + 3 * 13 * 4
     out = torch.zeros(size + 1, dtype=torch.uint8)[1:]  # at an odd offset
-    encode_segment(x, bits_r, _gen(1), out, True, None)
+    encode_segment(x, bits_r, out, True, None, _keys(1, x))
     # Float32 rows close the segment as their bytes, in row order.
     assert torch.equal(out[-3 * 13 * 4 :], x[full].contiguous().view(torch.uint8).reshape(-1))
     got = torch.empty(9, 13)
@@ -29,12 +29,12 @@ def test_segment_round_trip_on_each_path(kernel_path: str):
     # All rows at full precision, and none: the plain bytes, and the mixed layout alone.
     everything = torch.full((9,), 32, dtype=torch.int8)
     buf = torch.empty(segment_bytes(everything, 13), dtype=torch.uint8)
-    encode_segment(x, everything, None, buf, True, None)
+    encode_segment(x, everything, buf, True, None)
     decode_segment(buf, everything, 13, got, True, None)
     assert torch.equal(got, x)
     quantized = torch.full((9,), 2, dtype=torch.int8)
     buf = torch.empty(segment_bytes(quantized, 13), dtype=torch.uint8)
-    encode_segment(x, quantized, _gen(2), buf, False, None)
+    encode_segment(x, quantized, buf, False, None, _keys(2, x))
     assert buf.numel() == mixed_buffer_bytes(quantized, 13)
 
 
@@ -47,7 +47,7 @@ def test_blending_a_segment_equals_decoding_then_blend(kernel_path: str):
         (torch.tensor([1, 2, 8, 1, 1, 4, 4, 2, 2], dtype=torch.int8), False),
     ):
         buf = torch.empty(segment_bytes(bits_r, 13), dtype=torch.uint8)
-        encode_segment(x, bits_r, _gen(4), buf, has_full, None)
+        encode_segment(x, bits_r, buf, has_full, None, _keys(4, x))
         rows = torch.empty(9, 13)
         decode_segment(buf, bits_r, 13, rows, has_full, None)
         average = torch.randn(9, 13, generator=_gen(5))
