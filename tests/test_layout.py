@@ -8,12 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 450
-# Modules allowed past the limit (none today).
-LONG_BY_DESIGN: set[str] = set()
-# Modules that still import underscored names from another adaqp module, and from which.
-# Each entry should go once those names are public (or moved to their only user); the test
-# fails on an entry that an existing module no longer needs, so this list can only shrink.
-PRIVATE_IMPORTS_ALLOWED: dict[str, set[str]] = {}
+"""No module is past this: one that grows is split by concern, its explanations kept."""
 
 # Packages (and top-level modules) from the entry point down; each may import only those
 # after it in this order. ``bench`` drives the others from outside the training path;
@@ -178,7 +173,7 @@ def test_no_module_is_over_the_size_limit():
         for path in _modules().values()
         if (n := len(path.read_text().splitlines())) > MAX_LINES
     }
-    assert set(long) <= LONG_BY_DESIGN, long
+    assert not long, long
 
 
 def test_module_import_graph_has_no_cycle():
@@ -197,21 +192,12 @@ def test_packages_import_only_downwards():
 
 
 def test_no_module_imports_another_modules_private_names():
-    found = _private_imports()
-    unexpected = {
+    found = sorted(
         f"{module} takes {source}.{attr}"
-        for module, uses in found.items()
+        for module, uses in _private_imports().items()
         for source, attr in uses
-        if source not in PRIVATE_IMPORTS_ALLOWED.get(module, set())
-    }
-    assert not unexpected, sorted(unexpected)
-    stale = {
-        f"{module} from {source}"
-        for module, sources in PRIVATE_IMPORTS_ALLOWED.items()
-        for source in sources
-        if module in _modules() and source not in {src for src, _ in found.get(module, set())}
-    }
-    assert not stale, f"no longer needed in PRIVATE_IMPORTS_ALLOWED: {sorted(stale)}"
+    )
+    assert not found, found
 
 
 def test_layers_do_not_pull_in_the_solver_and_nothing_imports_the_partition_tool():
