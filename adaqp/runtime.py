@@ -10,6 +10,7 @@ import os
 import resource
 import socket
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -31,6 +32,9 @@ class World:
     local_world_size: int
     device: torch.device
     backend: str
+    job: str = ""
+    """The job's identity: the same on every rank and in every worker group that torchrun
+    starts for it (``job_identity``); recorded where the job's run goes."""
 
     @property
     def is_main(self) -> bool:
@@ -139,6 +143,7 @@ def init_distributed(
     timeout = timedelta(seconds=comm.timeout_s)
     if init_method is None and "MASTER_ADDR" not in env:
         init_method = f"tcp://127.0.0.1:{_free_port()}"
+    job = _process_identity()  # no torchrun, no restarts: this process is the job
     if not dist.is_initialized():
         store = None
         if init_method is None:
@@ -146,6 +151,7 @@ def init_distributed(
             # replaces: the peers' addresses of the dead group are still in it, and a
             # restarted rank would dial them. Each attempt gets its own key space.
             store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
+            job = job_identity(store, job)
             attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
             store = dist.PrefixStore(f"adaqp/attempt-{attempt}", store)
         dist.init_process_group(
@@ -157,7 +163,26 @@ def init_distributed(
             timeout=timeout,
         )
     logger.debug("rank %d/%d on %s (%s), %d threads", rank, world_size, device, backend, threads)
-    return World(rank, world_size, local_rank, local_world_size, device, backend)
+    return World(rank, world_size, local_rank, local_world_size, device, backend, job)
+
+
+def _process_identity() -> str:
+    """This process, told apart from any other on any host at any time: host, pid and
+    the pid's start (in clock ticks since boot, so a reused pid differs)."""
+    try:
+        started = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        started = uuid.uuid4().hex  # no /proc: one per call, as good within one process
+    return f"{socket.gethostname()}-{os.getpid()}-{started}"
+
+
+def job_identity(store: dist.Store, proposal: str) -> str:
+    """The identity of the torchrun job that ``store`` serves: the first proposal any rank
+    of any attempt made. torchrun's rendezvous store outlives the worker groups it
+    restarts (``--max-restarts``), so a restarted group learns its first attempt's
+    identity; its rendezvous id cannot tell two jobs apart (every multi-host job of the
+    launcher may use the default one)."""
+    return store.compare_set("adaqp/job", "", proposal).decode()
 
 
 def unresponsive_peers(world: World, step: str, grace_s: float = 5.0) -> list[int] | None:

@@ -99,11 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="continue the run in --out from its newest checkpoint",
     )
-    existing.add_argument(
-        "--replace-finished",
-        action="store_true",
-        help="kept for old scripts; replaces nothing: the same as none of these (a run "
-        "given no --out whose default directory holds a run goes to <dir>-v2, -v3, ...)",
+    existing.add_argument(  # accepted so that old scripts still run; says it is ignored
+        "--replace-finished", action="store_true", help=argparse.SUPPRESS
     )
     parser.add_argument(
         "--set",
@@ -238,6 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # every rank reads the same config and fails alike
         _report_shared(rank, exc)
         return 2
+    if args.replace_finished and rank == 0:
+        logger.warning(
+            "--replace-finished is ignored: it replaces nothing (a run given no --out whose "
+            "default directory holds a run goes to <dir>-v2, -v3, ...); drop it"
+        )
     from adaqp.run import preflight
 
     world_size = int(os.environ.get("WORLD_SIZE", 1))
@@ -255,9 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     require(PROG)  # torch and the rest, before the job imports them
     from adaqp.run import job
 
-    # Given no directory, rank 0 takes the first free version itself (``out`` is where it
-    # will most likely land: a run starting alongside may take that one first).
-    new_version = not (config.metrics.out or args.overwrite or args.resume or restarted)
+    # Given no directory, rank 0 takes the version itself (``out`` is where it will most
+    # likely land: a run starting alongside may take that one first).
+    new_version = not config.metrics.out
+    placed = job.Placed()
     try:
         summary = job.run(
             config,
@@ -266,21 +269,22 @@ def main(argv: list[str] | None = None) -> int:
             new_version=new_version,
             name=name,
             out=preflight.output_dir(config, world_size, name) if new_version else out,
+            placed=placed,
         )
     except job.SHARED_ERRORS + job.RANK_ERRORS as exc:
         if args.debug:
             logger.exception("failed")
         if stopped := stop_requested():  # a peer stopped first and broke a collective
-            return _interrupted(rank, stopped, out, config, argv)
+            return _interrupted(rank, stopped, placed.out or out, config, argv)
         if isinstance(exc, job.RANK_ERRORS):
             print(f"error: {exc}", file=sys.stderr)
         else:
             _report_shared(rank, exc)
         return 1
     except KeyboardInterrupt as exc:
-        return _interrupted(rank, str(exc) or "SIGINT", out, config, argv)
+        return _interrupted(rank, str(exc) or "SIGINT", placed.out or out, config, argv)
     if rank == 0:
-        print(result_line(summary, out))
+        print(result_line(summary, placed.out or out))
     return 0
 
 

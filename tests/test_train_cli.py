@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -17,6 +18,7 @@ import pytest
 
 from adaqp.run.summary import _hidden
 from adaqp.train import (
+    MODE_HELP,
     STATUS_DIR_ENV,
     _report_shared,
     format_bytes,
@@ -44,7 +46,8 @@ def test_help_lists_the_modes_and_exit_codes_without_importing_torch():
     assert proc.stdout.strip().endswith("False"), proc.stdout  # torch never loaded
     for mode in ("vanilla", "adaqp-q", "adaqp-p", "adaqp", "adaqp-s", "onebit", "nocomm"):
         assert f"\n  {mode} " in proc.stdout
-    assert "130 interrupted" in proc.stdout and "--replace-finished" in proc.stdout
+    assert "130 interrupted" in proc.stdout
+    assert "--replace-finished" not in proc.stdout  # accepted from old scripts, not offered
     assert time.monotonic() - started < 60
 
 
@@ -52,6 +55,20 @@ def test_flags_exclude_each_other_as_documented():
     assert parse_args(["--replace-finished"]).replace_finished
     with pytest.raises(SystemExit):
         parse_args(["--resume", "--replace-finished"])
+    with pytest.raises(SystemExit):
+        parse_args(["--resume", "--overwrite"])
+
+
+def test_replace_finished_says_it_is_ignored(tmp_path, caplog, monkeypatch):
+    """The flag old scripts pass does nothing, and the run says so (here it is refused
+    for a missing dataset right after, changing nothing)."""
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # keep pytest's handlers
+    caplog.set_level(logging.WARNING)
+    argv = ["--replace-finished", "--set", "data.dataset=coraa"]
+    argv += ["--out", str(tmp_path / "o"), "--set", f"partition.dir={tmp_path / 'p'}"]
+    assert main(argv) == 2
+    assert "--replace-finished is ignored" in caplog.text
+    assert not (tmp_path / "o").exists() and not (tmp_path / "p").exists()
 
 
 @pytest.mark.parametrize(
@@ -113,6 +130,12 @@ def test_result_line_names_the_precision_and_the_staleness(mode, bits, bound, sh
     """Vanilla's line named no precision, onebit's no staleness."""
     line = result_line(_summary(mode, avg_bits=bits, staleness_bound=bound), Path("o"))
     assert f"/epoch, {shown}; written" in line, line
+
+
+def test_adaqp_q_help_says_one_width_unless_the_scheme_is_adaptive():
+    """It said widths were chosen per message group, which only quant.scheme=adaptive does."""
+    text = MODE_HELP["adaqp-q"]
+    assert "all at quant.bits" in text and "quant.scheme=adaptive: a solver's width" in text
 
 
 def test_hidden_fraction_stays_within_zero_and_one():

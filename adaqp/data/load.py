@@ -8,13 +8,30 @@ from pathlib import Path
 from adaqp.data.builtin import BUILTIN_DATASETS, load_builtin
 from adaqp.data.graph import GraphData
 from adaqp.data.npz import load_npz
-from adaqp.data.ogb import load_ogb, supported_ogb_names
+from adaqp.data.ogb import check_ogb_files, load_ogb, supported_ogb_names
 from adaqp.data.synthetic import SyntheticSpec, generate_synthetic
 
 logger = logging.getLogger(__name__)
 
 FEATURE_NORMS = ("none", "row")
 """``feature_norm`` values: the features as stored, or each row divided by its L1 norm."""
+
+
+def check_source(name: str, *, root: str | Path = "data", path: str | Path | None = None) -> None:
+    """Raises, loading nothing, where ``load_dataset`` would fail for want of its source:
+    an unknown name (ValueError), a missing npz file or OGB files that are not on disk
+    (FileNotFoundError). Cheap enough for the checks made before any worker starts."""
+    key = name.lower()
+    if key in (*BUILTIN_DATASETS, "synthetic"):
+        return
+    if key == "npz":
+        if path is None or not Path(path).is_file():
+            raise FileNotFoundError(f"data.path: {path} is not a file (the npz dataset to load)")
+    elif key.startswith("ogbn-"):
+        check_ogb_files(key, Path(root))
+    else:
+        names = [*BUILTIN_DATASETS, "synthetic", "npz", "ogbn-*"]
+        raise ValueError(f"data.dataset: unknown dataset {name!r}; available: {', '.join(names)}")
 
 
 def load_dataset(

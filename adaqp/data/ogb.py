@@ -157,6 +157,30 @@ def supported_ogb_names() -> list[str]:
     return _ogb_supported(_ogb_master())
 
 
+def check_ogb_files(name: str, root: Path) -> None:
+    """Raises, changing nothing, where ``load_ogb`` could not read ``name`` from ``root``
+    without a download: an unsupported name (ValueError), or neither the raw files nor a
+    cache (FileNotFoundError, saying how to get them). A training job refuses then,
+    before any worker starts; ``python -m partition`` still downloads where it can."""
+    master = _ogb_master()
+    supported = _ogb_supported(master)
+    if name not in supported:
+        raise ValueError(f"unsupported OGB dataset {name!r}; supported: {', '.join(supported)}")
+    meta = master[name]
+    directory = root / name.replace("-", "_")
+    files = _ogb_files(meta)
+    missing = [f for f in files if not (directory / f).is_file()]
+    if not missing or (directory / _CACHE_NAME).is_file():
+        return
+    raise FileNotFoundError(
+        f"{name}: missing {', '.join(missing[:2])}{' ...' if len(missing) > 2 else ''} under "
+        f"{directory}: download {meta['url']}, unzip it and move its "
+        f"'{meta['download_name']}' folder to {directory} (or, where the network allows, "
+        f"`python -m partition --dataset {name} --set data.root={root} --num-parts P --out "
+        "DIR` fetches it)"
+    )
+
+
 def load_ogb(name: str, root: Path) -> GraphData:
     """Loads the OGB dataset ``name`` from ``root`` as described above: from the cache when it
     matches the raw files, else from the raw files (downloaded when their folder is absent).

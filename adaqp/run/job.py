@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -45,13 +46,21 @@ RANK_ERRORS = (CheckpointError, TrainingError, ExchangeError)
 rank reports its own."""
 
 
+@dataclass
+class Placed:
+    """Where a job writes: None until every rank agreed on rank 0's claim."""
+
+    out: Path | None = None
+
+
 def claim_output(
     out: Path,
     world: World,
     overwrite: bool,
-    resume: bool | str,
+    resume: bool,
     checkpoint_dir: Path | None,
     new_version: bool = False,
+    restarted: bool = False,
 ) -> tuple[Path, RunDir | None]:
     """Rank 0 reserves ``out`` (``RunDir.reserve``: nothing changes there yet); the others
     check they could write it (``check_writable``).
@@ -61,7 +70,9 @@ def claim_output(
     any other collective work: all ranks then stop together with an error naming the
     problem, instead of waiting on rank 0 until the process-group timeout. Returns the
     directory, and the reservation on rank 0 (None elsewhere). ``checkpoint_dir``: the
-    config's ``checkpoint.dir``, None for the directory's own.
+    config's ``checkpoint.dir``, None for the directory's own. ``restarted``: a worker
+    group that torchrun restarted continues its job's own run (``world.job``), if its
+    first attempt started one.
     """
     run_dir: RunDir | None = None
     error: RunDirError | None = None
@@ -73,6 +84,8 @@ def claim_output(
                 resume=resume,
                 checkpoint_dir=checkpoint_dir,
                 new_version=new_version,
+                job=world.job,
+                restarted=restarted,
             )
         else:
             check_writable(out)
@@ -148,6 +161,7 @@ def run(
     new_version: bool = False,
     name: str | None = None,
     out: Path | None = None,
+    placed: Placed | None = None,
 ) -> Summary:
     """Runs one training job on this process's rank; returns its summary.
 
@@ -155,19 +169,23 @@ def run(
     (see ``adaqp.run.rundir``); without them it is refused, or with ``new_version`` the
     run goes to the directory's next free version. ``name``: the config file's stem,
     naming the default output directory; ``out``: the directory (``preflight.check``'s
-    choice), instead of that default.
+    choice), instead of that default; with ``new_version``, the default directory whose
+    versions the run may take. ``placed`` learns the directory the run took, once every
+    rank agreed on it (a failure after that still has it).
     """
     world = init_distributed(config.comm, init_method, rank, world_size)
     run_dir: RunDir | None = None
-    # A worker group that torchrun restarted (--max-restarts) continues from the newest
-    # checkpoint, if one was completed before the failure.
+    # A worker group that torchrun restarted (--max-restarts) continues its job's run,
+    # from the newest checkpoint completed before the failure, if any.
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-    if restarts and not overwrite and not resume:
-        resume = "auto"
     try:
         out = out or output_dir(config, world.world_size, name)
         explicit = Path(config.checkpoint.dir) if config.checkpoint.dir else None
-        out, run_dir = claim_output(out, world, overwrite, resume, explicit, new_version)
+        out, run_dir = claim_output(
+            out, world, overwrite, resume, explicit, new_version, restarted=restarts > 0
+        )
+        if placed is not None:
+            placed.out = out
         part_dir = partition_dir(config, world.world_size)
         meta = prepare_partition(config, world, part_dir)
         if run_dir is not None:

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from adaqp.config import Config
+from adaqp.data.load import check_source
 from adaqp.partitioning.format import (
     METADATA_FILE,
     PartitionError,
@@ -22,18 +23,8 @@ from adaqp.partitioning.format import (
     check_target,
     read_metadata,
 )
-from adaqp.run.ckptdir import checkpoint_root
-from adaqp.run.rundir import (
-    SUMMARY_FILE,
-    Problem,
-    RunDirError,
-    check_writable,
-    free_versions,
-    lock_held,
-    newest_version,
-    refuse_unfinished,
-    require_checkpoint,
-)
+from adaqp.run.ckptdir import run_checkpoints
+from adaqp.run.placement import RunDirError, candidates, verdict
 
 
 class Refusal(Exception):
@@ -79,35 +70,23 @@ def plan_output(
 ) -> Path:
     """The output directory: ``metrics.out`` as given, checked; without one, the default
     directory, or its first free version (``-v2``, ...) where it holds a run. Given no
-    output directory, ``resume`` and ``overwrite`` act on the newest version, as does a
-    restarted worker group (``restarted``: its first attempt's run, which it continues
-    unrefused)."""
+    output directory, ``resume`` and ``overwrite`` act on the newest version. The
+    verdict is ``adaqp.run.placement``'s, the one rank 0's claim reaches under the lock.
+
+    A restarted worker group (``restarted``) continues the directory its job's first
+    attempt started, which only the job's identity tells (it lives in the rendezvous
+    store, known once torch is up): the claim decides it, and this returns the default.
+    """
     base = output_dir(config, world_size, name)
-    named = bool(config.metrics.out)
-    if restarted and not (resume or overwrite):
-        out = base if named else newest_version(base)
-        try:
-            check_writable(out)
-        except RunDirError as exc:
-            raise Refusal(str(exc)) from None
-        return out
-    if not named and (resume or overwrite):
-        out = newest_version(base)
-    elif not named:
-        out = next(free_versions(base))
-    else:
-        out = base
-    checkpoints = checkpoint_root(config, out)
+    if restarted:
+        return base
+    checkpoint_dir = config.checkpoint.dir or None
+    options = dict(overwrite=overwrite, resume=resume)
+    out, _ = next(
+        candidates(base, named=bool(config.metrics.out), checkpoint_dir=checkpoint_dir, **options)
+    )
     try:
-        check_writable(out)
-        if lock_held(out):
-            raise RunDirError(Problem.RUNNING, Problem.RUNNING.describe(out))
-        if resume:
-            require_checkpoint(out, checkpoints)
-        elif not overwrite:
-            if (out / SUMMARY_FILE).exists():
-                raise RunDirError(Problem.FINISHED, Problem.FINISHED.describe(out))
-            refuse_unfinished(out, checkpoints)
+        verdict(out, run_checkpoints(out, checkpoint_dir), **options)
     except RunDirError as exc:
         raise Refusal(str(exc)) from None
     return out
@@ -132,7 +111,6 @@ def check_partition(config: Config, world_size: int) -> None:
         else:
             check_target(part_dir)  # other files there, or not writable
             data = config.data
-            if data.dataset == "npz" and not Path(data.path).is_file():
-                raise Refusal(f"data.path: {data.path} is not a file (the npz dataset to load)")
-    except PartitionError as exc:
+            check_source(data.dataset, root=data.root, path=data.path or None)
+    except (PartitionError, ValueError, FileNotFoundError) as exc:
         raise Refusal(str(exc)) from None

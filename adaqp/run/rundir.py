@@ -6,7 +6,7 @@ Rank 0 claims ``--out`` before any other work and holds it until its process end
       run.lock        flock held by the run writing here (pid, host); the kernel
                       releases it when that process ends, however it ends
       status.json     {"status": "running" | "complete" | "failed" | "interrupted",
-                       "error": ..., "pid": ..., "host": ..., "started_at": ...}
+                       "job": ..., "error": ..., "pid": ..., "host": ..., "started_at": ...}
       config.json     -+
       metrics.jsonl    +- adaqp.run.metrics.RunWriter's files; summary.json is written
       summary.json    -+  only once the run is complete
@@ -14,13 +14,15 @@ Rank 0 claims ``--out`` before any other work and holds it until its process end
 
 A directory with a ``summary.json`` holds a finished run, one whose lock is held a running
 run. No run is removed unless ``overwrite`` says so (it removes only ``PROJECT_FILES`` and
-the checkpoints); ``resume`` continues from the newest complete checkpoint; a running run
-is never joined. A run given no output directory never meets a refusal: where its default
-directory holds a run, it takes the next free ``<dir>-v2``, ``<dir>-v3``, ...
+the run's own checkpoints); ``resume`` continues from the newest complete checkpoint; a
+running run is never joined. A run given no output directory never meets a refusal: where
+its default directory holds a run, it takes the next free ``<dir>-v2``, ``<dir>-v3``, ...
 (``new_version``). A failed or interrupted run says so in ``status.json`` and has no
-``summary.json``; a new run may start over one that trained nothing. A claim is two steps,
-``reserve`` (the lock and every refusal, nothing changed) and ``start`` (old files removed,
-"running"), so that the checks between them leave a refused run's directory as it was.
+``summary.json``; a new run may start over one that trained nothing. Which directory a run
+takes and every refusal are decided in one place, ``adaqp.run.placement``, which the
+pre-flight check asks too. A claim is two steps, ``reserve`` (the lock and that verdict,
+nothing changed) and ``start`` (old files removed, "running", the job's identity
+recorded), so that the checks between them leave a refused run's directory as it was.
 
 Nothing here is collective: ``adaqp.train`` combines every rank's verdict in one
 all-reduce, which is why a problem has a number (``Problem``).
@@ -29,98 +31,44 @@ all-reduce, which is why a problem has a number (``Problem``).
 from __future__ import annotations
 
 import contextlib
-import enum
 import fcntl
-import glob
-import itertools
-import json
 import logging
 import os
 import socket
-import tempfile
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from adaqp.atomic import write_json
-from adaqp.run.ckptdir import DEFAULT_DIR, complete_epochs
+from adaqp.run.ckptdir import DEFAULT_DIR, claim_checkpoints, run_checkpoints
+from adaqp.run.placement import (  # noqa: F401 - the names callers know from here
+    JOB_KEY,
+    LOCK_FILE,
+    PROJECT_FILES,
+    STATUS_FILE,
+    SUMMARY_FILE,
+    Problem,
+    RunDirError,
+    candidates,
+    check_writable,
+    find_checkpoint,
+    free_versions,
+    holds_run,
+    lock_held,
+    newest_version,
+    read_status,
+    refuse_unfinished,
+    require_checkpoint,
+    unwritable,
+    verdict,
+    version_of,
+    versioned,
+)
 from adaqp.stop import stop_requested
 
 logger = logging.getLogger(__name__)
 
-LOCK_FILE = "run.lock"
-STATUS_FILE = "status.json"
-SUMMARY_FILE = "summary.json"
-PROJECT_FILES: tuple[str, ...] = ("config.json", "metrics.jsonl", SUMMARY_FILE, STATUS_FILE)
-"""Every file a run writes (besides the lock), and all that starting fresh removes."""
 STATUSES = ("running", "complete", "failed", "interrupted")
-
-
-class Problem(enum.IntEnum):
-    """Why a directory cannot take a run; the value travels in the ranks' all-reduce."""
-
-    UNWRITABLE = 1
-    FINISHED = 2
-    RUNNING = 3
-    NO_CHECKPOINT = 4
-    UNFINISHED = 5
-
-    def describe(self, out_dir: Path) -> str:
-        """A one-line account for ranks that only learn the number."""
-        return {
-            Problem.UNWRITABLE: f"cannot write the run's output to {out_dir}",
-            Problem.FINISHED: f"{out_dir} holds a finished run ({SUMMARY_FILE}); pass "
-            "--overwrite to start fresh there, --resume to continue it, or choose another --out",
-            Problem.RUNNING: f"{out_dir} is in use by another run",
-            Problem.NO_CHECKPOINT: f"--resume: there is no checkpoint to resume from in {out_dir}",
-            Problem.UNFINISHED: f"{out_dir} holds an unfinished run "
-            "(pass --resume or --overwrite, or choose another --out)",
-        }[self]
-
-
-class RunDirError(Exception):
-    """The output directory cannot take this run; the message says why and what to do."""
-
-    def __init__(self, problem: Problem, message: str):
-        super().__init__(message)
-        self.problem = problem
-
-
-def find_checkpoint(checkpoint_dir: Path) -> Path | None:
-    """The newest complete checkpoint under ``checkpoint_dir`` (``adaqp.run.checkpoint``), or
-    None. Complete means it has a manifest; its shards are verified when loaded."""
-    epochs = complete_epochs(checkpoint_dir)
-    return checkpoint_dir / f"epoch-{epochs[-1]:06d}" if epochs else None
-
-
-def require_checkpoint(out_dir: Path, checkpoint_dir: Path) -> Path:
-    """``find_checkpoint``, or RunDirError(NO_CHECKPOINT) when there is none."""
-    checkpoint = find_checkpoint(checkpoint_dir)
-    if checkpoint is None:
-        raise RunDirError(Problem.NO_CHECKPOINT, Problem.NO_CHECKPOINT.describe(out_dir))
-    return checkpoint
-
-
-def check_writable(out_dir: str | Path) -> None:
-    """Checks, changing nothing, that ``out_dir`` could be made (if missing) and written.
-
-    Creates and removes a probe file in ``out_dir`` or, if it is missing, in its nearest
-    existing parent: the ranks that only check must not leave directories behind.
-
-    Raises:
-        RunDirError(UNWRITABLE): with the reason (not a directory, permission, ...).
-    """
-    path = Path(out_dir)
-    existing = next(p for p in (path, *path.parents) if p.exists() or p.is_symlink())
-    if not existing.is_dir():
-        raise _unwritable(path, f"{existing} exists and is not a directory")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=existing)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise _unwritable(path, f"cannot create files in {existing}", exc) from exc
 
 
 class RunDir:
@@ -133,12 +81,15 @@ class RunDir:
         self.path = path
         self.resume_from = resume_from
         """The checkpoint this run continues from (``resume``); None when starting fresh."""
+        self.job: str | None = None
+        """The job that claims the directory, recorded in ``status.json`` by ``start``."""
         self._lock_fd: int | None = lock_fd
         self._started_at = _now()
         self._started = False
         self._created = False  # this claim made the directory (removed if never started)
         self._finished = False
         self._checkpoints = path / DEFAULT_DIR
+        self._shared_checkpoints = False  # under checkpoint.dir: marked with their owner
 
     @classmethod
     def claim(cls, out_dir: str | Path, **flags) -> RunDir:
@@ -157,66 +108,79 @@ class RunDir:
         out_dir: str | Path,
         *,
         overwrite: bool = False,
-        resume: bool | str = False,
+        resume: bool = False,
         checkpoint_dir: str | Path | None = None,
         new_version: bool = False,
+        job: str | None = None,
+        restarted: bool = False,
     ) -> RunDir:
-        """Locks ``out_dir`` for this process, changing none of its files (``start`` does).
+        """Locks a directory for this process, changing none of its files (``start`` does).
 
+        ``out_dir`` is the directory, or with ``new_version`` (a run given no output
+        directory) the first of its versions: where it holds a run, the first of
+        ``out_dir-v2``, ``out_dir-v3``, ... that holds none is taken instead, so that no
+        run is ever replaced unasked; ``resume`` and ``overwrite`` then act on the newest.
         ``resume`` keeps the run there and continues it; ``overwrite`` lets ``start``
-        remove it (its files and checkpoints); ``resume = "auto"`` (a worker restarted by
-        torchrun) resumes if there is a checkpoint and starts fresh otherwise.
-        ``new_version`` (a run given no output directory): where ``out_dir`` holds a run,
-        the first of ``out_dir-v2``, ``out_dir-v3``, ... that holds none is taken instead,
-        so that no run is ever replaced unasked. ``checkpoint_dir`` defaults to
-        ``<directory>/checkpoints``.
+        remove it (its files and its own checkpoints). ``checkpoint_dir``: the config's
+        ``checkpoint.dir`` (``adaqp.run.ckptdir.run_checkpoints``). ``job``: the job's
+        identity, which ``start`` records; ``restarted`` (a worker group that torchrun
+        restarted): the directory whose run that job started is continued, from its
+        newest checkpoint if any, and no other; where there is none, the run is new.
 
         Raises:
             RunDirError: UNWRITABLE, RUNNING (another process holds the lock, whatever
                 the flags), FINISHED (a summary is there and neither ``overwrite`` nor
                 ``resume``), UNFINISHED (an interrupted or failed run that trained some
-                epochs or left a checkpoint, without ``resume`` or ``overwrite``) or
-                NO_CHECKPOINT (``resume`` without a checkpoint). Nothing is changed.
+                epochs or left a checkpoint, without ``resume`` or ``overwrite``),
+                NO_CHECKPOINT (``resume`` without a checkpoint) or CHECKPOINTS_TAKEN
+                (another run's checkpoints are where this one's go). Nothing is changed.
         """
         if overwrite and resume:
             raise ValueError("overwrite and resume exclude each other")
-        base = Path(out_dir)
-        explicit = Path(checkpoint_dir) if checkpoint_dir else None
-        for path in free_versions(base) if new_version else [base]:
-            checkpoints = explicit or path / DEFAULT_DIR
+        options = dict(
+            named=not new_version,
+            checkpoint_dir=checkpoint_dir,
+            overwrite=overwrite,
+            resume=resume,
+            job=job if restarted else None,
+        )
+        for path, own in candidates(Path(out_dir), **options):
+            checkpoints = run_checkpoints(path, checkpoint_dir)
             try:
-                return cls._reserve(path, checkpoints, overwrite, resume)
+                run = cls._reserve(path, checkpoints, overwrite, resume, own)
             except RunDirError as exc:
                 # Taken between the look and the lock (another run starting): next one.
-                if not (new_version and exc.problem == Problem.RUNNING):
+                if not (new_version and not own and exc.problem == Problem.RUNNING):
                     raise
+                continue
+            run.job = job
+            run._shared_checkpoints = bool(checkpoint_dir)
+            if own:
+                logger.info("restarted: continuing this job's run in %s", path)
+            return run
         raise AssertionError("unreachable")
 
     @classmethod
-    def _reserve(cls, path: Path, checkpoints: Path, overwrite: bool, resume: bool | str) -> RunDir:
-        restarted = resume == "auto"
-        if restarted:
-            resume = find_checkpoint(checkpoints) is not None
-        if resume and not path.is_dir():
-            require_checkpoint(path, checkpoints)  # nothing to resume; leave no dir behind
+    def _reserve(
+        cls, path: Path, checkpoints: Path, overwrite: bool, resume: bool, own: bool
+    ) -> RunDir:
+        if not path.exists():  # a refusal must not leave a directory behind
+            verdict(path, checkpoints, overwrite=overwrite, resume=resume, own=own)
         created = not path.exists()
         _make_dir(path)
         try:
             fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            raise _unwritable(path, f"cannot create files in {path}", exc) from exc
+            raise unwritable(path, f"cannot create files in {path}", exc) from exc
         run = cls(path, fd)
         run._created = created
         try:
             _lock(fd, path)
-            finished = (path / SUMMARY_FILE).exists()
-            run.resume_from = require_checkpoint(path, checkpoints) if resume else None
-            if finished and not (overwrite or resume):
-                raise RunDirError(Problem.FINISHED, Problem.FINISHED.describe(path))
-            if not (finished or overwrite or resume or restarted):
-                refuse_unfinished(path, checkpoints)
+            run.resume_from = verdict(
+                path, checkpoints, overwrite=overwrite, resume=resume, own=own, locked=True
+            )
             run._checkpoints = checkpoints
-            run._finished = finished
+            run._finished = (path / SUMMARY_FILE).exists()
         except BaseException:
             run.close()
             raise
@@ -224,7 +188,8 @@ class RunDir:
 
     def start(self) -> None:
         """Starts the run in the reserved directory: unless resuming, removes the files of
-        the run that was there (its checkpoints included), then marks it "running"."""
+        the run that was there (its own checkpoints included), then marks it "running",
+        naming the job (a restart of it finds its directory by that)."""
         if self.resume_from is None:
             from adaqp.run.checkpoint import remove_all as remove_checkpoints  # loads torch
 
@@ -232,7 +197,12 @@ class RunDir:
                 self._clear(self._finished)
                 remove_checkpoints(self._checkpoints)
             except OSError as exc:
-                raise _unwritable(self.path, "cannot remove the old run's files", exc) from exc
+                raise unwritable(self.path, "cannot remove the old run's files", exc) from exc
+        if self._shared_checkpoints:
+            try:
+                claim_checkpoints(self._checkpoints, self.path)
+            except OSError as exc:
+                raise unwritable(self._checkpoints, "cannot mark the checkpoints", exc) from exc
         assert self._lock_fd is not None
         _record_holder(self._lock_fd)
         self._started = True
@@ -249,12 +219,14 @@ class RunDir:
             "started_at": self._started_at,
             "updated_at": _now(),
         }
+        if self.job is not None:
+            payload[JOB_KEY] = self.job
         if error is not None:
             payload["error"] = error
         try:
             write_json(self.path / STATUS_FILE, payload)
         except OSError as exc:
-            raise _unwritable(self.path, f"cannot write {STATUS_FILE}", exc) from exc
+            raise unwritable(self.path, f"cannot write {STATUS_FILE}", exc) from exc
 
     def end(self, exc: BaseException | None = None) -> None:
         """Marks the run "complete" (no ``exc``), "interrupted" (Ctrl-C, or any error once a
@@ -306,94 +278,6 @@ class RunDir:
                 stale.unlink(missing_ok=True)
 
 
-def versioned(base: Path, version: int) -> Path:
-    """``base`` for version 1, else ``base-v<version>``: where a command's later runs go
-    when its default output directory is taken."""
-    return base if version == 1 else base.with_name(f"{base.name}-v{version}")
-
-
-def free_versions(base: Path) -> Iterator[Path]:
-    """``base``, ``base-v2``, ... in order, less those that hold a run (``holds_run``)."""
-    return (path for v in itertools.count(1) if not holds_run(path := versioned(base, v)))
-
-
-def newest_version(base: Path) -> Path:
-    """The highest-numbered of ``base``, ``base-v2``, ... that exists (``base`` if none):
-    the run that ``--resume`` or ``--overwrite`` without ``--out`` acts on."""
-    pattern = f"{glob.escape(base.name)}-v*"
-    versions = [v for p in base.parent.glob(pattern) if (v := _version(base, p)) is not None]
-    return versioned(base, max(versions)) if versions else base
-
-
-def version_of(base: Path, path: Path) -> int:
-    """Which version of ``base`` ``path`` is (``versioned``'s inverse)."""
-    return 1 if path == base else _version(base, path) or 1
-
-
-def _version(base: Path, path: Path) -> int | None:
-    suffix = path.name[len(base.name) + 2 :]
-    return int(suffix) if suffix.isdigit() and int(suffix) >= 2 else None
-
-
-def holds_run(path: Path, checkpoints: Path | None = None) -> bool:
-    """Whether ``path`` holds a run that starting fresh would lose, or a running one:
-    a summary, trained epochs or a checkpoint, or a held lock. Changes nothing."""
-    checkpoints = checkpoints or path / DEFAULT_DIR
-    if not path.is_dir():
-        return False
-    if (path / SUMMARY_FILE).exists() or find_checkpoint(checkpoints) is not None:
-        return True
-    metrics = path / "metrics.jsonl"
-    return (metrics.exists() and metrics.stat().st_size > 0) or lock_held(path)
-
-
-def lock_held(path: Path) -> bool:
-    """Whether a run holds ``path``'s lock now. A shared probe: two probes never see each
-    other, only a run's exclusive lock."""
-    try:
-        fd = os.open(path / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)  # closing releases the probe's own lock
-    return False
-
-
-def refuse_unfinished(path: Path, checkpoints: Path) -> None:
-    """Raises UNFINISHED if ``path`` holds a run that stopped after training something
-    (epochs in ``metrics.jsonl`` or a checkpoint): starting fresh would lose it."""
-    checkpoint = find_checkpoint(checkpoints)
-    metrics = path / "metrics.jsonl"
-    trained = metrics.exists() and metrics.stat().st_size > 0
-    if checkpoint is None and not trained:
-        return  # nothing that took time to make: the run can start again
-    status = (read_status(path) or {}).get("status", "unknown")
-    kept = (
-        f"its newest checkpoint is {checkpoint}: pass --resume to continue from it, "
-        if checkpoint is not None
-        else "it has no checkpoint: "
-    )
-    raise RunDirError(
-        Problem.UNFINISHED,
-        f"{path} holds an unfinished run (status: {status}); {kept}--overwrite to start "
-        "fresh there (deleting it), or choose another --out",
-    )
-
-
-def read_status(out_dir: str | Path) -> dict[str, Any] | None:
-    """The contents of ``status.json``; None if it is missing or unreadable."""
-    try:
-        return json.loads((Path(out_dir) / STATUS_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _lock(fd: int, path: Path) -> None:
     """Takes the exclusive lock without waiting (``_record_holder`` then says who)."""
     try:
@@ -421,17 +305,9 @@ def _make_dir(path: Path) -> None:
     except (FileExistsError, NotADirectoryError) as exc:
         in_the_way = (p for p in (*reversed(path.parents), path) if not p.is_dir())
         blocker = next((p for p in in_the_way if p.exists() or p.is_symlink()), path)
-        raise _unwritable(path, f"{blocker} exists and is not a directory") from exc
+        raise unwritable(path, f"{blocker} exists and is not a directory") from exc
     except OSError as exc:
-        raise _unwritable(path, "cannot create the directory", exc) from exc
-
-
-def _unwritable(path: Path, what: str, exc: OSError | None = None) -> RunDirError:
-    reason = f" ({exc.strerror or exc})" if exc is not None else ""
-    return RunDirError(
-        Problem.UNWRITABLE,
-        f"cannot write the run's output to {path}: {what}{reason}; choose another --out",
-    )
+        raise unwritable(path, "cannot create the directory", exc) from exc
 
 
 def _now() -> str:

@@ -85,7 +85,8 @@ def _worker(rank, world_size, init_method, part_dir, ckpt_dir, overrides, stop_a
             meta = read_metadata(part_dir)
             graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
             trainer = Trainer(config, graph, meta, world)
-            ckpt = Checkpointer.for_run(config, world, Path("unused"), meta)
+            # checkpoint.dir keeps each run's checkpoints under the run's folder name.
+            ckpt = Checkpointer.for_run(config, world, Path("run"), meta)
             history = None
             if stage == 1:
                 epoch, tensors, history = ckpt.load_latest()
@@ -170,7 +171,7 @@ def test_resume_equals_uninterrupted(overrides, parts, tmp_path):
     if "adaqp" in overrides[0]:  # the plans were solved (not the first cycle's 8 bits)
         assert float(whole[0]["avg_bits"]) < 8
     # Only the newest checkpoints are kept.
-    assert complete_epochs(tmp_path / "a") == ([8, 10] if stop == 8 else [5, 10])
+    assert complete_epochs(tmp_path / "a" / "run") == ([8, 10] if stop == 8 else [5, 10])
 
 
 def test_unfitting_or_damaged_checkpoints_are_refused(tmp_path):

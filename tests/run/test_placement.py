@@ -1,0 +1,163 @@
+"""Which directory a run takes: restarts keep to their own job's run, and the runs that
+share a ``checkpoint.dir`` each keep their own checkpoints (adaqp.run.placement)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from adaqp.config import load_config
+from adaqp.run.ckptdir import MANIFEST, OWNER_FILE, checkpoint_root
+from adaqp.run.placement import JOB_KEY, Problem, RunDirError, read_status
+from adaqp.run.preflight import Refusal, plan_output
+from adaqp.run.rundir import RunDir
+
+
+def _fake_checkpoint(root: Path, epoch: int) -> None:
+    step = root / f"epoch-{epoch:06d}"
+    step.mkdir(parents=True)
+    (step / MANIFEST).write_text("{}\n")
+
+
+def _run(base: Path, job: str, *, finish: bool, checkpoint_dir: Path | None = None) -> Path:
+    """A run of ``job`` in the first free version of ``base``, with a checkpoint at epoch
+    2, finished (a summary) or failed; returns its directory."""
+    run = RunDir.claim(base, new_version=True, job=job, checkpoint_dir=checkpoint_dir)
+    _fake_checkpoint(run._checkpoints, 2)
+    (run.path / "metrics.jsonl").write_text('{"epoch": 1}\n{"epoch": 2}\n')
+    if finish:
+        (run.path / "summary.json").write_text("{}\n")
+    run.end(None if finish else RuntimeError("a peer died"))
+    run.close()
+    return run.path
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_the_job_is_recorded_where_its_run_starts(tmp_path):
+    path = _run(tmp_path / "run", "job-a", finish=True)
+    assert read_status(path)[JOB_KEY] == "job-a"
+
+
+@pytest.mark.parametrize("finish", [True, False], ids=["finished", "failed"])
+def test_a_restart_whose_first_attempt_never_started_is_a_new_run(tmp_path, finish):
+    """The first attempt gave its directory up before starting: the restart finds no run
+    of its job, takes the first free version and changes no other run."""
+    base = tmp_path / "run"
+    older = [_run(base, f"other-{i}", finish=finish) for i in range(2)]
+    before = {p: _files(p) for p in older}
+    first = RunDir.reserve(base, new_version=True, job="mine")
+    assert first.path == tmp_path / "run-v3"
+    first.close()  # failed before start: the directory it made goes again
+    assert not first.path.exists()
+    restart = RunDir.reserve(base, new_version=True, job="mine", restarted=True)
+    try:
+        assert restart.path == tmp_path / "run-v3" and restart.resume_from is None
+        restart.start()
+    finally:
+        restart.close()
+    assert {p: _files(p) for p in older} == before
+    assert read_status(restart.path)[JOB_KEY] == "mine"
+
+
+def test_a_restart_continues_its_own_run_and_no_other(tmp_path):
+    base = tmp_path / "run"
+    older = _run(base, "other", finish=False)  # the newest run, with a checkpoint, is not ours
+    own = _run(base, "mine", finish=False)
+    newer = _run(base, "another", finish=False)
+    before = {p: _files(p) for p in (older, newer)}
+    restart = RunDir.reserve(base, new_version=True, job="mine", restarted=True)
+    try:
+        assert restart.path == own
+        assert restart.resume_from == own / "checkpoints" / "epoch-000002"
+        restart.start()
+    finally:
+        restart.close()
+    assert {p: _files(p) for p in (older, newer)} == before
+
+
+def test_a_restart_with_overwrite_keeps_its_own_progress(tmp_path):
+    """The first attempt's --overwrite cleared the old run; its restart must not clear
+    what the first attempt trained since."""
+    out = tmp_path / "run"
+    run = RunDir.claim(out, job="mine", overwrite=True)
+    _fake_checkpoint(out / "checkpoints", 4)
+    run.end(RuntimeError("a peer died"))
+    run.close()
+    restart = RunDir.reserve(out, overwrite=True, job="mine", restarted=True)
+    try:
+        assert restart.resume_from == out / "checkpoints" / "epoch-000004"
+    finally:
+        restart.close()
+
+
+def test_a_restart_never_continues_a_named_directory_of_another_job(tmp_path):
+    out = tmp_path / "run"
+    _run(out, "other", finish=False)
+    with pytest.raises(RunDirError) as info:
+        RunDir.reserve(out, job="mine", restarted=True)
+    assert info.value.problem is Problem.UNFINISHED
+
+
+def _config(tmp_path: Path, **keys: str):
+    overrides = [f"checkpoint.dir={tmp_path / 'ckpt'}", *(f"{k}={v}" for k, v in keys.items())]
+    return load_config(None, overrides)
+
+
+def test_repeat_runs_sharing_a_checkpoint_dir_each_keep_their_own(tmp_path, monkeypatch):
+    """With ``checkpoint.dir`` and no --out, a repeat run goes to -v2 (no refusal about a
+    run that is not there) and keeps its checkpoints apart; --overwrite of the newest
+    removes only the newest's."""
+    monkeypatch.chdir(tmp_path)
+    config = _config(tmp_path)
+    first = plan_output(config, 2)
+    run = RunDir.claim(first, new_version=True, checkpoint_dir=config.checkpoint.dir)
+    assert run._checkpoints == tmp_path / "ckpt" / first.name == checkpoint_root(config, first)
+    _fake_checkpoint(run._checkpoints, 3)
+    (first / "summary.json").write_text("{}\n")
+    run.end()
+    run.close()
+    kept = _files(tmp_path / "ckpt" / first.name)
+
+    second = plan_output(config, 2)
+    assert second == first.with_name(f"{first.name}-v2")
+    run = RunDir.claim(first, new_version=True, checkpoint_dir=config.checkpoint.dir)
+    assert run.path == second and run._checkpoints == tmp_path / "ckpt" / second.name
+    _fake_checkpoint(run._checkpoints, 1)
+    run.end(RuntimeError("stopped"))
+    run.close()
+
+    assert plan_output(config, 2, overwrite=True) == second
+    again = RunDir.claim(
+        first, new_version=True, overwrite=True, checkpoint_dir=config.checkpoint.dir
+    )
+    again.close()
+    assert again.path == second and not list((tmp_path / "ckpt" / second.name).glob("epoch-*"))
+    assert _files(tmp_path / "ckpt" / first.name) == kept
+
+
+def test_checkpoints_of_another_directory_are_never_taken(tmp_path):
+    """Two --out folders of one name share ``<checkpoint.dir>/<name>``: the second run is
+    refused before it changes anything, even with --overwrite or --resume."""
+    ckpt = tmp_path / "ckpt"
+    first = RunDir.claim(tmp_path / "a" / "run", checkpoint_dir=ckpt)
+    _fake_checkpoint(ckpt / "run", 5)
+    first.end()
+    first.close()
+    assert (ckpt / "run" / OWNER_FILE).is_file()
+    kept = _files(ckpt)
+    for flags in ({}, {"overwrite": True}, {"resume": True}):
+        with pytest.raises(RunDirError) as info:
+            RunDir.claim(tmp_path / "b" / "run", checkpoint_dir=ckpt, **flags)
+        assert info.value.problem is Problem.CHECKPOINTS_TAKEN
+        assert str(tmp_path / "a" / "run") in str(info.value)
+        config = _config(tmp_path, **{"metrics.out": str(tmp_path / "b" / "run")})
+        with pytest.raises(Refusal, match="holds the checkpoints of the run in"):
+            plan_output(config, 2, **flags)
+    assert _files(ckpt) == kept and not (tmp_path / "b").exists()
+    resumed = RunDir.claim(tmp_path / "a" / "run", checkpoint_dir=ckpt, resume=True)
+    resumed.close()
+    assert resumed.resume_from == ckpt / "run" / "epoch-000005"
