@@ -276,6 +276,27 @@ def test_train_sh_help_and_a_missing_config_stop_before_torchrun(tmp_path):
     assert main(["--nproc", "x", CORA]) == 2
 
 
+@pytest.mark.parametrize(
+    "dataset, message",
+    [
+        ("coraa", "error: data.dataset: unknown dataset 'coraa'; available: cora, citeseer"),
+        ("ogbn-arxiv", "error: ogbn-arxiv: missing raw/edge.csv.gz, raw/node-feat.csv.gz ..."),
+    ],
+)
+def test_a_dataset_that_cannot_be_read_is_one_line_before_any_worker(tmp_path, dataset, message):
+    """A config error, not a worker failure: exit 2 and one line, in about the time Python
+    takes to start, and nothing written (no run folder, partition or download folder)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    argv = ["bash", str(TRAIN_SH), "--nproc", "2", "--out", str(tmp_path / "run")]
+    argv += ["--set", f"data.dataset={dataset}", "--set", f"data.root={tmp_path / 'data'}"]
+    argv += ["--set", f"partition.dir={tmp_path / 'parts'}"]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(message) and proc.stderr.count("\n") == 1, proc.stderr
+    assert "torchrun" not in proc.stderr and "rank" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 # torchrun's output, filtered.
 
 

@@ -157,18 +157,26 @@ def supported_ogb_names() -> list[str]:
     return _ogb_supported(_ogb_master())
 
 
-def check_ogb_files(name: str, root: Path) -> None:
-    """Raises, changing nothing, where ``load_ogb`` could not read ``name`` from ``root``
-    without a download: an unsupported name (ValueError), or neither the raw files nor a
-    cache (FileNotFoundError, saying how to get them). A training job refuses then,
-    before any worker starts; ``python -m partition`` still downloads where it can."""
+def _ogb_source(name: str, root: Path) -> tuple[dict, Path, list[str]]:
+    """``name``'s OGB metadata, its folder under ``root`` and its raw files there.
+
+    Raises:
+        ValueError: ``name`` is not a supported OGB dataset.
+    """
     master = _ogb_master()
     supported = _ogb_supported(master)
     if name not in supported:
         raise ValueError(f"unsupported OGB dataset {name!r}; supported: {', '.join(supported)}")
     meta = master[name]
-    directory = root / name.replace("-", "_")
-    files = _ogb_files(meta)
+    return meta, root / name.replace("-", "_"), _ogb_files(meta)
+
+
+def check_ogb_files(name: str, root: Path) -> None:
+    """Raises, changing nothing, where ``load_ogb`` could not read ``name`` from ``root``
+    without a download: an unsupported name (ValueError), or neither the raw files nor a
+    cache (FileNotFoundError, saying how to get them). A training job refuses then,
+    before any worker starts; ``python -m partition`` still downloads where it can."""
+    meta, directory, files = _ogb_source(name, root)
     missing = [f for f in files if not (directory / f).is_file()]
     if not missing or (directory / _CACHE_NAME).is_file():
         return
@@ -189,13 +197,7 @@ def load_ogb(name: str, root: Path) -> GraphData:
         ValueError: ``name`` is not supported, or ogb is not installed.
         FileNotFoundError: the raw files are missing and could not be downloaded.
     """
-    master = _ogb_master()
-    supported = _ogb_supported(master)
-    if name not in supported:
-        raise ValueError(f"unsupported OGB dataset {name!r}; supported: {', '.join(supported)}")
-    meta = master[name]
-    directory = root / name.replace("-", "_")
-    files = _ogb_files(meta)
+    meta, directory, files = _ogb_source(name, root)
     cache = directory / _CACHE_NAME
     have_raw = all((directory / f).is_file() for f in files)
     if cache.is_file():
