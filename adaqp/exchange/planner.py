@@ -5,7 +5,9 @@ adaptive exchange policy (``adaqp/exchange/policy.py``), which asks it for plans
 it the rows to trace. Per message v the variance weight is ``w_v = s_v · D · E[(M_v -
 m_v)²] / 4``: ``s_v`` is the sum of the receiver's squared aggregation coefficients over
 the rows that read v (forward; shipped once from receivers to senders), or 1 for
-gradients; the squared range is traced on the sender during each assignment cycle.
+gradients (the owner adds them unscaled); the squared range is traced on the sender
+during each assignment cycle. The plans, the traces and the buffer that carries plans to
+every rank are kept by a :class:`~adaqp.exchange.plan_book.PlanBook`.
 
 After the first cycle (``first_cycle`` epochs) and every ``assign_cycle`` epochs after it
 the ranks send their weights to rank 0, which solves every exchange with ``adaqp.assign``
@@ -13,13 +15,19 @@ the ranks send their weights to rank 0, which solves every exchange with ``adaqp
 (``adaqp.assign.profile``), and broadcasts all per-message widths in one buffer. Every
 rank installs the same plans before the next epoch, so all ranks switch together. The
 first cycle runs at ``initial_bits`` while tracing (under the host cost model at full
-precision where that is predicted no slower). The run's ``adaqp.assign.CostModelKind``
-(``cost_kind``) decides which cost model prices the plans, and so what is profiled.
+precision where that is predicted no slower). When to re-solve and how long each solve
+may take are :mod:`adaqp.exchange.resolving`'s. Which cost model prices the plans, and
+what that means for profiling, solving and reporting, is decided once, by the run's
+``adaqp.assign.CostModelKind`` (``cost_kind``).
 
 The cost model prices an exchange from the profiled links; what it does not see is
 measured: each re-solve fits the model's figures to the exchange times measured under
-the last ``CALIBRATION_PLANS`` plans (``fit_calibration``, ``adaqp.assign.calibrate``)
-and states the new plans' times through it.
+the last ``CALIBRATION_PLANS`` plans and states the new plans' times through it
+(:class:`~adaqp.exchange.resolving.MeasuredExchanges`).
+
+The profiling functions (``profile_links``, ``time_quantization``, ``profile_fabric``) and
+``solve_exchange`` are called through this module's names, so that a test can pin them
+(``tests/run/test_checkpoint.py`` does, to repeat runs bit for bit).
 """
 
 from __future__ import annotations
@@ -34,13 +42,11 @@ import torch
 import torch.distributed as dist
 
 from adaqp.assign import (
-    CALIBRATION_PLANS,
     Channel,
     HostModel,
     LinkModel,
     cost_model_kind,
     first_width,
-    fit_calibration,
     host_model,
     host_of_rank,
     profile_fabric,
@@ -51,42 +57,31 @@ from adaqp.assign import (
 )
 from adaqp.bits import SUPPORTED_BITS
 from adaqp.config import QuantConfig
-from adaqp.exchange.transport import SETUP_KEY, BitPlan, Direction, ExchangeKey, HaloTransport
+from adaqp.exchange.plan_book import PlanBook, forward_coefficients
+from adaqp.exchange.resolving import (  # noqa: F401  (importable from here, as before)
+    MIN_SOLVE_S,
+    MeasuredExchanges,
+    budget_share,
+    solves_before,
+)
+from adaqp.exchange.transport import BitPlan, Direction, ExchangeKey, HaloTransport
 from adaqp.graph.aggregate import SparseAdjacency
 from adaqp.graph.local import LocalGraph
-from adaqp.quant.kernels import squared_ranges
 from adaqp.runtime import World
 
 logger = logging.getLogger(__name__)
 
 
-MIN_SOLVE_S = 0.05
-"""The least time one exchange's solve is given, even past its re-solve's budget: enough
-for the greedy, so that a spent budget costs at most the greedy's gap in plan quality."""
-
-
-def budget_share(deadline: float, keys_left: int, cap_s: float) -> float:
-    """Seconds the next of ``keys_left`` exchanges may solve for: an equal share of what is
-    left until ``deadline`` (a ``time.perf_counter()`` value), at most ``cap_s``, at least
-    :data:`MIN_SOLVE_S`."""
-    left = deadline - time.perf_counter()
-    return min(cap_s, max(left / max(keys_left, 1), MIN_SOLVE_S))
-
-
-def solves_before(epoch: int, config: QuantConfig) -> int | None:
-    """How many solves ran before the one after ``epoch``, or None where none runs after
-    it: the first follows epoch ``first_cycle`` (at most ``assign_cycle``), the later ones
-    every ``assign_cycle`` epochs."""
-    first = min(config.first_cycle, config.assign_cycle)
-    if epoch < first or (epoch - first) % config.assign_cycle:
-        return None
-    return (epoch - first) // config.assign_cycle
-
-
 class BitWidthPlanner:
-    """Owns a quantized mode's bit plans; re-solves them after the first cycle and every
-    ``assign_cycle`` epochs after it. ``transport`` (this rank's) serves the start-up
-    exchanges only; ``adjacency`` gives the receiver-side aggregation coefficients.
+    """Owns the bit plans of a quantized mode and re-solves them after the first cycle and
+    every ``assign_cycle`` epochs after it.
+
+    Args:
+        config: the quant section.
+        transport: this rank's halo transport (used for the start-up exchanges only).
+        graph: this rank's local graph.
+        adjacency: its aggregation matrix (receiver-side coefficients).
+        world: rank and world size.
     """
 
     def __init__(
@@ -109,8 +104,8 @@ class BitWidthPlanner:
             Direction.FORWARD: np.stack([g[0].numpy() for g in gathered]),
             Direction.BACKWARD: np.stack([g[1].numpy() for g in gathered]),
         }
-        self._plans: dict[ExchangeKey, BitPlan] = {}
-        self._traces: dict[ExchangeKey, list] = {}
+        self.book = PlanBook(self.counts, world.rank, self.device)
+        """This rank's plans and traces (``adaqp.exchange.plan_book``)."""
         self.cost_kind = cost_model_kind(config)
         """Which cost model plans (``adaqp.assign.kinds``): what is profiled, solved with
         and reported."""
@@ -125,13 +120,10 @@ class BitWidthPlanner:
         its plan), ``"pair_bits"`` ("src->dst" -> mean planned width, all exchanges), and
         once measured exchanges are there ``"calibration"`` (``fit_calibration``'s, on the
         plans before) and ``"calibrated_s"`` (tag -> the plan's time through it)."""
-        self._measured: dict[str, list[float]] = {}
-        """Rank 0: measured exchange seconds by tag, one per epoch since the last solve."""
-        self._ran: list[tuple[dict[str, float], dict[str, float]]] = []
-        """Rank 0: ``(predicted, measured median)`` seconds by tag of the last plans that
-        ran, oldest first (at most ``CALIBRATION_PLANS``)."""
+        self.measured = MeasuredExchanges()
+        """Rank 0, with a cost model: the exchanges measured under the plans that ran."""
         if config.scheme == "adaptive":
-            self.forward_coef = self._forward_coefficients(transport, graph, adjacency)
+            self.forward_coef = forward_coefficients(transport, graph, adjacency, self.device)
         if self.cost_kind.plans_by_pair:
             self.hosts = host_of_rank(p)
             self._profile()
@@ -177,27 +169,12 @@ class BitWidthPlanner:
     @property
     def plans(self) -> dict[ExchangeKey, BitPlan]:
         """The installed plans (a copy)."""
-        return dict(self._plans)
-
-    def _forward_coefficients(
-        self, transport: HaloTransport, graph: LocalGraph, adjacency: SparseAdjacency
-    ) -> torch.Tensor:
-        """Σ_u c_uv² per message this rank sends (float64 [S], aligned with send_idx)."""
-        adj = adjacency.forward
-        squares = torch.zeros(graph.num_inner + graph.num_halo, dtype=torch.float64)
-        squares.index_add_(0, adj.col_indices().cpu(), adj.values().double().cpu() ** 2)
-        halo = squares[graph.num_inner :].to(torch.float32).view(-1, 1).to(self.device)
-        transport.at("set-up (aggregation coefficients)")
-        return transport.start(halo, SETUP_KEY).wait()[:, 0].double().cpu()
+        return dict(self.book.plans)
 
     def plan(self, key: ExchangeKey, out_rows: int, in_rows: int, dim: int) -> BitPlan:
         """The plan of a training exchange of ``dim``-wide rows: the solved one, else the
         first cycle's fixed width (``_first_width``)."""
-        plan = self._plans.get(key)
-        if plan is None:
-            width = self._first_width(key, dim)
-            plan = self._plans[key] = BitPlan.uniform(width, out_rows, in_rows, self.device)
-        return plan
+        return self.book.plan(key, out_rows, in_rows, lambda: self._first_width(key, dim))
 
     def _first_width(self, key: ExchangeKey, dim: int) -> int:
         """``initial_bits``, or under the host model full precision where that is
@@ -223,25 +200,11 @@ class BitWidthPlanner:
 
     def trace(self, key: ExchangeKey, rows_RD: torch.Tensor) -> None:
         """Accumulates the squared row ranges of one outgoing block."""
-        if rows_RD.shape[1] == 0:
-            return
-        squared = squared_ranges(rows_RD).cpu()
-        entry = self._traces.get(key)
-        if entry is None:
-            self._traces[key] = [squared, 1, rows_RD.shape[1]]
-        else:
-            entry[0] += squared
-            entry[1] += 1
+        self.book.trace(key, rows_RD)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Plans, traces of the current cycle and the link model (for checkpoints)."""
-        state: dict[str, torch.Tensor] = {}
-        for key, plan in self._plans.items():
-            state[f"plan/{key}/out"] = plan.out_bits.cpu()
-            state[f"plan/{key}/in"] = plan.in_bits.cpu()
-        for key, (squared, cycles, dim) in self._traces.items():
-            state[f"trace/{key}/squared"] = squared
-            state[f"trace/{key}/cycles_dim"] = torch.tensor([cycles, dim])
+        state = self.book.state_dict()
         if self.cost_kind.plans_by_pair:
             state["links/alpha"] = torch.from_numpy(self.link_model.alpha_s.copy())
             state["links/beta"] = torch.from_numpy(self.link_model.beta_Bps.copy())
@@ -254,22 +217,7 @@ class BitWidthPlanner:
         return state
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        plans: dict[ExchangeKey, dict[str, torch.Tensor]] = {}
-        traces: dict[ExchangeKey, dict[str, torch.Tensor]] = {}
-        for name, tensor in state.items():
-            kind, _, rest = name.partition("/")
-            if kind in ("plan", "trace"):
-                key_name, _, field = rest.rpartition("/")
-                into = plans if kind == "plan" else traces
-                into.setdefault(ExchangeKey.parse(key_name), {})[field] = tensor
-        self._plans = {
-            key: BitPlan(p["out"].to(self.device), p["in"].to(self.device))
-            for key, p in plans.items()
-        }
-        self._traces = {
-            key: [t["squared"], int(t["cycles_dim"][0]), int(t["cycles_dim"][1])]
-            for key, t in traces.items()
-        }
+        self.book.load_state_dict(state)
         if "links/alpha" in state:
             self.link_model = LinkModel(state["links/alpha"].numpy(), state["links/beta"].numpy())
         if "hosts/costs" in state and self.cost_kind.profiles_hosts:
@@ -284,9 +232,8 @@ class BitWidthPlanner:
 
         ``exchange_s_by_tag``: this epoch's measured exchange times (the same on every
         rank), which calibrate the cost model's figures at the next re-solve."""
-        if self.cost_kind.plans_by_pair and self.world.is_main:  # what _calibrate reads
-            for tag, seconds in (exchange_s_by_tag or {}).items():
-                self._measured.setdefault(tag, []).append(seconds)
+        if self.cost_kind.plans_by_pair and self.world.is_main:  # what calibrate reads
+            self.measured.record(exchange_s_by_tag or {})
         earlier = solves_before(epoch, self.config)
         if not self.tracing or earlier is None:
             return 0.0
@@ -297,29 +244,24 @@ class BitWidthPlanner:
         self._resolve(epoch)
         return time.perf_counter() - start
 
-    def _weights(self, key: ExchangeKey) -> np.ndarray:
-        squared, cycles, dim = self._traces[key]
-        weights = (squared / cycles) * dim / 4.0
-        if key.direction is Direction.FORWARD and self.forward_coef is not None:
-            weights = weights * self.forward_coef  # None: random scheme
-        return weights.numpy()
-
     def _resolve(self, epoch: int) -> None:
+        """Gathers every traced exchange's weights on rank 0, which solves them within
+        one budget; broadcasts the widths and installs them on every rank (collective)."""
         p, rank = self.world.world_size, self.world.rank
-        keys = sorted(self._traces, key=str)
+        keys = sorted(self.book.traces, key=str)
         check = torch.tensor([len(keys), -len(keys)], dtype=torch.int64)
         dist.all_reduce(check, op=dist.ReduceOp.MIN)
         if check[0] != len(keys) or -check[1] != len(keys):
             names = [str(k) for k in keys]
             raise RuntimeError(f"rank {rank}: ranks traced different exchanges ({names})")
         if not keys:  # nothing traced (adaqp-s: every exchange stale): the plans stay
-            self._measured = {}
+            self.measured.restart()
             return
         blocks = []
         deadline = time.perf_counter() + self.config.resolve_budget_s
         for i, key in enumerate(keys):
             counts = self.counts[key.direction]
-            weights = torch.from_numpy(self._weights(key))
+            weights = torch.from_numpy(self.book.weights(key, self.forward_coef))
             longest = int(counts.sum(1).max())
             padded = torch.zeros(longest, dtype=torch.float64)
             padded[: len(weights)] = weights
@@ -331,32 +273,15 @@ class BitWidthPlanner:
         total = sum(int(self.counts[k.direction].sum()) for k in keys)
         flat = torch.cat(blocks) if rank == 0 else torch.empty(total, dtype=torch.uint8)
         if rank == 0:
-            self.solutions.setdefault(epoch, {})["pair_bits"] = self._pair_bits(keys, flat)
-            self._calibrate(epoch)
+            solution = self.solutions.setdefault(epoch, {})
+            solution["pair_bits"] = self.book.pair_bits(keys, flat)
+            # The plans that ran since the last re-solve: none before the first, or after
+            # a resume.
+            before = self.solutions.get(epoch - self.config.assign_cycle, {})
+            self.measured.calibrate(solution, before.get("predicted_s", {}))
         dist.broadcast(flat, src=0)
-        self._install(keys, flat)
-        self._traces = {}
-        self._measured = {}
-
-    def _calibrate(self, epoch: int) -> None:
-        """Rank 0: adds the plans that ran since the last re-solve to the calibration's
-        history, refits it, and states this re-solve's plans through it."""
-        previous = epoch - self.config.assign_cycle  # none before the first, or after a resume
-        before = self.solutions.get(previous, {}).get("predicted_s", {})
-        measured = {t: float(np.median(self._measured[t])) for t in before if self._measured.get(t)}
-        if measured:
-            self._ran.append((before, measured))
-            del self._ran[:-CALIBRATION_PLANS]
-        if not self._ran:
-            return
-        calibration = fit_calibration(self._ran)
-        fixed, scale = calibration["fixed_s_by_tag"], calibration["scale"]
-        solution = self.solutions.setdefault(epoch, {})
-        solution["calibration"] = calibration
-        solution["calibrated_s"] = {
-            t: fixed.get(t, calibration["fixed_s"]) + scale * s
-            for t, s in solution.get("predicted_s", {}).items()
-        }
+        self.book.install(keys, flat)
+        self.measured.restart()
 
     def _solve(
         self,
@@ -368,7 +293,7 @@ class BitWidthPlanner:
     ) -> torch.Tensor:
         """Rank 0: widths of every channel of one exchange, in (src, dst) order."""
         p = self.world.world_size
-        dim = self._traces[key][2]
+        dim = self.book.dim(key)
         channels = []
         for src in range(p):
             offsets = np.concatenate([[0], np.cumsum(counts[src])])
@@ -415,36 +340,3 @@ class BitWidthPlanner:
                 cfg.cost_model,
             )
         return torch.from_numpy(np.concatenate([b.astype(np.uint8) for b in widths]))
-
-    def _channel_widths(self, keys: list[ExchangeKey], flat: torch.Tensor):
-        """Yields ``(key, src, dst, widths)`` of every channel in the broadcast buffer."""
-        p, offset = self.world.world_size, 0
-        for key in keys:
-            counts = self.counts[key.direction]
-            for src in range(p):
-                for dst in range(p):
-                    if src != dst:
-                        n = int(counts[src, dst])
-                        yield key, src, dst, flat[offset : offset + n]
-                        offset += n
-
-    def _pair_bits(self, keys: list[ExchangeKey], flat: torch.Tensor) -> dict[str, float]:
-        totals: dict[str, list[int]] = {}
-        for _, src, dst, widths in self._channel_widths(keys, flat):
-            entry = totals.setdefault(f"{src}->{dst}", [0, 0])
-            entry[0] += int(widths.sum(dtype=torch.int64))
-            entry[1] += widths.numel()
-        return {pair: bits / n for pair, (bits, n) in totals.items() if n}
-
-    def _install(self, keys: list[ExchangeKey], flat: torch.Tensor) -> None:
-        p, rank = self.world.world_size, self.world.rank
-        channels: dict[ExchangeKey, dict[tuple[int, int], torch.Tensor]] = {k: {} for k in keys}
-        for key, src, dst, widths in self._channel_widths(keys, flat):
-            channels[key][src, dst] = widths
-        empty = torch.zeros(0, dtype=torch.uint8)
-        for key, channel in channels.items():
-            out_bits = torch.cat([channel.get((rank, dst), empty) for dst in range(p)])
-            in_bits = torch.cat([channel.get((src, rank), empty) for src in range(p)])
-            self._plans[key] = BitPlan(
-                out_bits.to(torch.int8).to(self.device), in_bits.to(torch.int8).to(self.device)
-            )
