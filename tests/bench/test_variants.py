@@ -1,32 +1,139 @@
-"""The benchmark variants (uniform widths, nocomm) and the tables that show them."""
+"""The benchmark variants: what each one runs (its resolved config against what its name
+promises), and the tables that show them."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
-from adaqp.bench import NOCOMM_ACC_NOTE, UNIFORM_VARIANTS, cluster, cluster_table, modes
+from adaqp import train
+from adaqp.bench import (
+    ADAPTIVE_VARIANTS,
+    NOCOMM_ACC_NOTE,
+    UNIFORM_VARIANTS,
+    cluster,
+    cluster_table,
+    modes,
+)
 from adaqp.bench.cluster_plot import pareto_points
-from adaqp.config import load_config
+from adaqp.bits import planner_bits, uniform_bits
+from adaqp.config import QuantConfig
 from tests.bench.test_bench import _run as bench_run
 
+ROOT = Path(__file__).resolve().parents[2]
+BENCHMARKS = {
+    "cluster": (cluster.VARIANTS, cluster.WORKLOADS),
+    "modes": (modes.VARIANTS, modes.DATASETS),
+}
+"""Each benchmark's variants and the configs (file, overrides) it runs them on."""
 
-def _flags(variant: tuple[str, ...]) -> tuple[str, list[str]]:
-    """The ``--mode`` and the ``--set`` overrides of a variant's train flags."""
-    mode = variant[variant.index("--mode") + 1]
-    sets = [variant[i + 1] for i, flag in enumerate(variant) if flag == "--set"]
-    return mode, sets
+_STALE_SUFFIXES = {
+    "plain": {},
+    "smooth": {"staleness.smoothing": 0.9},
+    "warmup": {"staleness.warmup_epochs": 10},
+    "fresh_last": {"staleness.fresh_last_layer": True},
+    "sync4": {"staleness.sync_every": 4},
+}
+"""What each part of a stale variant's name after ``onebit-sN-`` turns on (``fresh-last``
+with an underscore, so that the name splits at its dashes)."""
 
 
-@pytest.mark.parametrize("bits", [1, 2, 4, 8])
-def test_uniform_variants_are_adaqp_at_one_width(bits):
-    name = f"uniform-{bits}"
-    assert cluster.VARIANTS[name] == modes.VARIANTS[name] == UNIFORM_VARIANTS[name]
-    mode, sets = _flags(UNIFORM_VARIANTS[name])
-    # adaqp's exchange with overlap: only how the widths are chosen differs from adaqp.
-    assert mode == "adaqp" == _flags(cluster.VARIANTS["adaqp"])[0]
-    quant = load_config(None, sets).quant
-    assert (quant.scheme, quant.bits) == ("uniform", bits)
-    assert load_config(None, sets).comm == load_config(None, []).comm
+def promised(name: str, model: str) -> dict[str, object]:
+    """What a variant's name promises it runs, as dotted config keys (``model``: the
+    benchmark config's model, whose default width ``adaqp`` uses). Raises KeyError for a
+    name with no rule here: a new variant needs its promise written down."""
+    adaptive = {"comm.mode": "adaqp", "quant.scheme": "adaptive"}
+    if name in ("vanilla", "adaqp-q", "adaqp-p", "adaqp-s", "nocomm"):
+        return {"comm.mode": name}
+    if name == "adaqp":  # the default: uniform at the model's width
+        return {"comm.mode": "adaqp", "quant.scheme": "uniform", "quant.bits": uniform_bits(model)}
+    if m := re.fullmatch(r"uniform-(\d+)", name):
+        return {"comm.mode": "adaqp", "quant.scheme": "uniform", "quant.bits": int(m[1])}
+    if name == "adaqp-adaptive":  # the solver at its defaults
+        defaults = QuantConfig()
+        return {
+            **adaptive,
+            "quant.cost_model": defaults.cost_model,
+            "quant.lam": defaults.lam,
+            "quant.allowed_bits": planner_bits(model),
+        }
+    if m := re.fullmatch(r"adaqp-lam([0-9.]+)", name):
+        return {**adaptive, "quant.lam": float(m[1])}
+    if name == "adaqp-bits12":
+        return {**adaptive, "quant.allowed_bits": (1, 2)}
+    if m := re.fullmatch(r"adaqp-(shared|host)", name):
+        return {**adaptive, "quant.cost_model": m[1]}
+    if m := re.fullmatch(r"onebit-s(\d)", name):  # the staleness section's defaults
+        return {"comm.mode": "onebit", "staleness.bound": int(m[1])}
+    if m := re.fullmatch(r"onebit-s(\d)-(.+)", name):
+        parts = m[2].replace("fresh-last", "fresh_last").split("-")
+        keys = {  # plain: every compensation off
+            "comm.mode": "onebit",
+            "staleness.bound": int(m[1]),
+            "staleness.smoothing": 0.0,
+            "staleness.warmup_epochs": 0,
+            "staleness.fresh_last_layer": False,
+            "staleness.sync_every": 0,
+        }
+        if parts == ["combined"]:
+            parts = ["smooth", "fresh_last", "warmup"]
+        for part in parts:
+            keys.update(_STALE_SUFFIXES[part])
+        return keys
+    raise KeyError(f"no promise written for variant {name!r}")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
+def resolved(config_file: str, overrides: tuple[str, ...], flags: tuple[str, ...]) -> dict:
+    """The config a benchmark's run resolves to, through ``adaqp.train``'s own flag
+    parsing, as dotted keys (the run's output and seed left out)."""
+    sets = [item for o in overrides for item in ("--set", o)]
+    args = train.parse_args(["--config", str(ROOT / config_file), *sets, *flags])
+    return _flat(train.config_from_args(args).to_dict())
+
+
+def check_variant(name: str, flags, config_file: str, overrides) -> None:
+    """A variant runs what its name promises, and differs from its benchmark's config
+    only there."""
+    base = resolved(config_file, overrides, ())
+    runs = resolved(config_file, overrides, tuple(flags))
+    promise = promised(name, runs["model.name"])
+    wrong = {k: (runs[k], v) for k, v in promise.items() if runs[k] != v}
+    assert not wrong, f"{name}: (runs, promised) {wrong}"
+    changed = {k for k in runs if runs[k] != base[k]}
+    assert changed <= set(promise), f"{name} also changes {sorted(changed - set(promise))}"
+
+
+@pytest.mark.parametrize("benchmark", sorted(BENCHMARKS))
+def test_every_variant_runs_what_its_name_promises(benchmark):
+    variants, configs = BENCHMARKS[benchmark]
+    for config_file, overrides in configs.values():
+        for name, flags in variants.items():
+            check_variant(name, flags, config_file, overrides)
+
+
+def test_a_variant_that_runs_something_else_is_caught():
+    """The check can fail: flags that run another width, or change a key the name does
+    not promise."""
+    config_file, overrides = cluster.WORKLOADS["synthetic-signal"]
+    with pytest.raises(AssertionError, match="uniform-2"):
+        check_variant("uniform-2", UNIFORM_VARIANTS["uniform-4"], config_file, overrides)
+    sneaky = (*UNIFORM_VARIANTS["uniform-2"], "--set", "comm.overlap=off")
+    with pytest.raises(AssertionError, match="also changes"):
+        check_variant("uniform-2", sneaky, config_file, overrides)
+    with pytest.raises(AssertionError, match="adaqp-lam0.9"):
+        check_variant("adaqp-lam0.9", ADAPTIVE_VARIANTS["adaqp-lam0.1"], config_file, overrides)
 
 
 def test_every_uniform_width_and_nocomm_is_a_variant_of_both_benchmarks():
@@ -34,7 +141,6 @@ def test_every_uniform_width_and_nocomm_is_a_variant_of_both_benchmarks():
     assert set(UNIFORM_VARIANTS) == uniform
     for variants in (cluster.VARIANTS, modes.VARIANTS):
         assert uniform | {"nocomm"} <= set(variants)
-        assert _flags(variants["nocomm"]) == ("nocomm", [])
     assert uniform | {"nocomm"} <= set(modes.DEFAULT_VARIANTS)
 
 
@@ -103,30 +209,3 @@ def test_modes_table_shows_nocomm_accuracy_and_no_byte_ratio():
         f"| nocomm | 0.6543 ± 0.0000 ({NOCOMM_ACC_NOTE}) | 0.000 | - |"
     )
     assert rows["| uniform-4"].startswith("| uniform-4 | 0.7488 ± 0.0000 | 1.000 | 1/8.0 |")
-
-
-@pytest.mark.parametrize("lam", [0.1, 0.9])
-def test_lambda_variants_are_adaqp_at_another_trade_off(lam):
-    name = f"adaqp-lam{lam}"
-    assert cluster.VARIANTS[name] == modes.VARIANTS[name]
-    mode, sets = _flags(cluster.VARIANTS[name])
-    assert mode == "adaqp"
-    config = load_config(None, sets)
-    assert config.quant.lam == lam
-    assert config.quant.scheme == "adaptive" != load_config(None, []).quant.scheme
-
-
-def test_adaqp_is_uniform_1_and_the_solver_is_a_named_variant():
-    """Default ``adaqp`` on the benchmarks' GCN sends every message at 1 bit
-    (docs/bit-widths.md); the solver's variants differ from it only in ``quant.scheme``
-    and the solver's own settings."""
-    default = load_config(None, _flags(cluster.VARIANTS["adaqp"])[1]).quant
-    uniform = load_config(None, _flags(cluster.VARIANTS["uniform-1"])[1]).quant
-    assert (default.scheme, default.bits) == ("uniform", 1) == (uniform.scheme, uniform.bits)
-    adaptive = load_config(None, _flags(cluster.VARIANTS["adaqp-adaptive"])[1]).quant
-    assert adaptive.scheme == "adaptive" and adaptive.lam == default.lam
-    bits12 = load_config(None, _flags(cluster.VARIANTS["adaqp-bits12"])[1]).quant
-    assert bits12.scheme == "adaptive" and bits12.allowed_bits == (1, 2)
-    for name in ("adaqp-adaptive", "adaqp-bits12", "adaqp-shared", "adaqp-host"):
-        assert cluster.VARIANTS[name] == modes.VARIANTS[name]
-        assert load_config(None, _flags(cluster.VARIANTS[name])[1]).quant.scheme == "adaptive"
