@@ -1,5 +1,7 @@
 """How the costs grow: training across P = 1, 2, 4, 8 workers, and partitioning as the
-graph grows from 100k to 10M edges, with fitted power-law exponents.
+graph grows from 100k to 10M edges, with fitted power-law exponents; or, with ``--hosts``,
+strong scaling on emulated hosts that each own a CPU budget and a link
+(``adaqp.bench.scaling_hosts``, root).
 
 Writes ``scaling.json``, ``scaling.md`` and, with matplotlib, ``scaling.png`` to
 ``--out-dir`` (by default ``results/local/bench/``; ``--out-dir results/bench`` updates the
@@ -18,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from adaqp.bench import DEFAULT_OUT_DIR, count_list, pyplot, torchrun_train
+from adaqp.bench import DEFAULT_OUT_DIR, count_list, pyplot, scaling_hosts, torchrun_train
 
 PARTITION_SCRIPT = """
 import json, resource, sys, tempfile, time
@@ -124,9 +126,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_OUT_DIR,
         help="where scaling.json, .md and .png go; results/bench updates the committed readings",
     )
+    scaling_hosts.add_host_arguments(parser)
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.hosts:
+        return scaling_hosts.run_sweep(args)
     runs_dir = Path("results/runs/bench-scaling")
     training = []
     for p in args.world_sizes:

@@ -1,0 +1,31 @@
+"""``python -m adaqp.bench.quota_check``: the pinned arm's groups pin host i to core i."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from adaqp.bench.emulate.cgroups import Budget, CgroupV1
+from adaqp.bench.quota_check import PinnedGroup, PinnedTree
+
+
+def test_pinned_groups_pin_each_host_to_its_own_core_and_are_removed(tmp_path: Path):
+    bases = [tmp_path / c for c in ("cpu", "cpuacct", "memory", "cpuset")]
+    for base in bases:
+        base.mkdir()
+    (bases[3] / "cpuset.mems").write_text("0\n")
+    tree = CgroupV1(*bases[:3])
+    pinned = PinnedTree(tree.version, tree.bases, cpuset_base=bases[3], cores=[0, 1])
+    groups = [pinned.group(f"aq123-h{i}") for i in range(3)]
+    assert all(isinstance(g, PinnedGroup) for g in groups)
+    assert [g.cpus for g in groups] == ["0", "1", "0"]  # modulo the cores
+    group = groups[1]
+    group.create(Budget())  # no quota: the core is the budget
+    assert (bases[0] / "aq123-h1" / "cpu.cfs_quota_us").read_text() == "-1"
+    assert (bases[3] / "aq123-h1" / "cpuset.cpus").read_text() == "1"
+    assert (bases[3] / "aq123-h1" / "cpuset.mems").read_text() == "0"
+    assert bases[3] / "aq123-h1" / "cgroup.procs" in group.procs_files
+    for d in group.made:  # a real group's files vanish with it; plain folders need emptying
+        for f in d.iterdir():
+            f.unlink()
+    assert group.remove(timeout_s=2)
+    assert not any((base / "aq123-h1").exists() for base in bases)
