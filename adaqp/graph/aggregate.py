@@ -5,12 +5,17 @@ multiplying the incoming gradient by a transpose prepared once is several times 
 (see ``python -m adaqp.bench aggregate``). The adjacency is a constant: no gradient
 flows into its values.
 
+An aggregation that is linear in its input rows says so by its type,
+:class:`LinearAggregation` (the product, :data:`PRODUCT`, is one): the layers may then split
+the adjacency by columns and add the parts (``adaqp/model/layers.py``).
+
 Shapes: N rows (destinations), M columns (sources), D features.
 """
 
 from __future__ import annotations
 
 import warnings
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
@@ -182,3 +187,54 @@ def add_spmm_(out_ND: torch.Tensor, row_start: int, block: SparseAdjacency, x_MD
             f"into rows {row_start}..{out_ND.shape[0]}"
         )
     return _AddSpMM.apply(out_ND, row_start, block, x_MD)
+
+
+class LinearAggregation(ABC):
+    """An in-neighbour aggregation linear in the rows it reads, summed over the adjacency's
+    columns: over ``[A_1 | A_2]`` it gives ``A_1``'s aggregation of ``x_1`` plus ``A_2``'s of
+    ``x_2``. A row's result reads only its own row of the block. Being of this type is the
+    promise: the layers then aggregate the inner columns while the halo rows travel and add
+    the halo columns' part once they land, with the dense transform once over all rows.
+    An aggregation without the promise (GAT's attention, whose softmax spans every in-edge
+    of a row) is a plain callable and is split by rows instead."""
+
+    @abstractmethod
+    def __call__(self, block: SparseAdjacency, x_MD: torch.Tensor, rows: slice) -> torch.Tensor:
+        """``[X, D]``: the aggregation over ``block`` ``[X, M]`` of the inner rows ``rows``
+        (a slice of 0..I, the block's rows)."""
+
+    def add_(
+        self,
+        out_ND: torch.Tensor,
+        row_start: int,
+        block: SparseAdjacency,
+        x_MD: torch.Tensor,
+        rows: slice,
+    ) -> torch.Tensor:
+        """``out_ND`` with ``block``'s aggregation of ``x_MD`` added to its rows
+        ``row_start..`` (``rows``: those rows, as in ``__call__``). This default makes a new
+        tensor; an aggregation that can add in place overrides it."""
+        added = self(block, x_MD, rows)
+        return torch.cat([out_ND[:row_start], out_ND[row_start:] + added])
+
+
+class Product(LinearAggregation):
+    """``block @ x``: the adjacency's coefficients are the aggregation (GCN's, SAGE's)."""
+
+    def __call__(self, block: SparseAdjacency, x_MD: torch.Tensor, rows: slice) -> torch.Tensor:
+        return spmm(block, x_MD)
+
+    def add_(
+        self,
+        out_ND: torch.Tensor,
+        row_start: int,
+        block: SparseAdjacency,
+        x_MD: torch.Tensor,
+        rows: slice,
+    ) -> torch.Tensor:
+        """Adds in place (``add_spmm_``): no row of ``out_ND`` is copied."""
+        return add_spmm_(out_ND, row_start, block, x_MD)
+
+
+PRODUCT = Product()
+"""The default aggregation of ``adaqp.model.layers.Propagation``."""

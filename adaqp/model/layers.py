@@ -8,17 +8,18 @@ the ``Propagation`` is told so when it is built, and no exchange runs for that l
 
 Otherwise the exchange is two autograd nodes around the layer's local work:
 ``_ExchangeStart`` sends the boundary rows and ``_ExchangeLand`` waits for the halo rows.
-The default product aggregation splits the adjacency by columns: every inner row's sum
-over its inner in-neighbours (``[I, I]`` block) runs first, with ``overlap`` on while the
-exchange is in flight, and the marginal rows' halo terms (``[M, H]`` block) are added in
-place once it lands; the finish then runs once over all rows. A custom aggregation
-(GAT's attention, whose softmax spans a row's every in-edge) splits by rows instead:
-the central rows (no halo in-neighbour) are aggregated and finished in flight, the
-marginal rows after landing. Neither split happens where the policy says the layer will
-not wait (e.g. stale rows already landed). Backward mirrors it: ``_ExchangeLand``'s
+A linear aggregation (a :class:`~adaqp.graph.aggregate.LinearAggregation`, such as the
+default product) splits the adjacency by columns: every inner row's sum over its inner
+in-neighbours (``[I, I]`` block) runs first, with ``overlap`` on while the exchange is in
+flight, and the marginal rows' halo terms (``[M, H]`` block) are added once it lands; the
+finish then runs once over all rows. Any other aggregation (GAT's attention, whose
+softmax spans a row's every in-edge) splits by rows instead: the central rows (no halo
+in-neighbour) are aggregated and finished in flight, the marginal rows after landing.
+Neither split happens where the policy says the layer will not wait (e.g. stale rows
+already landed). Backward mirrors it: ``_ExchangeLand``'s
 backward sends the halo gradients to their owners and ``_ExchangeStart``'s waits for
 them, and autograd, which runs the nodes recorded last first, computes the in-flight
-work's gradients in between. A layer's linear ``transform`` of the aggregation (GCN's
+work's gradients in between. A layer's dense ``transform`` of a linear aggregation (GCN's
 weight, SAGE's neighbour weight) adds to that window: its backward returns only the
 input's gradient, and ``_ExchangeStart``'s backward computes the weight's (one ``[O, D]``
 product over all rows) before it waits, as pipeline schedules split a layer's backward
@@ -39,7 +40,7 @@ from torch import nn
 
 from adaqp.exchange.policy import ExchangePolicy, Pending
 from adaqp.exchange.transport import ExchangeKey
-from adaqp.graph.aggregate import SparseAdjacency, add_spmm_, spmm
+from adaqp.graph.aggregate import PRODUCT, LinearAggregation, SparseAdjacency
 from adaqp.graph.attention import attend
 from adaqp.graph.local import LocalGraph
 from adaqp.model.dropout import Dropout
@@ -50,8 +51,9 @@ the inner rows ``rows`` (a slice of 0..I)."""
 
 Aggregate = Callable[[SparseAdjacency, torch.Tensor, slice], torch.Tensor]
 """``aggregate(block, x_MD, rows) -> [X, D]``: the in-neighbour aggregation of the inner
-rows ``rows`` over a block of the adjacency (``[X, M]``); by default ``block @ x``. GAT
-passes its attention here."""
+rows ``rows`` over a block of the adjacency (``[X, M]``); by default ``block @ x``
+(:data:`~adaqp.graph.aggregate.PRODUCT`). GAT passes its attention here. A
+:class:`~adaqp.graph.aggregate.LinearAggregation` is split by columns, any other by rows."""
 
 
 class _InFlight:
@@ -137,10 +139,6 @@ def _whole(agg: torch.Tensor, rows: slice) -> torch.Tensor:
     return agg
 
 
-def _product(block: SparseAdjacency, x_MD: torch.Tensor, rows: slice) -> torch.Tensor:
-    return spmm(block, x_MD)
-
-
 class Propagation:
     """Aggregates in-neighbours for one worker: local rows, plus halo rows when P > 1.
 
@@ -170,7 +168,7 @@ class Propagation:
 
     @cached_property
     def _column_blocks(self) -> tuple[SparseAdjacency, SparseAdjacency]:
-        """The product aggregation's split: the ``[I, I]`` inner block and the marginal
+        """A linear aggregation's split: the ``[I, I]`` inner block and the marginal
         rows' ``[M, H]`` halo block (built on first use)."""
         inner, central = self.graph.num_inner, self.graph.num_central
         return (
@@ -180,7 +178,7 @@ class Propagation:
 
     @cached_property
     def _row_blocks(self) -> tuple[SparseAdjacency, SparseAdjacency]:
-        """A custom aggregation's split: the central rows' ``[C, I]`` block (they read
+        """Another aggregation's split: the central rows' ``[C, I]`` block (they read
         only inner columns) and the marginal rows' ``[M, I + H]`` (built on first use)."""
         inner, central = self.graph.num_inner, self.graph.num_central
         return (
@@ -193,16 +191,18 @@ class Propagation:
         h_RD: torch.Tensor,
         layer: int,
         finish: Finish = _whole,
-        aggregate: Aggregate = _product,
+        aggregate: Aggregate = PRODUCT,
         transform: nn.Linear | None = None,
     ) -> torch.Tensor:
         """Returns ``finish(transform(agg), rows)`` of the aggregation ``agg`` of every inner
         row, [I, O] (``transform``: none by default). A transform's weight gradients are
-        computed while the layer's halo gradients travel, where the product aggregation
+        computed while the layer's halo gradients travel, where a linear aggregation
         exchanges."""
         every = slice(0, self.graph.num_inner)
         local = self.policy is None or (layer == 0 and self.cached_input)
-        if transform is not None and (local or aggregate is not _product):
+        linear = isinstance(aggregate, LinearAggregation)
+        defer = linear and not local
+        if transform is not None and not defer:
             # Nothing to defer its weight gradients to: part of the finish.
             return self(h_RD, layer, lambda agg, rows: finish(transform(agg), rows), aggregate)
         if local:
@@ -215,15 +215,17 @@ class Propagation:
         send_SD = h_RD.index_select(0, self.graph.send_idx)
         ticket = _ExchangeStart.apply(send_SD, flight, *params)
         in_flight = self.overlap and self.policy.waits(layer)
-        if aggregate is _product:
+        central = slice(0, self.graph.num_central)
+        marginal = slice(self.graph.num_central, self.graph.num_inner)
+        if linear:
             inner_block, halo_block = self._column_blocks
             if in_flight:
-                agg_ID = spmm(inner_block, h_RD)
+                agg_ID = aggregate(inner_block, h_RD, every)
                 halo_HD = _ExchangeLand.apply(ticket, flight)
             else:
                 halo_HD = _ExchangeLand.apply(ticket, flight)
-                agg_ID = spmm(inner_block, h_RD)
-            agg_ID = add_spmm_(agg_ID, self.graph.num_central, halo_block, halo_HD)
+                agg_ID = aggregate(inner_block, h_RD, every)
+            agg_ID = aggregate.add_(agg_ID, marginal.start, halo_block, halo_HD, marginal)
             if transform is not None:
                 bias = None if transform.bias is None else transform.bias.detach()
                 agg_ID = _DeferredLinear.apply(agg_ID, transform.weight.detach(), bias, flight)
@@ -233,8 +235,6 @@ class Propagation:
             return finish(aggregate(self.adjacency, torch.cat([h_RD, halo_HD]), every), every)
         # Central rows need no halo: aggregated and finished while the exchange travels.
         central_block, marginal_block = self._row_blocks
-        central = slice(0, self.graph.num_central)
-        marginal = slice(self.graph.num_central, self.graph.num_inner)
         central_CO = finish(aggregate(central_block, h_RD, central), central)
         halo_HD = _ExchangeLand.apply(ticket, flight)
         marginal_MO = finish(

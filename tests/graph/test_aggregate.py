@@ -7,7 +7,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from adaqp.graph.aggregate import SparseAdjacency, add_spmm_, spmm
+from adaqp.graph.aggregate import PRODUCT, LinearAggregation, SparseAdjacency, add_spmm_, spmm
 
 
 def _random_csr(rows: int, cols: int, density: float, seed: int):
@@ -92,3 +92,27 @@ def test_shape_mismatch_is_an_error():
     adj, _ = _random_csr(5, 7, 0.5, seed=3)
     with pytest.raises(ValueError, match="7 columns"):
         spmm(adj, torch.randn(6, 2))
+
+
+class _Doubled(LinearAggregation):
+    def __call__(self, block, x_MD, rows):
+        return 2 * spmm(block, x_MD)
+
+
+@pytest.mark.parametrize("aggregation", [PRODUCT, _Doubled()], ids=["product", "doubled"])
+def test_a_linear_aggregation_adds_a_block_into_its_rows(aggregation):
+    """``add_``: the product's in place, the default (any other) out of place; both
+    differentiable in the rows added to and the rows aggregated."""
+    scale = 1.0 if aggregation is PRODUCT else 2.0
+    adj, dense = _random_csr(30, 20, 0.3, seed=7)
+    block = adj.block(slice(10, 30), slice(0, 20))
+    base = torch.randn(30, 4, requires_grad=True)
+    x = torch.randn(20, 4, requires_grad=True)
+    out = aggregation.add_(base * 1.0, 10, block, x, slice(10, 30))
+    expected = base.detach().clone()
+    expected[10:] += scale * dense[10:] @ x.detach()
+    torch.testing.assert_close(out, expected)
+    grad = torch.randn(30, 4)
+    out.backward(grad)
+    torch.testing.assert_close(base.grad, grad)
+    torch.testing.assert_close(x.grad, scale * dense[10:].T @ grad[10:])

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from adaqp.exchange.transport import ExchangeKey
-from adaqp.graph.aggregate import SparseAdjacency, spmm
+from adaqp.graph import aggregate as aggregate_module
+from adaqp.graph.aggregate import LinearAggregation, SparseAdjacency, spmm
 from adaqp.model import layers
 from adaqp.model.layers import Propagation
 
@@ -84,17 +85,40 @@ def _setup(overlap: bool):
     return prop, events, policy, dense, halo, grad_sent
 
 
+class _Scaled(LinearAggregation):
+    """Another linear aggregation: the product times a constant, logged by block shape."""
+
+    def __init__(self, scale: float, events: list[str] | None = None):
+        self.scale, self.events = scale, events
+
+    def __call__(self, block, x, rows):
+        if self.events is not None:
+            self.events.append(f"aggregate {block.shape[0]}x{block.shape[1]}")
+        return self.scale * spmm(block, x)
+
+
+AGGREGATES = {
+    "product": None,
+    "custom": lambda: _spmm_by_another_name,
+    "scaled": lambda: _Scaled(0.5),
+}
+"""The default product, an aggregation with no linear promise, and another linear one."""
+
+
 @pytest.mark.parametrize("overlap", [True, False])
-@pytest.mark.parametrize("aggregate", ["product", "custom"])
+@pytest.mark.parametrize("aggregate", list(AGGREGATES))
 @pytest.mark.parametrize("weights", ["finish", "transform", "transform without bias"])
 def test_split_work_equals_whole_aggregation(overlap, aggregate, weights):
     """Values and gradients equal the whole product's, whichever way the work is split:
     the weights applied in the finish, or as a transform (deferred weight gradients)."""
     prop, _, policy, dense, halo, grad_sent = _setup(overlap)
+    if aggregate == "scaled":
+        dense = 0.5 * dense
     torch.manual_seed(1)
     linear = torch.nn.Linear(DIM, 5, bias=weights != "transform without bias")
     h = torch.randn(NUM_INNER, DIM, requires_grad=True)
-    custom = {"aggregate": _spmm_by_another_name} if aggregate == "custom" else {}
+    make = AGGREGATES[aggregate]
+    custom = {} if make is None else {"aggregate": make()}
     if weights == "finish":
         out = prop(h, 1, lambda agg, rows: linear(agg), **custom)
     else:
@@ -132,7 +156,7 @@ def test_inner_columns_are_aggregated_and_differentiated_while_the_exchange_trav
         events.append(f"aggregate {block.shape[0]}x{block.shape[1]}")
         return spmm(block, _Logged.apply(x, events, "inner"))
 
-    monkeypatch.setattr(layers, "spmm", logged_spmm)
+    monkeypatch.setattr(aggregate_module, "spmm", logged_spmm)
     deferred_grads = layers._InFlight.deferred_grads
 
     def logged_deferred_grads(flight, num_params):
@@ -247,3 +271,31 @@ def test_a_part_with_no_halo_rows_or_no_central_rows(aggregate, num_central, num
     assert events == [
         f"{verb} layer1/{way}" for way in ("forward", "backward") for verb in ("start", "wait")
     ]
+
+
+def test_another_linear_aggregation_splits_by_columns_and_defers_the_weights(monkeypatch):
+    """The path follows what an aggregation declares, not which one it is: a scaled
+    product (a LinearAggregation) aggregates every row's inner columns in flight and adds
+    the marginal rows' halo columns after landing, and its transform's weight gradients
+    are computed in the backward window, as the product's are."""
+    prop, events, _, dense, halo, _ = _setup(overlap=True)
+    deferred_grads = layers._InFlight.deferred_grads
+
+    def logged_deferred_grads(flight, num_params):
+        events.append("weight gradients")
+        return deferred_grads(flight, num_params)
+
+    monkeypatch.setattr(layers._InFlight, "deferred_grads", logged_deferred_grads)
+    linear = torch.nn.Linear(DIM, 5)
+    h = torch.randn(NUM_INNER, DIM, requires_grad=True)
+    out = prop(h, 1, aggregate=_Scaled(0.5, events), transform=linear)
+    assert events == [
+        "start layer1/forward",
+        f"aggregate {NUM_INNER}x{NUM_INNER}",  # inside the window
+        "wait layer1/forward",
+        f"aggregate {NUM_INNER - 2}x{NUM_HALO}",  # the marginal rows' halo block
+    ]
+    torch.testing.assert_close(out, linear(0.5 * dense @ torch.cat([h.detach(), halo])))
+    events.clear()
+    out.sum().backward()
+    assert events == ["start layer1/backward", "weight gradients", "wait layer1/backward"]
