@@ -23,8 +23,11 @@ work's gradients in between. A layer's dense ``transform`` of a linear aggregati
 weight, SAGE's neighbour weight) adds to that window: its backward returns only the
 input's gradient, and ``_ExchangeStart``'s backward computes the weight's (one ``[O, D]``
 product over all rows) before it waits, as pipeline schedules split a layer's backward
-into the input's and the weights' gradients. Which rows an exchange resolves to (fresh,
-quantized, or buffered from an earlier epoch) is the exchange policy's business.
+into the input's and the weights' gradients. That needs a backward exchange to hide in,
+and one runs only where the input needs a gradient: layer 0's features do not, so there
+the weights' gradients come from the transform itself and no halo gradient is sent.
+Which rows an exchange resolves to (fresh, quantized, or buffered from an earlier epoch)
+is the exchange policy's business.
 
 Shapes: I inner rows (C central first, then M marginal), H halo rows, S rows sent to
 peers, D features, O output features.
@@ -197,11 +200,13 @@ class Propagation:
         """Returns ``finish(transform(agg), rows)`` of the aggregation ``agg`` of every inner
         row, [I, O] (``transform``: none by default). A transform's weight gradients are
         computed while the layer's halo gradients travel, where a linear aggregation
-        exchanges."""
+        exchanges and the input needs a gradient."""
         every = slice(0, self.graph.num_inner)
         local = self.policy is None or (layer == 0 and self.cached_input)
         linear = isinstance(aggregate, LinearAggregation)
-        defer = linear and not local
+        # Deferred weight gradients make the exchange's ticket need a gradient, so its
+        # backward exchange runs: worth it only where the input's gradient needs it anyway.
+        defer = linear and not local and h_RD.requires_grad
         if transform is not None and not defer:
             # Nothing to defer its weight gradients to: part of the finish.
             return self(h_RD, layer, lambda agg, rows: finish(transform(agg), rows), aggregate)

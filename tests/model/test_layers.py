@@ -273,6 +273,29 @@ def test_a_part_with_no_halo_rows_or_no_central_rows(aggregate, num_central, num
     ]
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+def test_an_input_without_a_gradient_sends_no_gradient_back(overlap, bias):
+    """Layer 0 without the cached input: the features need no gradient, so no halo
+    gradient is exchanged backward (deferring the transform's weight gradients would send
+    one); those gradients, then the transform's own, equal the whole product's."""
+    prop, events, _, dense, halo, _ = _setup(overlap)
+    torch.manual_seed(2)
+    linear = torch.nn.Linear(DIM, 5, bias=bias)
+    h = torch.randn(NUM_INNER, DIM)
+    out = prop(h, 0, transform=linear)
+    upstream = torch.randn(NUM_INNER, 5)
+    out.backward(upstream)
+    assert events == ["start layer0/forward", "wait layer0/forward"]
+    reference = copy.deepcopy(linear)
+    reference.zero_grad(set_to_none=True)
+    expected = reference(dense @ torch.cat([h, halo]))
+    expected.backward(upstream)
+    torch.testing.assert_close(out, expected)
+    for param, param_ref in zip(linear.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(param.grad, param_ref.grad)
+
+
 def test_another_linear_aggregation_splits_by_columns_and_defers_the_weights(monkeypatch):
     """The path follows what an aggregation declares, not which one it is: a scaled
     product (a LinearAggregation) aggregates every row's inner columns in flight and adds
