@@ -98,6 +98,15 @@ class SparseAdjacency:
             self.__dict__["_edge_keys"] = cached  # frozen: the cache bypasses __setattr__
         return cached
 
+    def count(self, rows: slice, cols: slice) -> int:
+        """The number of stored entries in rows ``rows`` and columns ``cols`` (contiguous
+        ranges). A host-device sync where the matrix is not on the CPU."""
+        row_lo, row_hi, _ = rows.indices(self.shape[0])
+        col_lo, col_hi, _ = cols.indices(self.shape[1])
+        crow = self.forward.crow_indices()
+        indices = self.forward.col_indices()[int(crow[row_lo]) : int(crow[row_hi])]
+        return int(((indices >= col_lo) & (indices < col_hi)).sum())
+
     def row_slice(self, start: int, stop: int, num_cols: int | None = None) -> SparseAdjacency:
         """The block of rows start..stop (with its own transpose), [stop - start, M], or
         [stop - start, num_cols] when those rows are known to read only the first columns."""

@@ -15,8 +15,9 @@ flight, and the marginal rows' halo terms (``[M, H]`` block) are added once it l
 finish then runs once over all rows. Any other aggregation (GAT's attention, whose
 softmax spans a row's every in-edge) splits by rows instead: the central rows (no halo
 in-neighbour) are aggregated and finished in flight, the marginal rows after landing.
-Neither split happens where the policy says the layer will not wait (e.g. stale rows
-already landed). Backward mirrors it: ``_ExchangeLand``'s
+Both splits rely on central rows having no halo entry, which is checked when the
+``Propagation`` is built. Neither split happens where the policy says the layer will
+not wait (e.g. stale rows already landed). Backward mirrors it: ``_ExchangeLand``'s
 backward sends the halo gradients to their owners and ``_ExchangeStart``'s waits for
 them, and autograd, which runs the nodes recorded last first, computes the in-flight
 work's gradients in between. A layer's dense ``transform`` of a linear aggregation (GCN's
@@ -163,6 +164,16 @@ class Propagation:
     ):
         if policy is None and graph.num_halo:
             raise ValueError("a graph with halo nodes needs an exchange policy")
+        # Both splits drop the central rows' halo columns: by definition there are none,
+        # and an adjacency that disagrees with the graph's count would lose edges silently.
+        central = slice(0, graph.num_central)
+        stray = adjacency.count(central, slice(graph.num_inner, None))
+        if stray:
+            raise ValueError(
+                f"{stray} adjacency entries of the {graph.num_central} central rows read halo "
+                f"columns (>= {graph.num_inner}); central rows must have no halo in-neighbour "
+                "(LocalGraph.from_part orders them so): is the adjacency this graph's?"
+            )
         self.graph = graph
         self.adjacency = adjacency
         self.policy = policy

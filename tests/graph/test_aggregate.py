@@ -94,6 +94,16 @@ def test_shape_mismatch_is_an_error():
         spmm(adj, torch.randn(6, 2))
 
 
+@pytest.mark.parametrize(
+    ("rows", "cols"),
+    [(slice(0, 30), slice(0, 20)), (slice(8, 30), slice(12, 20)), (slice(5, 5), slice(0, 20))],
+)
+def test_count_is_the_blocks_number_of_entries(rows, cols):
+    adj, dense = _random_csr(30, 20, 0.3, seed=6)
+    assert adj.count(rows, cols) == int((dense[rows, cols] != 0).sum())
+    assert adj.count(slice(0, None), slice(0, None)) == adj.forward.values().numel() > 0
+
+
 class _Doubled(LinearAggregation):
     def __call__(self, block, x_MD, rows):
         return 2 * spmm(block, x_MD)

@@ -322,3 +322,14 @@ def test_another_linear_aggregation_splits_by_columns_and_defers_the_weights(mon
     events.clear()
     out.sum().backward()
     assert events == ["start layer1/backward", "weight gradients", "wait layer1/backward"]
+
+
+@pytest.mark.parametrize(("num_central", "stray"), [(3, 1), (4, 3)])
+def test_central_rows_that_read_halo_columns_are_refused(num_central, stray):
+    """Both splits drop a central row's halo entries: an adjacency with some in the rows
+    the graph calls central is refused when the Propagation is built, with the count."""
+    prop, *_ = _setup(overlap=True)
+    graph = SimpleNamespace(**{**vars(prop.graph), "num_central": num_central})
+    match = f"{stray} adjacency entries of the {num_central} central rows read halo columns"
+    with pytest.raises(ValueError, match=match):
+        Propagation(graph, prop.adjacency, prop.policy, overlap=True)
