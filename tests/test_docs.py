@@ -1,5 +1,7 @@
 """The README's and docs/' relative links lead somewhere: files that exist, headings that
-exist (GitHub's anchors: lower case, punctuation dropped, spaces as hyphens)."""
+exist (GitHub's anchors: lower case, punctuation dropped, spaces as hyphens). Every user
+config key is named in docs/training.md; the benchmark-only settings are listed in
+docs/benchmarks.md and named in none of the pages a user reads to train."""
 
 from __future__ import annotations
 
