@@ -50,15 +50,16 @@ class Dropout(nn.Dropout):
 
     Args:
         p: probability of zeroing a value, in ``[0, 1)``.
-        kernels: ``auto``, ``torch`` or ``compiled`` (:mod:`adaqp.quant.kernels`); None: the
-            process default at each call.
+        kernels: ``auto``, ``torch`` or ``compiled`` (:mod:`adaqp.quant.kernels`): the mask's
+            path, the module's own (two models in one process may differ); ``auto`` takes
+            the compiled kernels for float32 CPU tensors.
     """
 
-    def __init__(self, p: float = 0.5, kernels: str | None = None):
+    def __init__(self, p: float = 0.5, kernels: str = "auto"):
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")
         super().__init__(p)
-        self.kernels = kernels if kernels is None else quant_kernels.check_kernels(kernels)
+        self.kernels = quant_kernels.check_kernels(kernels)
         self._threshold = keep_threshold(p)
 
     def forward(self, x: torch.Tensor, keys: RowKeys | None = None) -> torch.Tensor:

@@ -37,8 +37,8 @@ class GNN(nn.Module):
         transform_first: let GCN and SAGE layers that narrow the rows transform before
             aggregating (GAT layers always do).
         cached_input: layer 0 receives its halo rows with the input (nothing to narrow).
-        kernels: the dropout mask's path (``auto``, ``torch``, ``compiled``; None: the process
-            default, see adaqp/quant/kernels.py).
+        kernels: the dropout masks' path (``auto``, ``torch``, ``compiled``, see
+            adaqp/quant/kernels.py; ``quant.kernels`` in training), kept by every dropout.
         seed: the seed the dropout masks are keyed by (``train.seed``).
     """
 
@@ -49,7 +49,7 @@ class GNN(nn.Module):
         out_dim: int,
         transform_first: bool = False,
         cached_input: bool = False,
-        kernels: str | None = None,
+        kernels: str = "auto",
         seed: int = 0,
     ):
         super().__init__()

@@ -330,7 +330,7 @@ class GATConv(nn.Module):
         heads: int = 1,
         concat: bool = True,
         attn_dropout: float = 0.0,
-        kernels: str | None = None,
+        kernels: str = "auto",
     ):
         super().__init__()
         self.heads, self.out_dim, self.concat = heads, out_dim, concat

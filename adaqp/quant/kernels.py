@@ -12,8 +12,9 @@ Two implementations write the same wire format (:mod:`adaqp.quant.pack`, :mod:`a
 The switch (:data:`~adaqp.config.KERNELS`, config key ``quant.kernels``): ``auto`` takes the
 compiled path for CPU tensors when numba is importable and the torch path otherwise;
 ``torch`` and ``compiled`` force one (``compiled`` on a non-CPU tensor is an error).
-:func:`set_kernels` sets the process default (until set: ``$ADAQP_KERNELS``, else ``auto``);
-every entry point of :mod:`adaqp.quant` also takes ``kernels=`` for one call.
+Every entry point of :mod:`adaqp.quant` takes ``kernels=``; a call without it takes the
+process default (:func:`set_kernels`; until set, ``$ADAQP_KERNELS``, else ``auto``). The
+trainer sets no default: it hands ``quant.kernels`` to the dropout and the transport.
 
 Compiled kernels are cached on disk by numba (``__pycache__`` beside the module), so a machine
 compiles them once; :func:`warm_up` loads (or compiles) them so that no timed step pays for
@@ -55,15 +56,12 @@ def check_kernels(kernels: str) -> str:
 
 
 def set_kernels(kernels: str) -> str:
-    """Sets the process-wide default path; returns the previous one."""
+    """Sets the default path of calls without ``kernels=``; returns the previous one. Not for
+    training (the trainer passes ``quant.kernels`` down); the quant tests run each test on
+    both paths through it (``tests/quant/conftest.py``)."""
     global _default
     previous, _default = _default, check_kernels(kernels)
     return previous
-
-
-def get_kernels() -> str:
-    """The process-wide default path."""
-    return _default
 
 
 @cache

@@ -42,7 +42,7 @@ from adaqp.graph.aggregate import SparseAdjacency
 from adaqp.graph.local import LocalGraph
 from adaqp.model.gnn import GNN
 from adaqp.model.layers import Propagation
-from adaqp.quant.kernels import compile_pending, set_kernels, use_compiled, warm_up
+from adaqp.quant.kernels import compile_pending, use_compiled, warm_up
 from adaqp.run.checkpoint import Checkpointer
 from adaqp.run.gradsync import GradientBuckets, GradientSyncError, gnn_layer_groups
 from adaqp.run.metrics import EpochRecord, RunWriter
@@ -105,9 +105,8 @@ class Trainer:
         distributed = world.world_size > 1
         self.cache_input = config.comm.cache_input_halo and distributed
 
-        # The quantizer's and dropout's path (compiled CPU kernels or torch operators).
-        set_kernels(config.quant.kernels)
-        if world.is_main and use_compiled(None, world.device) and compile_pending():
+        kernels = config.quant.kernels  # the quantizer and dropout path: passed down, not global
+        if world.is_main and use_compiled(kernels, world.device) and compile_pending():
             # Else a minute of silence (launch/setup.sh compiles them ahead; numba's cache
             # serves later runs). Rank 0 says so and compiles now, the others on first use.
             logger.info("compiling the CPU kernels (first run only, up to a minute)")
@@ -119,6 +118,7 @@ class Trainer:
             dataset["num_classes"],
             transform_first=config.comm.transform_first,
             cached_input=self.cache_input,
+            kernels=kernels,
             seed=config.train.seed,
         )
         self.model.to(world.device)
@@ -136,6 +136,7 @@ class Trainer:
                 timeout_s=config.comm.timeout_s,
                 seed=config.quant.seed,
                 device=world.device,
+                kernels=kernels,
                 send_idx=graph.send_idx,
                 send_ids=graph.global_ids[graph.send_idx.cpu().numpy()],
                 halo_ids=graph.halo_global_ids,

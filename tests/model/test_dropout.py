@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from adaqp.config import ModelConfig
 from adaqp.model.dropout import Dropout, keep_scale
 from adaqp.model.gnn import GNN
+from adaqp.quant import kernels as quant_kernels
 from adaqp.quant.draws import Draw, RowKeys, draw_key
 
 PATHS = ["compiled", "torch"]
@@ -160,3 +161,35 @@ def test_the_model_uses_it_and_keys_it_by_epoch_and_layer():
     # Rows keyed by global id: the rows of nodes 0..29 in another order give those rows.
     perm = np.random.default_rng(0).permutation(30)
     torch.testing.assert_close(model(x[perm], propagate, 1, row_ids=perm), first[perm])
+
+
+def test_each_model_keeps_the_kernels_it_was_built_with(monkeypatch):
+    """The path is fixed when a model is built (``auto`` unless chosen) and passed to every
+    dropout in it (GAT's attention dropout too): two models in one process each run their
+    own, and the process default, set afterwards, changes neither (it used to be read at
+    every call by a model built without a choice)."""
+    compiled = quant_kernels.compiled_module()
+    calls = []
+    for name in ("masked_scale_serial", "masked_scale_parallel"):
+        kernel = getattr(compiled, name)
+        monkeypatch.setattr(compiled, name, lambda *a, k=kernel: calls.append(1) or k(*a))
+    config = ModelConfig(dropout=0.5)
+    models = {"auto": GNN(config, 5, 2), "torch": GNN(config, 5, 2, kernels="torch")}
+    gat = GNN(ModelConfig(name="gat", attn_dropout=0.5), 5, 2, kernels="torch")
+    assert all(d.kernels == "torch" for d in gat.modules() if isinstance(d, Dropout))
+    x = torch.rand(30, 5)
+
+    def propagate(h, layer, finish=lambda agg, rows: agg, transform=None):
+        return finish(h if transform is None else transform(h), slice(0, 30))
+
+    previous = quant_kernels.set_kernels("torch")
+    try:
+        calls.clear()
+        models["auto"](x, propagate, epoch=1)  # float32 on the CPU: the compiled kernel
+        assert calls
+        quant_kernels.set_kernels("compiled")
+        calls.clear()
+        models["torch"](x, propagate, epoch=1)
+        assert not calls
+    finally:
+        quant_kernels.set_kernels(previous)

@@ -111,7 +111,7 @@ def test_the_switch_picks_the_path_by_device():
         K.use_compiled("fast", "cpu")
     previous = K.set_kernels("torch")
     try:
-        assert not K.use_compiled(None, "cpu") and K.get_kernels() == "torch"
+        assert not K.use_compiled(None, "cpu")
         with pytest.raises(ValueError, match="kernels must be one of"):
             K.set_kernels("numba")
     finally:
