@@ -18,7 +18,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 from scipy.sparse import coo_matrix
 
-from adaqp.assign.problem import MILP_COST_SCALE, OBJECTIVE_TOL, HostProblem
+from adaqp.assign.problem import MILP_COST_SCALE, SLACK, HostProblem, two_stages
 
 
 def host_polish(p: HostProblem, k: np.ndarray, deadline: float) -> np.ndarray:
@@ -26,22 +26,24 @@ def host_polish(p: HostProblem, k: np.ndarray, deadline: float) -> np.ndarray:
     the group takes on the hosts' resources (the fabric's seconds repeat the bytes on the NICs)."""
     k = k.copy()
     groups = np.arange(k.size)
-    use = p.use(k)
+    use, v, anchor = p.use(k), p.variance(k), None
     for _ in range(4 * k.size * p.bits.size + 10):
         if time.perf_counter() > deadline:
             break
         delta = p.unit - p.unit[groups, k][:, None, :]  # [G, K, R] use change of each move
         t = p.alpha + p.model.host_and_fabric_times(use).max()
         new_t = p.alpha + p.model.host_and_fabric_times(use + delta).max(axis=-1)  # [G, K]
-        dobj = p.wv * p.w[:, None] * (p.f[None, :] - p.f[k][:, None]) + p.wt * (new_t - t)
-        best = int(np.argmin(dobj))
-        if dobj.flat[best] >= -OBJECTIVE_TOL:
-            tie = (dobj <= OBJECTIVE_TOL) & (delta[..., :-1].sum(axis=-1) < 0)
+        new_v = v + p.w[:, None] * (p.f[None, :] - p.f[k][:, None])
+        anchor = p.anchored(anchor, v, t)
+        best = p.best_index(new_v, new_t, among=p.better(new_v, new_t, v, t, anchor))
+        if best < 0:
+            tie = p.no_worse(new_v, new_t, v, t, anchor) & (delta[..., :-1].sum(axis=-1) < 0)
             if not tie.any():
                 break
             best = int(np.argmax(tie))
         g, j = divmod(best, p.bits.size)
         use = use + delta[g, j]
+        v = float(new_v[g, j])
         k[g] = j
     return k
 
@@ -157,9 +159,12 @@ def _host_fill(p: HostProblem, price: np.ndarray, num_caps: int) -> list[np.ndar
 
     top = chain_k[p.chan, steps]
     t_base = p.time(base)
-    caps = np.r_[np.linspace(t_base, max(t_base, p.time(top), p.t_max), num_caps), np.inf]
+    top_t = max(t_base, p.time(top), p.t_reference)
+    caps = np.r_[np.linspace(t_base, top_t, num_caps), p.window, np.inf]
+    order = np.argsort(caps, kind="stable")
+    caps = caps[order]
     fills = fill(caps)
-    i = int(np.argmin([p.objective(k) for k in fills]))
+    i = p.best_index([p.variance(k) for k in fills], [p.time(k) for k in fills])
     if np.isfinite(caps[i]):
         lo, hi = caps[max(i - 1, 0)], caps[min(i + 1, caps.size - 2)]
         fills += fill(np.linspace(lo, hi, num_caps))
@@ -169,27 +174,32 @@ def _host_fill(p: HostProblem, price: np.ndarray, num_caps: int) -> list[np.ndar
 def host_greedy(p: HostProblem, time_limit_s: float, num_caps: int = 32) -> np.ndarray:
     """The heuristic of :mod:`adaqp.assign.solve`: the LP relaxation rounded, else capped fills.
 
-    Candidates are the uniform assignments and the LP solution rounded down and to nearest;
-    the best wins. Without an LP solution (HiGHS failed within ``time_limit_s``) they are the
-    capped fills of :func:`_host_fill`, priced first by every resource second alike, then by
-    where the best so far sets ``T`` (:func:`_host_prices`).
+    Candidates are the uniform assignments and both stages' LP solutions rounded down, to
+    nearest and up (up keeps the first stage's within the variance budget); the best wins.
+    Without an LP solution (HiGHS failed within
+    ``time_limit_s``) they are the capped fills of :func:`_host_fill`, priced first by every
+    resource second alike, then by where the best so far sets ``T`` (:func:`_host_prices`).
     """
     candidates = [np.full(p.w.size, k, np.int64) for k in range(p.bits.size)]
-    relaxed = _host_relaxation(p, time_limit_s) if p.wt > 0 else None
+    relaxed = _host_relaxation(p, time_limit_s)
     if relaxed is not None:
-        candidates += [(relaxed > 1.0 - 1e-9).sum(axis=1), (relaxed > 0.5).sum(axis=1)]
-    elif p.wt > 0:
+        for y in relaxed:  # down (faster), to nearest, up (within the variance budget)
+            candidates += [((y > bound).sum(axis=1)) for bound in (1.0 - 1e-9, 0.5, 1e-9)]
+    else:
         candidates += _host_fill(p, np.ones(p.model.num_resources), num_caps)
-        best = min(candidates, key=p.objective)  # first minimum
+        best = p.pick(candidates)  # first best
         candidates += _host_fill(p, _host_prices(p, best), num_caps)
-    return min(candidates, key=p.objective).astype(np.int64)
+    return p.pick(candidates).astype(np.int64)
 
 
-def _host_formulation(p: HostProblem) -> tuple:
-    """The MILP of :mod:`adaqp.assign.solve`: ``(cost, lower, upper, A, ub)``.
+def _host_formulation(p: HostProblem, cap_s: float | None) -> tuple:
+    """One stage of the MILP of :mod:`adaqp.assign.solve`: ``(cost, lower, upper, A, ub)``.
 
-    Variables are ``y`` (``[G, K-1]`` row-major), ``tau``, ``N`` ``[H]``, ``C`` ``[H]``; the
-    constraints are ``A @ x <= ub``. An infinite fabric gets no row: it never sets ``T``.
+    ``cap_s`` None: the least ``T`` within the variance budget (the least variance where
+    none meets it); else the least ``V`` with ``T`` at most ``cap_s``, within the budget.
+    Variables are ``y`` (``[G, K-1]`` row-major), ``tau`` (``T`` over the time scale),
+    ``N`` ``[H]``, ``C`` ``[H]``; the constraints are ``A @ x <= ub``. An infinite fabric
+    gets no row: it never sets ``T``.
     """
     G, K1 = p.w.size, p.bits.size - 1
     H, R = p.model.num_hosts, p.model.num_resources - 1  # R: the hosts' resources
@@ -197,55 +207,64 @@ def _host_formulation(p: HostProblem) -> tuple:
     i_tau, i_net, i_cpu = ny, ny + 1, ny + 1 + H  # then tau, N_h [H], C_h [H]
     nv = ny + 1 + 2 * H
     var = np.arange(ny).reshape(G, K1)
+    dv = (p.w[:, None] * np.diff(p.f)[None, :]).ravel() / p.v_scale  # V's change per y
     cost = np.zeros(nv)
-    cost[:ny] = (p.wv * p.w[:, None] * np.diff(p.f)[None, :]).ravel()
-    cost[i_tau] = p.wt * (p.t_max - p.t_min)  # tau is in units of T_max - T_min
+    if cap_s is None:
+        cost[i_tau] = 1.0
+    else:
+        cost[:ny] = dv
     chain = var[:, 1:].ravel()
     r = np.arange(chain.size)
     rows, cols, vals = [r, r], [chain, var[:, :-1].ravel()], [np.ones(r.size), -np.ones(r.size)]
     ub = [np.zeros(r.size)]
     first = chain.size  # the time rows start here
-    free = np.zeros(nv - ny)  # tau, N, C stay 0 when time does not count
-    if p.wt > 0:
-        dt = p.t_max - p.t_min
-        use0 = p.use(np.zeros(G, np.int64))  # [R + 1], the fabric's last
-        step = p.unit[:, 1:, :] - p.unit[:, :-1, :]  # [G, K1, R + 1]
-        # Resource rows: use(y) / dt <= N_h (NICs of h) or C_h (ranks on h).
-        g, k, res = np.nonzero(step[..., :-1])
-        owner = np.r_[i_net + np.arange(H), i_net + np.arange(H), i_cpu + p.model.host_of_rank]
-        rows += [first + res, first + np.arange(R)]
-        cols += [var[g, k], owner]
-        vals += [step[g, k, res] / dt, -np.ones(R)]
-        ub.append(-use0[:-1] / dt)
-        # Host rows: alpha + dt * (N_h + C_h) <= T_min + dt * tau.
-        hosts = first + R + np.arange(H)
-        rows += [hosts, hosts, hosts]
-        cols += [i_net + np.arange(H), i_cpu + np.arange(H), np.full(H, i_tau)]
-        vals += [np.ones(H), np.ones(H), -np.ones(H)]
-        ub.append(np.full(H, (p.t_min - p.alpha) / dt))
-        if math.isfinite(p.model.fabric_Bps):
-            # Fabric rows, one per host: alpha + dt * (F + C_h) <= T_min + dt * tau, with
-            # F = use(y) of the fabric (so F plus the slowest rank's C).
-            g, k = np.nonzero(step[..., -1])
-            for h in range(H):
-                rows.append(np.full(g.size + 2, first + R + H + h))
-                cols.append(np.r_[var[g, k], i_cpu + h, i_tau])
-                vals.append(np.r_[step[g, k, -1] / dt, 1.0, -1.0])
-                ub.append([(p.t_min - p.alpha - use0[-1]) / dt])
-        free = np.r_[np.inf, np.full(2 * H, np.inf)]
+    ts = p.t_scale
+    use0 = p.use(np.zeros(G, np.int64))  # [R + 1], the fabric's last
+    step = p.unit[:, 1:, :] - p.unit[:, :-1, :]  # [G, K1, R + 1]
+    # Resource rows: use(y) / ts <= N_h (NICs of h) or C_h (ranks on h).
+    g, k, res = np.nonzero(step[..., :-1])
+    owner = np.r_[i_net + np.arange(H), i_net + np.arange(H), i_cpu + p.model.host_of_rank]
+    rows += [first + res, first + np.arange(R)]
+    cols += [var[g, k], owner]
+    vals += [step[g, k, res] / ts, -np.ones(R)]
+    ub.append(-use0[:-1] / ts)
+    # Host rows: alpha + ts * (N_h + C_h) <= ts * tau.
+    hosts = first + R + np.arange(H)
+    rows += [hosts, hosts, hosts]
+    cols += [i_net + np.arange(H), i_cpu + np.arange(H), np.full(H, i_tau)]
+    vals += [np.ones(H), np.ones(H), -np.ones(H)]
+    ub.append(np.full(H, -p.alpha / ts))
+    last = first + R + H
+    if math.isfinite(p.model.fabric_Bps):
+        # Fabric rows, one per host: alpha + ts * (F + C_h) <= ts * tau, with F = use(y)
+        # of the fabric (so F plus the slowest rank's C).
+        g, k = np.nonzero(step[..., -1])
+        for h in range(H):
+            rows.append(np.full(g.size + 2, last))
+            cols.append(np.r_[var[g, k], i_cpu + h, i_tau])
+            vals.append(np.r_[step[g, k, -1] / ts, 1.0, -1.0])
+            ub.append([(-p.alpha - use0[-1]) / ts])
+            last += 1
+    # The variance budget (where it is reachable; else just above the least variance).
+    v_cap = p.v_cap
+    rows.append(np.full(ny, last))
+    cols.append(np.arange(ny))
+    vals.append(dv)
+    ub.append([(v_cap - p.variance(np.zeros(G, np.int64))) / p.v_scale])
     ub = np.concatenate(ub)
     a = coo_matrix(
         (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), (ub.size, nv)
     )
-    lower = np.zeros(nv)
-    lower[i_tau] = -free[0]  # T can fall below T_min: a mix can beat every uniform width
-    upper = np.r_[np.ones(ny), free]
-    return cost * MILP_COST_SCALE, lower, upper, a.tocsr(), ub
+    tau_max = np.inf if cap_s is None else cap_s / ts
+    upper = np.r_[np.ones(ny), tau_max, np.full(2 * H, np.inf)]
+    return cost * MILP_COST_SCALE, np.zeros(nv), upper, a.tocsr(), ub
 
 
-def host_milp(p: HostProblem, time_limit_s: float) -> tuple[np.ndarray | None, str]:
-    """Exact solve under the host model; returns ``(group widths or None, status)``."""
-    cost, lower, upper, a, ub = _host_formulation(p)
+def _host_stage(
+    p: HostProblem, cap_s: float | None, time_limit_s: float
+) -> tuple[np.ndarray | None, str]:
+    """One stage of the exact solve (:func:`_host_formulation`)."""
+    cost, lower, upper, a, ub = _host_formulation(p, cap_s)
     ny = p.w.size * (p.bits.size - 1)
     res = milp(
         cost,
@@ -261,20 +280,33 @@ def host_milp(p: HostProblem, time_limit_s: float) -> tuple[np.ndarray | None, s
     return k, "optimal" if res.status == 0 else failed
 
 
-def _host_relaxation(p: HostProblem, time_limit_s: float) -> np.ndarray | None:
-    """The LP relaxation's ``y`` ``[G, K-1]`` in ``[0, 1]``, or None if HiGHS fails."""
-    cost, lower, upper, a, ub = _host_formulation(p)
-    res = linprog(
-        cost,
-        A_ub=a,
-        b_ub=ub,
-        bounds=np.column_stack([lower, upper]),
-        method="highs",
-        options={"time_limit": float(time_limit_s)},
-    )
-    if res.status != 0:
-        return None
-    return res.x[: p.w.size * (p.bits.size - 1)].reshape(p.w.size, -1)
+def host_milp(p: HostProblem, time_limit_s: float) -> tuple[np.ndarray | None, str]:
+    """Exact solve under the host model, in two stages (:func:`~adaqp.assign.problem.
+    two_stages`); returns ``(group widths or None, status)``."""
+    return two_stages(p, _host_stage, time_limit_s)
+
+
+def _host_relaxation(p: HostProblem, time_limit_s: float) -> list[np.ndarray] | None:
+    """The LP relaxations' ``y`` ``[G, K-1]`` in ``[0, 1]`` of both stages, the second
+    capped at the first's relaxed ``T`` or the window, whichever is later (and ``SLACK`` of
+    the tolerance, as :func:`~adaqp.assign.problem.two_stages`); None if HiGHS fails."""
+    ny = p.w.size * (p.bits.size - 1)
+    cap, out = None, []
+    for _ in range(2):
+        cost, lower, upper, a, ub = _host_formulation(p, cap)
+        res = linprog(
+            cost,
+            A_ub=a,
+            b_ub=ub,
+            bounds=np.column_stack([lower, upper]),
+            method="highs",
+            options={"time_limit": float(time_limit_s) / 2},
+        )
+        if res.status != 0:
+            return None
+        cap = max(float(res.x[ny]) * p.t_scale, p.window) + SLACK * p.tol_t
+        out.append(res.x[:ny].reshape(p.w.size, -1))
+    return out
 
 
 def host_brute(p: HostProblem, max_combos: int) -> np.ndarray:

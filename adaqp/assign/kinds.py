@@ -41,12 +41,11 @@ class Solvers:
 
     Attributes:
         problem: the grouped instance, built as ``problem(channels, dim, model, bits,
-            group_size, lam)``.
+            group_size, reference_bits, budget, window_s)``.
         greedy: ``greedy(problem, time_limit_s)`` -> group widths.
         exact: ``exact(problem, time_limit_s)`` -> ``(group widths or None, status)``.
         brute: ``brute(problem, max_combos)`` -> group widths.
         polish: ``polish(problem, group widths, deadline)`` -> group widths.
-        trivial_lams: values of ``lam`` whose answer is one uniform width.
     """
 
     problem: type[LinkProblem] | type[HostProblem]
@@ -54,14 +53,13 @@ class Solvers:
     exact: Callable[[Any, float], tuple[np.ndarray | None, str]]
     brute: Callable[[Any, int], np.ndarray]
     polish: Callable[[Any, np.ndarray, float], np.ndarray]
-    trivial_lams: tuple[float, ...]
 
 
-LINK_SOLVERS = Solvers(LinkProblem, link_greedy, link_milp, link_brute, link_polish, (0.0, 1.0))
+LINK_SOLVERS = Solvers(LinkProblem, link_greedy, link_milp, link_brute, link_polish)
 """Under the link model."""
 
-HOST_SOLVERS = Solvers(HostProblem, host_greedy, host_milp, host_brute, host_polish, (1.0,))
-"""Under the host model; lam = 0 still needs the fastest mix, not a uniform width."""
+HOST_SOLVERS = Solvers(HostProblem, host_greedy, host_milp, host_brute, host_polish)
+"""Under the host model."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -125,6 +123,20 @@ class CostModelKind:
             return channels, links, bits, None
         merged, model, members = _merge(channels, links, shared=self.merge == "shared")
         return merged, model, bits, members
+
+    def uniform_time(
+        self,
+        channels: list[Channel],
+        dim: int,
+        links: LinkModel | None,
+        hosts: HostModel | None,
+        width: int,
+    ) -> float:
+        """The predicted ``T`` of every message of ``channels`` at ``width`` bits, priced
+        as this kind prices a plan (merged channels, the host model)."""
+        solve_channels, model, _, _ = self.solver_inputs(channels, links, hosts, (width,))
+        widths = [np.full(c.num_messages, width, np.int8) for c in solve_channels]
+        return model.exchange_time(solve_channels, dim, widths)
 
     @staticmethod
     def widths(

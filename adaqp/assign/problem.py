@@ -4,31 +4,41 @@ An exchange (one layer, one direction) is a set of channels ``p -> q`` that run 
 Message ``v`` quantized to ``b`` bits adds variance ``w_v / (2**b - 1)**2`` to its receiver's
 aggregation and costs ``message_bytes(1, D, b)`` bytes (packed codes + float32 min/max). Width
 ``FULL_PRECISION_BITS`` (32) sends the float32 row itself: ``4 * D`` bytes, no metadata, no
-variance. With ``V`` the total variance and ``T`` the predicted exchange time we minimise::
+variance. With ``V`` the total variance, ``T`` the predicted exchange time and ``W`` the
+exchange's overlap window (the local work that runs while it is in flight), the solvers
+choose, in this order of priority:
 
-    lam * (V - V_min) / (V_max - V_min) + (1 - lam) * (T - T_min) / (T_max - T_min)
+1. ``V <= budget * V_u``, where ``V_u`` is the variance of the *reference* plan, every
+   message at the uniform width ``u`` the run would otherwise send (``adaqp.bits``,
+   ``uniform_bits``, or ``quant.bits``), and ``budget`` is ``quant.lam`` (1 by default).
+   Where no plan meets it (a budget below what the widest width gives), the least ``V``;
+2. the least *exposed* time ``E = max(0, T - W)``: what the window does not hide;
+3. among plans with that ``E``, the least ``V``: time the window hides is spent on bits.
 
-``V_min``/``V_max`` and ``T_min``/``T_max`` are the least and greatest over the uniform
-assignments (every message at one allowed width); a zero range zeroes its term. Full
-precision is a choice but not part of the range: a range reaching float32 (many times the
-bytes) would shrink every difference in time between quantized plans, so the objective
-would spend bytes on variance (``docs/cost-models.md``). Under the link model these are
-the all-max/all-min bit assignments; under the host model a mixed assignment can be
-faster than every uniform one, so there the time term can go below zero. Each channel's
-messages are sorted by weight (heaviest first, stable) and cut into groups of ``group_size``;
-each group gets one width.
+A lexicographic objective, with no weights and no normalisation: it reads the seconds and
+the variance as they are, so a plan follows the absolute link speeds and the window, not
+only their ratios (the min-max normalised weighted sum it replaced gave the same plan on
+10 Mbit/s and 100 Gbit/s links). The reference plan is always a candidate
+(:func:`~adaqp.assign.solve.solve_assignment` keeps it where a solver found nothing
+better), and at a budget of 1 it meets step 1, so the chosen plan is predicted no slower
+(``E`` no greater) and, at a budget of at most 1, no noisier than the reference.
+Comparisons allow a relative tolerance (``REL_TOL``) in ``V`` and ``T``, so that float
+rounding does not decide between plans that are equal. Each channel's messages are sorted
+by weight (heaviest first, stable) and cut into groups of ``group_size``; each group gets
+one width.
 
 What lives here, shared by every solver: :class:`Assignment` (the result; the input, a
 :class:`~adaqp.assign.channel.Channel` per pair, is defined in :mod:`adaqp.assign.channel`),
-:func:`evaluate_assignment` (``(objective, V, T)`` of any widths), the per-width tables of
-variance, the groups (``Groups``) and the grouped instances the solvers work on
-(``LinkProblem`` under the link model, ``HostProblem`` under the host model), and the
-canonical order of a channel's group widths (``sort_full_groups``).
+:func:`evaluate_assignment` (``(E, V, T)`` of any widths), the per-width tables of
+variance, the groups and the objective's comparisons (``Groups``), the grouped instances
+the solvers work on (``LinkProblem`` under the link model, ``HostProblem`` under the host
+model), and the canonical order of a channel's group widths (``sort_full_groups``).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -36,16 +46,33 @@ import numpy as np
 
 from adaqp.assign.channel import Channel, row_bytes_table
 from adaqp.assign.costmodels import CostModel, HostModel, LinkModel
-from adaqp.bits import BIT_WIDTHS, DEFAULT_ALLOWED_BITS, FULL_PRECISION_BITS, SUPPORTED_BITS
+from adaqp.bits import BIT_WIDTHS, FULL_PRECISION_BITS, SUPPORTED_BITS
 
-OBJECTIVE_TOL = 1e-12
-"""Ties in the objective: it is normalised to O(1), so the solvers treat smaller
-differences as equal (and then prefer fewer bytes)."""
+REL_TOL = 1e-5
+"""Relative tolerance of the objective's first two terms: excesses over the budget within
+``REL_TOL`` of the problem's variance scale, and times within ``REL_TOL`` of its time
+scale, are equal (the third term then decides, then fewer bytes). HiGHS meets a MILP's
+rows to about 1e-6 of their scale (its feasibility tolerance, not settable through
+scipy's ``milp``): a tolerance below
+that would rank a MILP's plan that exceeds its time cap or the variance budget by that
+much below the plan it was capped by (the first stage's, or the reference)."""
+
+VARIANCE_REL_TOL = 1e-9
+"""Relative tolerance of the third term, the variance: a MILP minimises it as its
+objective, not as a row, to HiGHS's gap (1e-10 of it, ``MILP_COST_SCALE``), so it can be
+finer than ``REL_TOL``: an 8-bit group's variance is 1/65025 of a 1-bit group's, which
+``REL_TOL`` of a budget at 1 or 2 bits would not tell from full precision's zero."""
+
+SLACK = 0.5
+"""How far into the tolerance a MILP's caps reach (the budget's, the second stage's on
+``T``): far enough to find what the objective counts as equal, with room left for what
+HiGHS may exceed a row by (about a tenth of ``REL_TOL``)."""
 
 MILP_COST_SCALE = 1e4
-"""What the MILPs multiply the objective by. HiGHS stops at an absolute gap of 1e-6 (not
-settable through scipy); scaled, that is 1e-10 of the O(1) objective, so "optimal" matches
-brute force to 1e-9."""
+"""What the MILPs multiply their objective by. Each stage's objective is O(1) (a time over
+the problem's time scale, a variance over its variance scale); HiGHS stops at an absolute
+gap of 1e-6 (not settable through scipy), which scaled is 1e-10 of it, so "optimal"
+matches brute force to 1e-9."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,9 +83,9 @@ class Assignment:
         channels: the channels, in the caller's order.
         dim: embedding width ``D``.
         bits: per channel, int8 ``[n_c]`` widths in the channel's original message order.
-        objective: normalised objective (NaN when no link model/lambda was given).
+        exposed_s: predicted exposed time ``E = max(0, T - W)`` (NaN without a cost model).
         variance: total variance ``V``.
-        time_s: predicted exchange time ``T`` (NaN without a link model).
+        time_s: predicted exchange time ``T`` (NaN without a cost model).
         status: how the result was obtained, e.g. ``"optimal"``, ``"time_limit"``.
         solve_time_s: wall time spent choosing the widths.
         method: ``"milp"``, ``"greedy"``, ``"brute"``, ``"uniform"`` or ``"random"``.
@@ -67,7 +94,7 @@ class Assignment:
     channels: tuple[Channel, ...]
     dim: int
     bits: tuple[np.ndarray, ...]
-    objective: float
+    exposed_s: float
     variance: float
     time_s: float
     status: str
@@ -102,14 +129,7 @@ def check_bits(bits: Sequence[int], full_precision: bool = True) -> np.ndarray:
     return arr
 
 
-def _normalising(bits: np.ndarray) -> np.ndarray:
-    """The widths whose uniform assignments set the objective's ranges: the quantized ones
-    (all of ``bits`` when full precision is the only choice)."""
-    quantized = bits[bits != FULL_PRECISION_BITS]
-    return quantized if quantized.size else bits
-
-
-def _variance_table() -> np.ndarray:
+def variance_table() -> np.ndarray:
     """float64 ``[33]``: entry ``b`` is the variance per unit weight at ``b`` bits (0 at 32)."""
     f = np.zeros(FULL_PRECISION_BITS + 1)
     for b in SUPPORTED_BITS:
@@ -136,54 +156,39 @@ def evaluate_assignment(
     message_bits: Sequence[np.ndarray],
     link_model: CostModel | None,
     *,
-    bits: Sequence[int] = DEFAULT_ALLOWED_BITS,
-    lam: float = 0.5,
+    window_s: float = 0.0,
 ) -> tuple[float, float, float]:
-    """``(objective, V, T)`` of per-message widths; ``bits`` sets the normalisation range.
+    """``(E, V, T)`` of per-message widths: the exposed time beyond the overlap window
+    ``window_s``, the total variance and the predicted exchange time.
 
-    Objective and ``T`` are NaN without a cost model. Under a :class:`HostModel`, ``T`` is
+    ``E`` and ``T`` are NaN without a cost model. Under a :class:`HostModel`, ``T`` is
     the predicted exchange time to compare with a measured one.
     """
-    allowed = check_bits(bits)
     message_bits = [np.asarray(b, dtype=np.int64) for b in message_bits]
     if len(message_bits) != len(channels) or any(
         b.shape != (c.num_messages,) or not np.isin(b, BIT_WIDTHS).all()
         for c, b in zip(channels, message_bits, strict=True)
     ):
         raise ValueError("need one array of supported widths per channel, one per message")
-    f = _variance_table()
+    f = variance_table()
     var = sum(float(np.sum(c.weights * f[b])) for c, b in zip(channels, message_bits, strict=True))
-    w_sum = sum(float(np.sum(c.weights)) for c in channels)
     if link_model is None:
         return math.nan, var, math.nan
-
-    def exchange_time(widths: Sequence[np.ndarray]) -> float:
-        return link_model.exchange_time(channels, dim, widths)
-
-    t = exchange_time(message_bits)
-    ranging = _normalising(allowed)
-    uniform_t = [
-        exchange_time([np.full(c.num_messages, b) for c in channels]) for b in ranging.tolist()
-    ]
-    t_min, t_max = min(uniform_t), max(uniform_t)
-    v_min, v_max = w_sum * f[ranging].min(), w_sum * f[ranging].max()
-    obj = lam * (var - v_min) / (v_max - v_min) if v_max > v_min else 0.0
-    obj += (1.0 - lam) * (t - t_min) / (t_max - t_min) if t_max > t_min else 0.0
-    return float(obj), var, t
+    t = link_model.exchange_time(channels, dim, message_bits)
+    return max(0.0, t - window_s), var, t
 
 
 class Groups:
-    """Channels cut into ``G`` groups, as flat arrays (a channel's groups are contiguous).
+    """Channels cut into ``G`` groups, as flat arrays (a channel's groups are contiguous),
+    and the objective's comparisons (module docstring).
 
-    Width choices are indices ``k`` into ``self.bits`` (``[K]``, ascending), set by subclasses.
+    Width choices are indices ``k`` into ``self.bits`` (``[K]``, ascending), set by
+    subclasses, which then call :meth:`_set_objective` and define ``time(k)``, the
+    predicted ``T`` of group widths ``k`` ``[G]``.
     """
 
     bits: np.ndarray
     f: np.ndarray  # [K] variance factor per unit weight
-    wv: float
-    wt: float
-    v_min: float
-    t_min: float
 
     def __init__(self, channels: Sequence[Channel], group_size: int) -> None:
         self.nonempty = np.array([c.num_messages > 0 for c in channels], dtype=bool)
@@ -205,31 +210,112 @@ class Groups:
         self.group_size, self.channels = group_size, tuple(channels)
         self.num_channels = len(channels)
 
-    def _set_weights(self, lam: float) -> None:
-        """Objective weights per unit of V and T; zero when that range is empty."""
-        self.wv = lam / (self.v_max - self.v_min) if self.v_max > self.v_min else 0.0
-        self.wt = (1.0 - lam) / (self.t_max - self.t_min) if self.t_max > self.t_min else 0.0
+    def time(self, k: np.ndarray) -> float:
+        raise NotImplementedError
+
+    def _set_objective(self, reference_bits: int, budget: float, window_s: float) -> None:
+        """The objective's constants: the variance budget, the window, the reference plan
+        (every group at ``reference_bits``, which must be one of ``self.bits``) and the
+        scales of the comparisons' tolerances and of the MILPs' objectives."""
+        if reference_bits not in self.bits:
+            raise ValueError(f"the reference width {reference_bits} is not among {self.bits}")
+        if not (budget > 0 and math.isfinite(budget)) or not window_s >= 0:
+            raise ValueError(f"need a budget > 0 and a window >= 0, got {budget}, {window_s}")
+        w_sum = float(self.w.sum())
+        self.reference = int(np.searchsorted(self.bits, reference_bits))
+        self.k_reference = np.full(self.w.size, self.reference, np.int64)
+        self.v_budget = budget * w_sum * variance_table()[reference_bits]
+        self.v_floor = w_sum * float(self.f.min())  # every group at its widest width
+        self.window = float(window_s)
+        self.t_reference = self.time(self.k_reference)
+        self.t_scale = max(self.t_reference, self.window, 1e-12)
+        self.v_scale = next((v for v in (self.v_budget, w_sum * float(self.f.max())) if v > 0), 1.0)
+        self.tol_t, self.tol_v = REL_TOL * self.t_scale, REL_TOL * self.v_scale
+        self.tols = (self.tol_v, self.tol_t, VARIANCE_REL_TOL * self.v_scale)  # per term
+
+    @property
+    def v_cap(self) -> float:
+        """The variance bound of the MILPs' budget row: the budget (or the least variance
+        any plan has, where the budget is below it), and ``SLACK`` of the tolerance."""
+        return max(self.v_budget, self.v_floor) + SLACK * self.tol_v
+
+    def variance(self, k: np.ndarray) -> float:
+        return float(np.sum(self.w * self.f[k]))
+
+    def ranks(self, v, t) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The objective's three terms, in priority order, of variances ``v`` and times
+        ``t`` (arrays of one shape): the excess over the budget, the exposed time, ``V``."""
+        v, t = np.asarray(v, np.float64), np.asarray(t, np.float64)
+        return np.maximum(v - self.v_budget, 0.0), np.maximum(t - self.window, 0.0), v
+
+    def best_index(self, v, t, among: np.ndarray | None = None) -> int:
+        """Flat index of the best of the plans with variances ``v`` and times ``t``, the
+        first of equals (``among``: a mask of the plans to consider; -1 if none)."""
+        terms = self.ranks(v, t)
+        ok = np.ones(terms[0].shape, bool) if among is None else among.copy()
+        for term, tol in zip(terms, self.tols, strict=True):
+            if not ok.any():
+                return -1
+            ok &= term <= term[ok].min() + tol
+        return int(np.argmax(ok.ravel()))
+
+    def better(self, v, t, v0: float, t0: float, anchor=None) -> np.ndarray:
+        """Whether plans of variances ``v`` and times ``t`` are strictly better than one of
+        ``(v0, t0)`` (beyond the tolerances, in the first term that differs). ``anchor``:
+        the terms to compare with instead (:meth:`anchored`)."""
+        terms, tols = self.ranks(v, t), self.tols
+        base = self.ranks(v0, t0) if anchor is None else anchor
+        out, tied = np.zeros(terms[0].shape, bool), np.ones(terms[0].shape, bool)
+        for term, b, tol in zip(terms, base, tols, strict=True):
+            out |= tied & (term < b - tol)
+            tied &= np.abs(term - b) <= tol
+        return out
+
+    def no_worse(self, v, t, v0: float, t0: float, anchor=None) -> np.ndarray:
+        """Whether plans are at least as good as ``(v0, t0)`` (better, or equal within the
+        tolerances; ``anchor`` as in :meth:`better`)."""
+        terms = self.ranks(v, t)
+        base = self.ranks(v0, t0) if anchor is None else anchor
+        tied = np.ones(terms[0].shape, bool)
+        for term, b, tol in zip(terms, base, self.tols, strict=True):
+            tied &= np.abs(term - b) <= tol
+        return tied | self.better(v, t, v0, t0, anchor)
+
+    def anchored(self, anchor: tuple | None, v: float, t: float) -> tuple:
+        """The terms a local search compares its next moves with, after moving to a plan
+        of ``(v, t)``: the least excess and exposed time seen so far (``anchor``; None at
+        the start) and the new variance. Equal within the tolerance is not a step a chain
+        of moves may repeat: each compares with the least, so none drifts a tolerance at
+        a time."""
+        terms = tuple(float(x) for x in self.ranks(v, t))
+        if anchor is None:
+            return terms
+        return min(anchor[0], terms[0]), min(anchor[1], terms[1]), terms[2]
+
+    def pick(self, candidates: Sequence[np.ndarray]) -> np.ndarray:
+        """The best of candidate group widths (the first of equals)."""
+        v = [self.variance(k) for k in candidates]
+        return candidates[self.best_index(v, [self.time(k) for k in candidates])]
 
     def exhaustive(
         self, max_combos: int, chunk: int, times: Callable[[np.ndarray], np.ndarray]
     ) -> np.ndarray:
         """Exhaustive search in lexicographic order (first group most significant); the first
-        minimum. ``times(k)``: float64 ``[N]`` predicted times of the widths ``k`` ``[N, G]``;
+        best. ``times(k)``: float64 ``[N]`` predicted times of the widths ``k`` ``[N, G]``;
         ``chunk`` combinations are scored at a time."""
         G, K = self.w.size, self.bits.size
         if max_combos < K**G:
             raise ValueError(f"brute force over {K}**{G} combinations exceeds {max_combos}")
         radix = K ** np.arange(G - 1, -1, -1, dtype=np.int64)
-        best_obj, best_idx = math.inf, 0
+        best = None  # (v, t, idx)
         for start in range(0, K**G, chunk):
             idx = np.arange(start, min(start + chunk, K**G), dtype=np.int64)
             k = (idx[:, None] // radix[None, :]) % K  # [chunk, G]
-            v = (self.w[None, :] * self.f[k]).sum(axis=1)
-            obj = self.wv * (v - self.v_min) + self.wt * (times(k) - self.t_min)
-            i = int(np.argmin(obj))
-            if obj[i] < best_obj:
-                best_obj, best_idx = float(obj[i]), int(idx[i])
-        return (best_idx // radix) % K
+            v, t = (self.w[None, :] * self.f[k]).sum(axis=1), times(k)
+            i = self.best_index(v, t)
+            if best is None or self.better(v[i], t[i], best[0], best[1]):
+                best = (float(v[i]), float(t[i]), int(idx[i]))
+        return (best[2] // radix) % K
 
     def message_bits(self, k: np.ndarray) -> tuple[np.ndarray, ...]:
         """Group widths ``k`` ``[G]`` -> per channel int8 ``[n_c]`` in original message order."""
@@ -252,19 +338,17 @@ class LinkProblem(Groups):
         link_model: LinkModel,
         bits: Sequence[int],
         group_size: int,
-        lam: float,
+        reference_bits: int,
+        budget: float = 1.0,
+        window_s: float = 0.0,
     ) -> None:
         super().__init__(channels, group_size)
         self.bits = check_bits(bits, full_precision=False)
-        self.f = _variance_table()[self.bits]  # [K] variance factor per unit weight
+        self.f = variance_table()[self.bits]  # [K] variance factor per unit weight
         self.r = row_bytes_table(dim)[self.bits]  # [K] bytes per row
         self.alpha = np.array([link_model.alpha_s[c.src, c.dst] for c in channels], np.float64)
         self.beta = np.array([link_model.beta_Bps[c.src, c.dst] for c in channels], np.float64)
-        # Bytes grow with the width (up to 8 bits), so the extremes are the uniform extremes.
-        self.t_min = float(self.times(np.zeros(self.w.size, np.int64)).max(initial=0.0))
-        self.t_max = float(self.times(np.full(self.w.size, self.bits.size - 1)).max(initial=0.0))
-        self.v_max, self.v_min = self.w.sum() * self.f[0], self.w.sum() * self.f[-1]
-        self._set_weights(lam)
+        self._set_objective(reference_bits, budget, window_s)
 
     def channel_bytes(self, k: np.ndarray) -> np.ndarray:
         return np.bincount(self.chan, self.n * self.r[k], self.num_channels)
@@ -273,10 +357,8 @@ class LinkProblem(Groups):
         """float64 ``[C]`` channel times for group widths ``k`` ``[G]``."""
         return np.where(self.nonempty, self.alpha + self.channel_bytes(k) / self.beta, 0.0)
 
-    def objective(self, k: np.ndarray) -> float:
-        v = float(np.sum(self.w * self.f[k]))
-        t = float(self.times(k).max(initial=0.0))
-        return self.wv * (v - self.v_min) + self.wt * (t - self.t_min)
+    def time(self, k: np.ndarray) -> float:
+        return float(self.times(k).max(initial=0.0))
 
 
 class HostProblem(Groups):
@@ -289,12 +371,14 @@ class HostProblem(Groups):
         model: HostModel,
         bits: Sequence[int],
         group_size: int,
-        lam: float,
+        reference_bits: int,
+        budget: float = 1.0,
+        window_s: float = 0.0,
     ) -> None:
         super().__init__(channels, group_size)
         self.model = model
         self.bits = check_bits(bits)
-        self.f = _variance_table()[self.bits]
+        self.f = variance_table()[self.bits]
         quant, dequant = model.per_value_costs(self.bits)
         per_row = np.stack(
             [row_bytes_table(dim)[self.bits], dim * quant[self.bits], dim * dequant[self.bits]]
@@ -303,12 +387,7 @@ class HostProblem(Groups):
         self.row_use = np.einsum("ik,icr->ckr", per_row, model.channel_map(channels))
         self.unit = self.n[:, None, None] * self.row_use[self.chan]  # [G, K, R] per group
         self.alpha = model.alpha_s
-        ranging = np.flatnonzero(np.isin(self.bits, _normalising(self.bits)))
-        uniform = [self.time(np.full(self.w.size, k)) for k in ranging]
-        self.t_min, self.t_max = min(uniform), max(uniform)
-        f = self.f[ranging]
-        self.v_max, self.v_min = self.w.sum() * f.max(), self.w.sum() * f.min()
-        self._set_weights(lam)
+        self._set_objective(reference_bits, budget, window_s)
 
     def use(self, k: np.ndarray) -> np.ndarray:
         """float64 ``[R]`` resource seconds for group widths ``k`` ``[G]``."""
@@ -319,9 +398,31 @@ class HostProblem(Groups):
             return 0.0
         return self.alpha + float(self.model.host_and_fabric_times(self.use(k)).max())
 
-    def objective(self, k: np.ndarray) -> float:
-        v = float(np.sum(self.w * self.f[k]))
-        return self.wv * (v - self.v_min) + self.wt * (self.time(k) - self.t_min)
+
+def two_stages(
+    p: Groups,
+    stage: Callable[[Groups, float | None, float], tuple[np.ndarray | None, str]],
+    time_limit_s: float,
+) -> tuple[np.ndarray | None, str]:
+    """The exact solve as two MILPs, each given half of ``time_limit_s`` (the second also
+    what the first left): ``stage(p, None, limit)``, the least ``T`` within the variance
+    budget, at ``T1``; then ``stage(p, cap, limit)``, the least ``V`` with ``T`` at most
+    ``max(T1, W)``, within the budget. Where the window hides ``T1`` every plan it hides
+    has ``E = 0``; where it does not, no plan has less ``E`` than ``T1``'s. Both caps (the
+    budget's, ``T``'s) reach ``SLACK`` of the tolerance past their value: the objective
+    counts what lies within the tolerance as equal. Returns ``(group widths or None,
+    status)``: ``"optimal"`` when both stages are."""
+    start = time.perf_counter()
+    k1, status = stage(p, None, time_limit_s / 2)
+    if k1 is None:
+        return None, status
+    cap = max(p.time(k1), p.window) + SLACK * p.tol_t
+    k2, second = stage(p, cap, max(start + time_limit_s - time.perf_counter(), 1e-3))
+    if status == "optimal":
+        status = second.removesuffix("_no_solution")
+    if k2 is None or not p.no_worse(p.variance(k2), p.time(k2), p.variance(k1), p.time(k1)):
+        return k1, status
+    return k2, status
 
 
 def sort_full_groups(p: Groups, k: np.ndarray) -> np.ndarray:

@@ -92,15 +92,22 @@ class QuantConfig:
     """Width of every message in the uniform scheme; 0: the model's default, the width
     measured best for it (1 bit for gcn, 2 for sage, 4 for gat, which loses accuracy at
     2-3 bits: adaqp/bits.py, uniform_bits)."""
-    initial_bits: int = 8
-    """Width used during the first assignment cycle of the adaptive scheme, while tracing."""
+    initial_bits: int = 0
+    """Width of the adaptive scheme's first cycle, while tracing; 0: ``bits`` (the run's
+    uniform width), so that the first cycle costs what the uniform scheme costs (its trace
+    reads the rows before quantization, so a wider first cycle buys the solver nothing)."""
     allowed_bits: tuple[int, ...] = ()
     """Widths the adaptive scheme may choose from; empty: the model's default, 1, 2, 4 and
     8 bits (2, 4 and 8 for gat: adaqp/bits.py, planner_bits)."""
     group_size: int = 100
     """Messages per group that share one width (per channel, sorted by weight)."""
-    lam: float = 0.5
-    """Trade-off: 1 minimises variance only, 0 minimises predicted exchange time only."""
+    lam: float = 1.0
+    """Adaptive scheme: the variance budget, a multiple (> 0) of the variance of every
+    message at ``bits`` (the uniform width). Within it the solver minimises the predicted
+    exchange time the overlap window does not hide, then the variance; at 1 (the default)
+    its plan is predicted no slower and no noisier than the uniform width's, above 1 it
+    may trade variance for time (docs/cost-models.md#the-objective). (Before, ``lam``
+    weighed normalised variance against normalised time in [0, 1].)"""
     assign_cycle: int = 20
     """Re-solve the bit widths every this many epochs (after the first cycle)."""
     first_cycle: int = 5
@@ -152,7 +159,7 @@ class QuantConfig:
             f"must be one of {listed}, got {self.bits}",
         )
         check(
-            self.initial_bits in widths,
+            self.initial_bits == 0 or self.initial_bits in widths,
             "quant.initial_bits",
             f"must be one of {listed}, got {self.initial_bits}",
         )
@@ -162,7 +169,11 @@ class QuantConfig:
             f"must be drawn from {widths}",
         )
         check(self.group_size >= 1, "quant.group_size", "must be at least 1")
-        check(0.0 <= self.lam <= 1.0, "quant.lam", f"must be in [0, 1], got {self.lam}")
+        check(
+            0.0 < self.lam < float("inf"),
+            "quant.lam",
+            f"is the variance budget relative to the uniform width: must be > 0, got {self.lam}",
+        )
         check(self.assign_cycle >= 1, "quant.assign_cycle", "must be at least 1")
         check(self.first_cycle >= 1, "quant.first_cycle", "must be at least 1")
         check(self.solver in ("milp", "greedy"), "quant.solver", "must be milp or greedy")

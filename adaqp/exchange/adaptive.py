@@ -44,7 +44,7 @@ class AdaptivePolicy(ExchangePolicy):
         epoch_s: float = 0.0,
     ) -> float:
         self.transport.at(f"epoch {epoch} bit-width assignment")
-        return self.planner.end_epoch(epoch, exchange_s_by_tag)
+        return self.planner.end_epoch(epoch, exchange_s_by_tag, wait_s_by_tag)
 
     def report(self, solved_at: int) -> dict:
         planner, kind = self.planner, self.planner.cost_kind

@@ -241,7 +241,7 @@ class ChoicePolicy(AdaptivePolicy):
         self._epoch_s.append(epoch_s)
         if epoch == 1 or epoch % self.config.choose_every == 0:
             self._choose(epoch)
-        return super().end_epoch(epoch, exchange_s_by_tag)
+        return super().end_epoch(epoch, exchange_s_by_tag, wait_s_by_tag, epoch_s)
 
     def _choose(self, epoch: int) -> None:
         """Re-decides every key from this cycle's waits and drifts (same on all ranks)."""

@@ -14,11 +14,15 @@ the ranks send their weights to rank 0, which solves every exchange with ``adaqp
 (a pure function) against the alpha-beta link model profiled at start-up
 (``adaqp.assign.profile``), and broadcasts all per-message widths in one buffer. Every
 rank installs the same plans before the next epoch, so all ranks switch together. The
-first cycle runs at ``initial_bits`` while tracing (under the host cost model at full
-precision where that is predicted no slower). When to re-solve and how long each solve
-may take are :mod:`adaqp.exchange.resolving`'s. Which cost model prices the plans, and
-what that means for profiling, solving and reporting, is decided once, by the run's
-``adaqp.assign.CostModelKind`` (``cost_kind``).
+first cycle runs at the run's uniform width (``quant.bits``, unless ``initial_bits`` is
+set) while tracing, so that it costs what the uniform scheme costs (under the host cost
+model at full precision where that is predicted no slower). Each solve minimises the
+predicted time its exchange's overlap window does not hide within a variance budget
+relative to that uniform width (``adaqp.assign.problem``); the window is estimated from
+the waits measured under the plan that ran (``MeasuredExchanges.window_s``). When to
+re-solve and how long each solve may take are :mod:`adaqp.exchange.resolving`'s. Which
+cost model prices the plans, and what that means for profiling, solving and reporting, is
+decided once, by the run's ``adaqp.assign.CostModelKind`` (``cost_kind``).
 
 The cost model prices an exchange from the profiled links; what it does not see is
 measured: each re-solve fits the model's figures to the exchange times measured under
@@ -122,6 +126,9 @@ class BitWidthPlanner:
         plans before) and ``"calibrated_s"`` (tag -> the plan's time through it)."""
         self.measured = MeasuredExchanges()
         """Rank 0, with a cost model: the exchanges measured under the plans that ran."""
+        self.windows: dict[int, dict[str, float]] = {}
+        """Rank 0, per re-solve epoch: tag -> the overlap window the solve assumed, in the
+        cost model's seconds."""
         if config.scheme == "adaptive":
             self.forward_coef = forward_coefficients(transport, graph, adjacency, self.device)
         if self.cost_kind.plans_by_pair:
@@ -134,8 +141,8 @@ class BitWidthPlanner:
         p = world.world_size
         self.link_model = profile_links(world)
         if self.cost_kind.profiles_hosts:
-            # Every width the wire carries: the first cycle's (initial_bits) is priced
-            # too, allowed or not.
+            # Every width the wire carries: the first cycle's (the uniform width) is
+            # priced too, allowed or not.
             quant, dequant = time_quantization(SUPPORTED_BITS, 64, self.device)
             nics = host_model(self.link_model, self.hosts, quant, dequant)
             fabric = profile_fabric(nics)
@@ -176,25 +183,24 @@ class BitWidthPlanner:
         first cycle's fixed width (``_first_width``)."""
         return self.book.plan(key, out_rows, in_rows, lambda: self._first_width(key, dim))
 
-    def _first_width(self, key: ExchangeKey, dim: int) -> int:
-        """``initial_bits``, or under the host model full precision where that is
-        predicted no slower (``first_width``)."""
+    def _first_width(self, key: ExchangeKey, dim: int, say: bool = True) -> int:
+        """The uniform width (``initial_bits`` where set), or under the host model full
+        precision where that is predicted no slower (``first_width``)."""
         cfg = self.config
+        initial = cfg.initial_bits or cfg.bits
         if cfg.scheme == "uniform":
             return cfg.bits
         if not self.cost_kind.offers_full_precision:
-            return cfg.initial_bits
-        width, times = first_width(
-            self.host_model, self.counts[key.direction], dim, cfg.initial_bits
-        )
-        if width != cfg.initial_bits and self.world.is_main:
+            return initial
+        width, times = first_width(self.host_model, self.counts[key.direction], dim, initial)
+        if width != initial and say and self.world.is_main:
             logger.info(
                 "%s: full precision until the first re-solve (%.1f ms predicted, %.1f ms "
                 "at %d bits)",
                 key,
                 1e3 * times[width],
-                1e3 * times[cfg.initial_bits],
-                cfg.initial_bits,
+                1e3 * times[initial],
+                initial,
             )
         return width
 
@@ -227,13 +233,20 @@ class BitWidthPlanner:
             fabric = float(state["hosts/fabric"]) if "hosts/fabric" in state else math.inf
             self.host_model = host_model(self.link_model, self.hosts, quant, dequant, fabric)
 
-    def end_epoch(self, epoch: int, exchange_s_by_tag: dict[str, float] | None = None) -> float:
+    def end_epoch(
+        self,
+        epoch: int,
+        exchange_s_by_tag: dict[str, float] | None = None,
+        wait_s_by_tag: dict[str, float] | None = None,
+    ) -> float:
         """Re-solves where ``solves_before`` says; returns the seconds it took.
 
         ``exchange_s_by_tag``: this epoch's measured exchange times (the same on every
-        rank), which calibrate the cost model's figures at the next re-solve."""
-        if self.cost_kind.plans_by_pair and self.world.is_main:  # what calibrate reads
-            self.measured.record(exchange_s_by_tag or {})
+        rank), which calibrate the cost model's figures at the next re-solve;
+        ``wait_s_by_tag``: how long the ranks waited for each exchange (the same on every
+        rank), which gives its overlap window."""
+        if self.cost_kind.plans_by_pair and self.world.is_main:  # what the re-solve reads
+            self.measured.record(exchange_s_by_tag or {}, wait_s_by_tag or {})
         earlier = solves_before(epoch, self.config)
         if not self.tracing or earlier is None:
             return 0.0
@@ -241,10 +254,10 @@ class BitWidthPlanner:
         every = self.config.profile_every
         if self.cost_kind.plans_by_pair and every and earlier and earlier % every == 0:
             self._profile()
-        self._resolve(epoch)
+        self._resolve(epoch, first=earlier == 0)
         return time.perf_counter() - start
 
-    def _resolve(self, epoch: int) -> None:
+    def _resolve(self, epoch: int, first: bool) -> None:
         """Gathers every traced exchange's weights on rank 0, which solves them within
         one budget; broadcasts the widths and installs them on every rank (collective)."""
         p, rank = self.world.world_size, self.world.rank
@@ -257,7 +270,12 @@ class BitWidthPlanner:
         if not keys:  # nothing traced (adaqp-s: every exchange stale): the plans stay
             self.measured.restart()
             return
-        blocks = []
+        blocks, calibration = [], None
+        # The plans that ran since the last re-solve: none before the first, or after a
+        # resume.
+        before = self.solutions.get(epoch - self.config.assign_cycle, {}).get("predicted_s", {})
+        if rank == 0 and self.cost_kind.plans_by_pair:
+            calibration = self.measured.fit(before)
         deadline = time.perf_counter() + self.config.resolve_budget_s
         for i, key in enumerate(keys):
             counts = self.counts[key.direction]
@@ -269,19 +287,27 @@ class BitWidthPlanner:
             dist.gather(padded, gathered, dst=0)
             if rank == 0:
                 limit = budget_share(deadline, len(keys) - i, self.config.time_limit_s)
-                blocks.append(self._solve(key, counts, gathered, epoch, limit))
+                ran = self._ran_s(key, before, first)
+                blocks.append(self._solve(key, counts, gathered, epoch, limit, ran, calibration))
         total = sum(int(self.counts[k.direction].sum()) for k in keys)
         flat = torch.cat(blocks) if rank == 0 else torch.empty(total, dtype=torch.uint8)
         if rank == 0:
             solution = self.solutions.setdefault(epoch, {})
             solution["pair_bits"] = self.book.pair_bits(keys, flat)
-            # The plans that ran since the last re-solve: none before the first, or after
-            # a resume.
-            before = self.solutions.get(epoch - self.config.assign_cycle, {})
-            self.measured.calibrate(solution, before.get("predicted_s", {}))
+            self.measured.state(solution, calibration)
         dist.broadcast(flat, src=0)
         self.book.install(keys, flat)
         self.measured.restart()
+
+    def _ran_s(
+        self, key: ExchangeKey, before: dict[str, float], first: bool
+    ) -> tuple[int, float | None]:
+        """What ran of exchange ``key`` since the last re-solve, for its window: the first
+        cycle's uniform width (priced when solving), else the last solve's prediction
+        (None after a resume: unknown)."""
+        if first:
+            return self._first_width(key, self.book.dim(key), say=False), None
+        return 0, before.get(str(key))
 
     def _solve(
         self,
@@ -290,8 +316,14 @@ class BitWidthPlanner:
         gathered: list[torch.Tensor],
         epoch: int,
         time_limit_s: float,
+        ran: tuple[int, float | None],
+        calibration: dict | None,
     ) -> torch.Tensor:
-        """Rank 0: widths of every channel of one exchange, in (src, dst) order."""
+        """Rank 0: widths of every channel of one exchange, in (src, dst) order.
+
+        ``ran``: the width of the plan that ran where it was uniform (else 0) and its
+        predicted seconds where known; with this cycle's waits and ``calibration`` they
+        give the exchange's overlap window."""
         p = self.world.world_size
         dim = self.book.dim(key)
         channels = []
@@ -306,6 +338,12 @@ class BitWidthPlanner:
             result = random_assignment(channels, dim, cfg.allowed_bits, cfg.seed + epoch)
             widths = result.bits
         else:
+            width, ran_s = ran
+            if width:  # the first cycle's uniform plan: priced here, by this cycle's model
+                ran_s = self.cost_kind.uniform_time(
+                    channels, dim, self.link_model, self.host_model, width
+                )
+            window = self.measured.window_s(str(key), ran_s, calibration)
             result, widths = solve_exchange(
                 self.cost_kind,
                 channels,
@@ -313,20 +351,27 @@ class BitWidthPlanner:
                 self.link_model,
                 self.host_model,
                 bits=cfg.allowed_bits,
+                reference_bits=cfg.bits,
                 group_size=cfg.group_size,
-                lam=cfg.lam,
+                budget=cfg.lam,
+                window_s=window,
                 method=cfg.solver,
                 time_limit_s=time_limit_s,
             )
+            self.windows.setdefault(epoch, {})[str(key)] = window
         self.last_status[str(key)] = result.status
         if math.isfinite(result.time_s):
             predicted = self.solutions.setdefault(epoch, {}).setdefault("predicted_s", {})
             predicted[str(key)] = result.time_s
         logger.info(
-            "epoch %d %s: avg %.2f bits (%s, %s, %.3fs)",
+            "epoch %d %s: avg %.2f bits, %.1f ms predicted, %.1f ms exposed beyond a %.1f ms "
+            "window (%s, %s, %.3fs)",
             epoch,
             key,
             result.avg_bits,
+            1e3 * result.time_s,
+            1e3 * result.exposed_s,
+            1e3 * self.windows.get(epoch, {}).get(str(key), 0.0),
             result.method,
             result.status,
             result.solve_time_s,

@@ -13,11 +13,13 @@ plans that ran teach the next re-solve.
   (:func:`~adaqp.assign.calibrate.fit_calibration`; one scale, a fixed cost per exchange
   ``t``) and states the new plans' times through it. An affine map with fixed costs
   changes no choice between plans; it turns the model's figures into seconds that can be
-  checked.
+  checked. The same class estimates each exchange's overlap window (:meth:`MeasuredExchanges.
+  window_s`), which the solver's objective needs: only the time beyond it is exposed.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -51,38 +53,63 @@ def solves_before(epoch: int, config: QuantConfig) -> int | None:
 
 class MeasuredExchanges:
     """Rank 0, where a cost model plans: the exchanges measured under the plans that ran,
-    and the calibration fitted to them (module docstring)."""
+    the calibration fitted to them, and the overlap windows they show (module docstring)."""
 
     def __init__(self) -> None:
         self.measured: dict[str, list[float]] = {}
         """Measured exchange seconds by tag, one per epoch since the last re-solve."""
+        self.waits: dict[str, list[float]] = {}
+        """Seconds the ranks were held up by each exchange (launch and wait, the part the
+        overlap did not hide; mean over ranks), one per epoch since the last re-solve."""
         self.ran: list[tuple[dict[str, float], dict[str, float]]] = []
         """``(predicted, measured median)`` seconds by tag of the last plans that ran,
         oldest first (at most ``CALIBRATION_PLANS``)."""
 
-    def record(self, exchange_s_by_tag: dict[str, float]) -> None:
-        """One epoch's measured exchange times (the same on every rank)."""
+    def record(self, exchange_s_by_tag: dict[str, float], wait_s_by_tag: dict[str, float]) -> None:
+        """One epoch's measured exchange times and waits (the same on every rank)."""
         for tag, seconds in exchange_s_by_tag.items():
             self.measured.setdefault(tag, []).append(seconds)
+        for tag, seconds in wait_s_by_tag.items():
+            self.waits.setdefault(tag, []).append(seconds)
 
     def restart(self) -> None:
         """A re-solve has used this cycle's measurements: the next cycle starts empty."""
-        self.measured = {}
+        self.measured, self.waits = {}, {}
 
-    def calibrate(self, solution: dict, before: dict[str, float]) -> None:
+    def fit(self, before: dict[str, float]) -> dict | None:
         """Adds the plans that ran since the last re-solve (``before``: their predicted
-        seconds by tag) to the calibration's history, refits it, and states this
-        re-solve's plans (``solution["predicted_s"]``) through it, into ``solution``."""
+        seconds by tag) to the calibration's history and refits it; None without history."""
         measured = {t: float(np.median(self.measured[t])) for t in before if self.measured.get(t)}
         if measured:
             self.ran.append((before, measured))
             del self.ran[:-CALIBRATION_PLANS]
-        if not self.ran:
+        return fit_calibration(self.ran) if self.ran else None
+
+    @staticmethod
+    def state(solution: dict, calibration: dict | None) -> None:
+        """States this re-solve's plans (``solution["predicted_s"]``) through
+        ``calibration``, into ``solution``."""
+        if calibration is None:
             return
-        calibration = fit_calibration(self.ran)
         fixed, scale = calibration["fixed_s_by_tag"], calibration["scale"]
         solution["calibration"] = calibration
         solution["calibrated_s"] = {
             t: fixed.get(t, calibration["fixed_s"]) + scale * s
             for t, s in solution.get("predicted_s", {}).items()
         }
+
+    def window_s(self, tag: str, ran_s: float | None, calibration: dict | None) -> float:
+        """The overlap window of exchange ``tag`` in the cost model's seconds, from the
+        plan that ran (``ran_s``: its predicted seconds) and this cycle's waits.
+
+        The model predicts ``ran_s``; the ranks waited ``wait`` (the median over the
+        cycle, in the model's seconds through the calibration's scale) of it, so the
+        window hid ``ran_s - wait``: exact where the exchange was exposed (``wait > 0``),
+        a lower bound where it was hidden whole (a longer window would show no more). A
+        lower bound errs on the safe side: time beyond it counts as exposed. 0 where
+        nothing is known (no plan's prediction, no wait measured, as after a resume)."""
+        waits = self.waits.get(tag)
+        if ran_s is None or not waits or not math.isfinite(ran_s):
+            return 0.0
+        scale = calibration["scale"] if calibration and calibration["scale"] > 0 else 1.0
+        return max(0.0, ran_s - float(np.median(waits)) / scale)

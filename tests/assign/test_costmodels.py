@@ -68,27 +68,27 @@ def test_host_evaluate_matches_hand_computation():
     # host 0: out 37 / 100 = 0.37, in 9 / 200; rank 0: quantize 4 * (0.01 + 0.03) + dequantize
     # 4 * 0.002 = 0.168; rank 1: copy 26 / 100 + quantize 4 * 0.02 + dequantize 4 * 0.001 =
     # 0.344. host 1: out 9 / 50 = 0.18, in 37 / 25 = 1.48; rank 2: 4 * 0.01 + 4 * 0.005 = 0.06.
-    _, var, t = evaluate_assignment(channels, 4, widths, model([200.0, 25.0]), bits=(2, 4, 8, 32))
+    _, var, t = evaluate_assignment(channels, 4, widths, model([200.0, 25.0]))
     assert t == pytest.approx(0.5 + 1.48 + 0.06)
     f2, f4, f8 = 1 / 9, 1 / 225, 1 / 255**2
     assert var == pytest.approx(1.0 * f2 + 2.0 * f8 + 4.0 * f4 + 6.0 * f2)
     # A fast receive NIC on host 1 leaves host 0, and its copying rank 1, as the bottleneck.
-    _, _, t = evaluate_assignment(channels, 4, widths, model([200.0, 1000.0]), bits=(2, 4, 8, 32))
+    _, _, t = evaluate_assignment(channels, 4, widths, model([200.0, 1000.0]))
     assert t == pytest.approx(0.5 + 0.37 + 0.344)
     # Nothing to send costs nothing, not even the latency.
     empty = [Channel(0, 2, np.zeros(0))]
     assert evaluate_assignment(empty, 4, [np.zeros(0)], model([1.0, 1.0]))[2] == 0.0
     # The assignment reports the same time.
-    res = uniform_assignment(channels, 4, 32, link_model=model([200.0, 25.0]), bits=(2, 32))
+    res = uniform_assignment(channels, 4, 32, link_model=model([200.0, 25.0]))
     assert res.time_s == pytest.approx(0.5 + 48 / 25)  # 3 rows of 16 bytes into host 1
     # A fabric carries the 37 + 9 bytes between hosts, not the 26 copied within host 0, after
     # the slowest rank's work (rank 1, 0.344 s): at 20 B/s 2.3 + 0.344 s, longer than every
     # host (1.48 + 0.06 s); at 40 B/s 1.15 + 0.344 s, shorter.
     slow_fabric = dataclasses.replace(model([200.0, 25.0]), fabric_Bps=20.0)
-    _, _, t = evaluate_assignment(channels, 4, widths, slow_fabric, bits=(2, 4, 8, 32))
+    _, _, t = evaluate_assignment(channels, 4, widths, slow_fabric)
     assert t == pytest.approx(0.5 + 46 / 20 + 0.344)
     fast_fabric = dataclasses.replace(model([200.0, 25.0]), fabric_Bps=40.0)
-    _, _, t = evaluate_assignment(channels, 4, widths, fast_fabric, bits=(2, 4, 8, 32))
+    _, _, t = evaluate_assignment(channels, 4, widths, fast_fabric)
     assert t == pytest.approx(0.5 + 1.48 + 0.06)
 
 
@@ -141,10 +141,12 @@ def test_host_model_validation():
     assert HostModel(**ok, fabric_Bps=2).fabric_Bps == 2.0
     channels = [Channel(0, 1, np.ones(3))]
     with pytest.raises(ValueError, match="no entry for widths"):
-        solve_assignment(channels, 8, model, bits=(2, 4))  # no cost for 4 bits
+        solve_assignment(channels, 8, model, bits=(2, 4), reference_bits=2)  # no cost for 4 bits
     with pytest.raises(ValueError, match="outside"):
-        solve_assignment([Channel(0, 2, np.ones(3))], 8, model, bits=(2,))
+        solve_assignment([Channel(0, 2, np.ones(3))], 8, model, bits=(2,), reference_bits=2)
     with pytest.raises(ValueError, match="HostModel"):
-        solve_assignment(channels, 8, LinkModel.uniform(2, 1e-5, 1e9), bits=(2, 32))
+        solve_assignment(
+            channels, 8, LinkModel.uniform(2, 1e-5, 1e9), bits=(2, 32), reference_bits=2
+        )
     with pytest.raises(TypeError):
-        solve_assignment(channels, 8, None)
+        solve_assignment(channels, 8, None, reference_bits=2)

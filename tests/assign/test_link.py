@@ -20,18 +20,19 @@ from adaqp.assign import (
     LinkModel,
     evaluate_assignment,
     solve_assignment,
+    uniform_assignment,
 )
 from adaqp.quant import packed_row_bytes
-from tests.assign.helpers import _expand, _random_instance
+from tests.assign.helpers import _expand, _gap, _lex_optima, _objective_kw, _random_instance
 
 logger = logging.getLogger(__name__)
 
 
-def _reference(channels, dim, lm, bits, group_size, lam):
-    """Objective of every combination of group widths, by direct enumeration.
+def _reference(channels, dim, lm, bits, group_size):
+    """Variance and time of every combination of group widths, by direct enumeration.
 
     Returns:
-        ``(objectives [N], combos [N, G] width indices, groups [(channel, message indices)])``.
+        ``(V [N], T [N], combos [N, G] width indices, groups [(channel, message indices)])``.
     """
     bits = np.array(sorted(bits))
     groups = []
@@ -57,30 +58,25 @@ def _reference(channels, dim, lm, bits, group_size, lam):
         return v, t
 
     v, t = cost(combos)
-    (v_max,), (t_min,) = cost(np.zeros((1, len(groups)), int))
-    (v_min,), (t_max,) = cost(np.full((1, len(groups)), bits.size - 1))
-    obj = lam * (v - v_min) / (v_max - v_min) if v_max > v_min else np.zeros_like(v)
-    if t_max > t_min:
-        obj = obj + (1 - lam) * (t - t_min) / (t_max - t_min)
-    return obj, combos, groups
+    return v, t, combos, groups
 
 
 @pytest.mark.parametrize("seed", range(36))
 def test_milp_and_brute_match_reference(seed):
     rng = np.random.default_rng(seed)
     bits = [(2, 4, 8), (1, 2, 4, 8)][seed % 2]
-    lam = [0.1, 0.3, 0.5, 0.7, 0.9, 0.97][seed % 6]
     group_size = int(rng.integers(1, 4))
     max_groups = 9 if len(bits) == 3 else 7  # keeps the enumeration to <= 20k combinations
     num_channels = int(rng.integers(2, 4))
     channels, lm, dim = _random_instance(rng, num_channels, group_size * 3)
     while sum(-(-c.num_messages // group_size) for c in channels) > max_groups:
         channels, lm, dim = _random_instance(rng, num_channels, group_size * 3)
-    obj, combos, groups = _reference(channels, dim, lm, bits, group_size, lam)
-    best = obj.min()
-    unique = np.sum(obj <= best + 1e-9) == 1
-    expected = _expand(channels, bits, combos[np.argmin(obj)], groups)
-    kw = dict(bits=bits, group_size=group_size, lam=lam)
+    kw, v_budget, t_scale = _objective_kw(channels, dim, lm, bits, seed // 2)
+    v, t, combos, groups = _reference(channels, dim, lm, bits, group_size)
+    optima = _lex_optima(v, t, v_budget, kw["window_s"], t_scale)
+    best = int(np.argmax(optima))
+    expected = _expand(channels, bits, combos[best], groups)
+    kw["group_size"] = group_size
     results = [
         solve_assignment(channels, dim, lm, method="brute", **kw),
         solve_assignment(channels, dim, lm, method="milp", polish=False, **kw),
@@ -88,12 +84,15 @@ def test_milp_and_brute_match_reference(seed):
     ]
     for res in results:
         assert res.status == "optimal"
-        assert res.objective == pytest.approx(best, abs=1e-9)
-        if unique:
+        assert res.exposed_s == pytest.approx(
+            max(t[best] - kw["window_s"], 0.0), abs=1e-5 * t_scale
+        )
+        assert res.variance == pytest.approx(v[best], abs=1e-5 * v_budget)  # the tolerance
+        if optima.sum() == 1:
             assert all(map(np.array_equal, res.bits, expected))
     # The greedy is a heuristic, but never better than the optimum.
     greedy = solve_assignment(channels, dim, lm, method="greedy", **kw)
-    assert greedy.objective >= best - 1e-9
+    assert _gap(greedy, results[0], v_budget, t_scale) >= -1e-5
 
 
 def test_reference_has_unique_optima_often():
@@ -102,8 +101,9 @@ def test_reference_has_unique_optima_often():
     for seed in range(10):
         rng = np.random.default_rng(seed)
         channels, lm, dim = _random_instance(rng, 2, 3)
-        obj, _, _ = _reference(channels, dim, lm, (2, 4, 8), 1, 0.5)
-        unique += int(np.sum(obj <= obj.min() + 1e-9) == 1)
+        kw, v_budget, t_scale = _objective_kw(channels, dim, lm, (2, 4, 8), seed)
+        v, t, _, _ = _reference(channels, dim, lm, (2, 4, 8), 1)
+        unique += int(_lex_optima(v, t, v_budget, kw["window_s"], t_scale).sum() == 1)
     assert unique >= 7
 
 
@@ -114,41 +114,56 @@ def _mid_instances():
             rng, int(rng.integers(3, 12)), 800, num_ranks=4, dim=int(rng.choice([16, 64, 128]))
         )
         bits = [(2, 4, 8), (1, 2, 4, 8)][i % 2]
-        yield channels, lm, dim, bits, float(rng.uniform(0.1, 0.9)), [10, 40][i // 2 % 2]
+        kw, v_budget, t_scale = _objective_kw(channels, dim, lm, bits, rng)
+        kw["group_size"] = [10, 40][i // 2 % 2]
+        yield channels, lm, dim, kw, v_budget, t_scale
+
+
+LINK_GREEDY_GAP = 2e-3
+"""Stated worst gap (``helpers._gap``: relative exposed time, else relative variance) of
+the polished greedy to the MILP on the mid-sized instances; measured at most 8.7e-4 (a
+variance 0.09% above the optimum's), 10 of 12 instances without a gap."""
 
 
 def test_greedy_gap_to_milp_is_small():
     gaps = []
-    for channels, lm, dim, bits, lam, group_size in _mid_instances():
-        kw = dict(bits=bits, group_size=group_size, lam=lam)
+    for channels, lm, dim, kw, v_budget, t_scale in _mid_instances():
         exact = solve_assignment(channels, dim, lm, method="milp", polish=False, **kw)
         greedy = solve_assignment(channels, dim, lm, method="greedy", **kw)
         assert exact.status == "optimal"
         # The raw MILP alone (no local polish) must be at least as good as the heuristic.
-        assert greedy.objective >= exact.objective - 1e-9
-        gaps.append(greedy.objective - exact.objective)
-    logger.info("greedy - milp objective gaps: %s", gaps)
-    assert max(gaps) < 5e-4
+        gaps.append(_gap(greedy, exact, v_budget, t_scale))
+    logger.info("greedy - milp gaps: %s", gaps)
+    assert min(gaps) >= -1e-5 and max(gaps) < LINK_GREEDY_GAP
+
+
+def _terms(channels, dim, lm, widths, kw, v_budget):
+    exposed, var, _ = evaluate_assignment(channels, dim, widths, lm, window_s=kw["window_s"])
+    return max(var - v_budget, 0.0), exposed, var
 
 
 def test_greedy_is_locally_optimal():
-    # Instance 1 is one where the raw cap-and-fill greedy is not optimal; after polishing, no
-    # single group can change width and lower the objective.
-    channels, lm, dim, bits, lam, group_size = list(_mid_instances())[1]
-    res = solve_assignment(
-        channels, dim, lm, bits=bits, group_size=group_size, lam=lam, method="greedy"
-    )
+    # After polishing, no single group can change width and improve the objective.
+    channels, lm, dim, kw, v_budget, t_scale = list(_mid_instances())[1]
+    res = solve_assignment(channels, dim, lm, method="greedy", **kw)
+    here = _terms(channels, dim, lm, res.bits, kw, v_budget)
+    group_size = kw["group_size"]
     for ci, ch in enumerate(channels):
         order = np.argsort(-ch.weights, kind="stable")
         for start in range(0, ch.num_messages, group_size):
             idx = order[start : start + group_size]
-            for b in bits:
+            for b in kw["bits"]:
                 if b == res.bits[ci][idx[0]]:
                     continue
                 trial = [x.copy() for x in res.bits]
                 trial[ci][idx] = b
-                obj, _, _ = evaluate_assignment(channels, dim, trial, lm, bits=bits, lam=lam)
-                assert obj >= res.objective - 1e-12
+                there = _terms(channels, dim, lm, trial, kw, v_budget)
+                tol = (1e-5 * v_budget, 1e-5 * t_scale, 1e-5 * v_budget)  # the solver's
+                better = next(
+                    (a < h - e for a, h, e in zip(there, here, tol, strict=True) if abs(a - h) > e),
+                    False,
+                )
+                assert not better
 
 
 def test_time_limit_is_respected():
@@ -156,21 +171,28 @@ def test_time_limit_is_respected():
     pairs = [(p, q) for p in range(4) for q in range(4) if p != q][:10]
     channels = [Channel(p, q, rng.gamma(0.5, 1.0, 10_000)) for p, q in pairs]
     lm = LinkModel(rng.uniform(1e-5, 1e-4, (4, 4)), rng.uniform(1e8, 1e9, (4, 4)))
-    kw = dict(group_size=5, lam=0.5)  # 20k groups: far beyond what HiGHS proves in 0.1 s
+    kw = dict(group_size=5, reference_bits=2)  # 20k groups: far beyond HiGHS in 0.1 s
     start = time.perf_counter()
     res = solve_assignment(channels, 64, lm, time_limit_s=0.1, **kw)
     wall = time.perf_counter() - start
     assert wall < 0.1 + 1.5 and res.solve_time_s <= wall
     assert res.status.startswith("time_limit") or res.status == "optimal"
     greedy = solve_assignment(channels, 64, lm, method="greedy", **kw)
-    assert res.objective <= greedy.objective + 1e-12
+    assert (res.exposed_s, res.variance) <= (greedy.exposed_s, greedy.variance * (1 + 1e-5))
     assert all(set(np.unique(b)) <= {2, 4, 8} for b in res.bits)
 
 
 def test_brute_refuses_large_searches():
     channels = [Channel(0, 1, np.ones(30))]
     with pytest.raises(ValueError, match="brute force"):
-        solve_assignment(channels, 8, LinkModel.uniform(2, 1e-5, 1e9), group_size=1, method="brute")
+        solve_assignment(
+            channels,
+            8,
+            LinkModel.uniform(2, 1e-5, 1e9),
+            reference_bits=2,
+            group_size=1,
+            method="brute",
+        )
 
 
 def test_twelve_channels_solve_quickly():
@@ -178,7 +200,9 @@ def test_twelve_channels_solve_quickly():
     pairs = [(p, q) for p in range(4) for q in range(4) if p != q]
     channels = [Channel(p, q, rng.gamma(0.5, 1.0, 2000)) for p, q in pairs]
     lm = LinkModel(rng.uniform(1e-5, 1e-4, (4, 4)), rng.uniform(1e8, 1e9, (4, 4)))
-    res = solve_assignment(channels, 128, lm, group_size=100, lam=0.5, time_limit_s=5.0)
+    window = 1.5 * uniform_assignment(channels, 128, 2, link_model=lm).time_s
+    kw = dict(reference_bits=2, window_s=window, group_size=100, time_limit_s=5.0)
+    res = solve_assignment(channels, 128, lm, **kw)
     logger.info("12 x 2000 messages, group 100: %s in %.3f s", res.status, res.solve_time_s)
     assert res.status == "optimal" and res.solve_time_s < 5.0
     assert 2 < res.avg_bits < 8

@@ -199,7 +199,7 @@ class _Planner:
     def plan(self, key, out_rows, in_rows, dim):
         return None
 
-    def end_epoch(self, epoch, exchange_s_by_tag=None):
+    def end_epoch(self, epoch, exchange_s_by_tag=None, wait_s_by_tag=None):
         return 0.0
 
 

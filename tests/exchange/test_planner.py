@@ -7,9 +7,11 @@ import json
 import numpy as np
 import pytest
 
+from adaqp.assign import cost_model_kind
 from adaqp.config import ConfigError, QuantConfig, load_config
 from adaqp.data import load_dataset
 from adaqp.exchange import planner as planner_module
+from adaqp.exchange.transport import ExchangeKey
 from adaqp.graph.local import LocalGraph
 from adaqp.partitioning.build import make_partition
 from adaqp.partitioning.format import load_part, read_metadata
@@ -103,16 +105,53 @@ def cora():
 
 
 @pytest.mark.distributed
-def test_allowed_widths_without_the_initial_width_still_train(cora, tmp_path):
-    """The first cycle runs at ``initial_bits`` (8) under the host model even where the
-    allowed widths leave 8 out: its (de)quantization is profiled too (it once failed at
-    epoch 1: "quant_s_per_value has no entry for widths [8]")."""
+def test_allowed_widths_without_the_uniform_width_still_train(cora, tmp_path):
+    """The first cycle runs at the uniform width (GCN's 1 bit) under the host model even
+    where the allowed widths leave it out: its (de)quantization is profiled too (it once
+    failed at epoch 1, at ``initial_bits`` 8 then: "quant_s_per_value has no entry for
+    widths [8]"), and the solver keeps it among its widths (the reference plan)."""
     parts = tmp_path / "parts"
     make_partition(cora, parts, num_parts=2, spec=load_config(None, []).data.spec())
-    results = run_workers(_plan_worker, 2, tmp_path, str(parts), "adaptive/host/1,2")
+    results = run_workers(_plan_worker, 2, tmp_path, str(parts), "adaptive/host/2,4")
     for r in results:
         widths = {int(b) for k, v in r.items() if k.endswith("/out") for b in np.unique(v)}
-        assert widths and widths <= {1, 2, 32}, widths
+        assert widths and widths <= {1, 2, 4, 32}, widths
+
+
+def _planner_of(overrides: list[str]) -> planner_module.BitWidthPlanner:
+    """A planner with only its configuration and cost model: enough for its first width."""
+    planner = planner_module.BitWidthPlanner.__new__(planner_module.BitWidthPlanner)
+    planner.config = load_config(None, ["comm.mode=adaqp", *overrides]).quant
+    planner.cost_kind = cost_model_kind(planner.config)
+    return planner
+
+
+def test_the_first_cycle_traces_at_the_uniform_width():
+    """The first cycle's trace reads the rows before quantization, so a wider first cycle
+    buys the solver nothing: it runs at the width the uniform scheme would send (8 bits
+    before, 2.5 times the 1-bit epochs' time on the README cluster)."""
+    key = ExchangeKey.forward(1)
+    adaptive = ["quant.scheme=adaptive", "quant.cost_model=shared"]
+    assert _planner_of(adaptive)._first_width(key, 64) == 1  # GCN's uniform width
+    assert _planner_of([*adaptive, "model.name=sage"])._first_width(key, 64) == 2
+    assert _planner_of([*adaptive, "quant.bits=4"])._first_width(key, 64) == 4
+    assert _planner_of([*adaptive, "quant.initial_bits=8"])._first_width(key, 64) == 8
+
+
+def test_the_window_is_what_the_wait_leaves_of_the_plan_that_ran():
+    measured = planner_module.MeasuredExchanges()
+    for wait in (0.004, 0.003, 0.005):  # the median, 4 ms, of a 10 ms exchange
+        measured.record({"layer1/forward": 0.010}, {"layer1/forward": wait, "layer2/forward": 0.0})
+    assert measured.window_s("layer1/forward", 0.010, None) == pytest.approx(0.006)
+    # Through the calibration: measured seconds are twice the model's.
+    calibration = {"scale": 2.0, "fixed_s": 0.0, "fixed_s_by_tag": {}}
+    assert measured.window_s("layer1/forward", 0.010, calibration) == pytest.approx(0.008)
+    # Hidden whole: the plan's time is a lower bound. Nothing known: no window.
+    assert measured.window_s("layer2/forward", 0.010, None) == 0.010
+    assert measured.window_s("layer1/forward", None, None) == 0.0
+    assert measured.window_s("layer3/forward", 0.010, None) == 0.0
+    measured.restart()
+    assert measured.window_s("layer1/forward", 0.010, None) == 0.0
 
 
 @pytest.mark.distributed
