@@ -420,4 +420,15 @@ def main(args: argparse.Namespace) -> int:
         TARGET_DROPOUT_SPEEDUP,
         out,
     )
+    # The ratios depend on the run's conditions, not only on the code: contention for memory
+    # slows the compiled side (its decode is bound by memory writes) more than the torch path.
+    load = report["load_average_1min"]
+    logger.info(
+        "conditions: a copy of the rows %.2f ns per value, load average %.1f-%.1f on %d cores "
+        "(a loaded machine lowers kernel_speedup_by_bits, most at 8 bits: docs/kernels.md)",
+        report["memory_bandwidth"]["copy_ns_per_value"],
+        load[0],
+        load[1],
+        report["cpu_count"],
+    )
     return 0
