@@ -83,11 +83,13 @@ def _read_run(run_dir: Path) -> dict[str, Any]:
         cluster = json.loads((run_dir / "logs" / "cluster.json").read_text())
     except (OSError, ValueError):
         cluster = {}
-    # Time to accuracy counts training steps only: evaluation (full precision in every
-    # mode) is a measuring cost that would blur the comparison.
+    # Time to accuracy counts training steps and the bit-width solves between them (the
+    # ranks wait for a re-solve before the next epoch; a uniform width never pays one;
+    # ``assign_time_s`` is its name in older metrics), not evaluation (full precision in
+    # every mode), a measuring cost that would blur the comparison.
     elapsed = 0.0
     for e in epochs:
-        elapsed += e["epoch_time_s"]
+        elapsed += e["epoch_time_s"] + e.get("solver_time_s", e.get("assign_time_s", 0.0))
         e["train_time_s"] = elapsed
     return {"summary": summary, "epochs": epochs, "cluster": cluster}
 

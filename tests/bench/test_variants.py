@@ -3,6 +3,7 @@ promises), and the tables that show them."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -209,3 +210,17 @@ def test_modes_table_shows_nocomm_accuracy_and_no_byte_ratio():
         f"| nocomm | 0.6543 ± 0.0000 ({NOCOMM_ACC_NOTE}) | 0.000 | - |"
     )
     assert rows["| uniform-4"].startswith("| uniform-4 | 0.7488 ± 0.0000 | 1.000 | 1/8.0 |")
+
+
+def test_time_to_accuracy_counts_the_solves_between_epochs(tmp_path):
+    """The ranks wait for a re-solve before the next epoch: the adaptive scheme's solves
+    count in its time to accuracy (a uniform width has none)."""
+    (tmp_path / "summary.json").write_text(json.dumps({"test_acc": 0.7}))
+    epochs = [
+        {"epoch": 1, "epoch_time_s": 1.0, "solver_time_s": 0.0},
+        {"epoch": 2, "epoch_time_s": 1.0, "solver_time_s": 0.5},
+        {"epoch": 3, "epoch_time_s": 1.0, "assign_time_s": 0.25},  # the older name
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in epochs))
+    run = cluster._read_run(tmp_path)
+    assert [e["train_time_s"] for e in run["epochs"]] == [1.0, 2.5, 3.75]
