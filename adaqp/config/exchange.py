@@ -137,9 +137,9 @@ class QuantConfig:
     time_limit_s: float = 1.0
     """Benchmark-only. Time limit of one exchange's MILP solve, below its share of
     ``resolve_budget_s`` (which bounds the re-solve a run waits for); at the limit the
-    better of HiGHS's incumbent and the greedy is kept (within 1e-3 of the optimal
-    objective in the tests). The host model's solves of planner-sized exchanges often
-    reach any limit."""
+    better of HiGHS's incumbent and the greedy is kept (within 1.2e-2 of the optimum in
+    the tests: docs/cost-models.md#bounding-the-re-solve). The host model's solves of
+    planner-sized exchanges often reach any limit."""
     profile_every: int = 0
     """Benchmark-only. Adaptive scheme: profile the links (and, for the host model, the
     (de)quantization cost) again before every this many re-solves; 0 profiles once, at
