@@ -102,6 +102,16 @@ class CostModelKind:
         return self.by_host
 
     @property
+    def measures_window(self) -> bool:
+        """Whether the planner measures each exchange's overlap window (from the waits
+        under the plan that ran) for the objective. Only the host model does: a window
+        measured from waits follows the run's timing, so plans under it need not repeat
+        bit for bit; the benchmark-only models plan with no window (every second of ``T``
+        exposed), and runs under them repeat exactly (the tests of the quantized path use
+        ``shared`` for that)."""
+        return self.by_host
+
+    @property
     def solvers(self) -> Solvers:
         """The solvers of the model object this kind solves with."""
         return HOST_SOLVERS if self.by_host else LINK_SOLVERS

@@ -343,7 +343,11 @@ class BitWidthPlanner:
                 ran_s = self.cost_kind.uniform_time(
                     channels, dim, self.link_model, self.host_model, width
                 )
-            window = self.measured.window_s(str(key), ran_s, calibration)
+            window = (
+                self.measured.window_s(str(key), ran_s, calibration)
+                if self.cost_kind.measures_window
+                else 0.0
+            )
             result, widths = solve_exchange(
                 self.cost_kind,
                 channels,
