@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from adaqp.deps import require
+from adaqp.handoff import CALLER_CWD_ENV, COMMAND_ENV, STATUS_DIR_ENV
 
 PROG = "python -m adaqp.train"
 
@@ -50,13 +51,6 @@ MODE_HELP = {
     "nocomm": "benchmark only: skips the exchange (accuracy not meaningful)",
 }
 EXIT_CODES = "exit codes: 0 success, 1 a failed run, 2 a usage or config error, 130 interrupted"
-STATUS_DIR_ENV = "ADAQP_STATUS_DIR"
-"""Set by the launcher: each rank writes its exit code to ``rank-<RANK>.code`` there."""
-COMMAND_ENV = "ADAQP_COMMAND"
-"""Set by the launcher: the command as the user typed it (for the ``--resume`` hint)."""
-CALLER_CWD_ENV = "ADAQP_CALLER_CWD"
-"""Set by launch/train.sh: the folder the user typed the command in (the script itself
-runs from the checkout); the launcher resolves the command line's paths against it."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -246,9 +246,10 @@ def test_help_lists_every_option_and_answers_without_torch():
 
 
 def test_the_launcher_imports_only_the_standard_library():
-    """And adaqp.deps (which says what is missing where torch is) and adaqp.cores (the
-    workers' share of the cores), themselves stdlib only."""
-    stdlib_only = ("adaqp.deps", "adaqp.cores")
+    """And adaqp.deps (which says what is missing where torch is), adaqp.cores (the
+    workers' share of the cores) and adaqp.handoff (the variables it sets for the
+    workers), themselves stdlib only."""
+    stdlib_only = ("adaqp.deps", "adaqp.cores", "adaqp.handoff")
     for path in [
         *(ROOT / "adaqp" / "launcher").glob("*.py"),
         *(ROOT / "adaqp" / f"{name.partition('.')[2]}.py" for name in stdlib_only),

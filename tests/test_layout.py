@@ -34,6 +34,7 @@ LAYERS = [
     "adaqp.cores",
     "adaqp.typed_toml",
     "adaqp.bits",
+    "adaqp.handoff",
     "adaqp.deps",
 ]
 

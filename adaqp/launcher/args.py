@@ -7,6 +7,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from adaqp.handoff import CALLER_CWD_ENV
+
 DEFAULT_CONFIG = "configs/cora-gcn.toml"
 # adaqp.config's modes (this module imports no torch).
 MODES = ("vanilla", "adaqp-q", "adaqp-p", "adaqp", "adaqp-s", "onebit", "nocomm")
@@ -24,8 +26,6 @@ ALIASES = {"--nproc-per-node": "--nproc"}
 TRAIN_VALUE_FLAGS = {"--mode", "--epochs", "--seed", "--out", "--set"}
 PATH_KEYS = ("data.root", "data.path", "partition.dir", "checkpoint.dir", "metrics.out")
 """Config keys that name a file or folder: given with --set, relative to the user's folder."""
-CALLER_CWD_ENV = "ADAQP_CALLER_CWD"
-"""Set by launch/train.sh, which runs from the checkout: the folder the user typed in."""
 
 HELP = """\
 usage: {prog} [CONFIG] [options] [train flags...]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from adaqp.cores import usable_cores
 from adaqp.deps import refusal
+from adaqp.handoff import COMMAND_ENV, STATUS_DIR_ENV
 from adaqp.launcher.args import Launch
 from adaqp.launcher.output import (
     OutputFilter,
@@ -121,7 +122,7 @@ def launch(spec: Launch, command: str) -> int:
         # banner on every run; the launcher sets the workers' share itself (comm.threads
         # still wins over it).
         env["OMP_NUM_THREADS"] = str(worker_threads(spec.nproc))
-    env.update(ADAQP_STATUS_DIR=str(status_dir), ADAQP_COMMAND=command)
+    env.update({STATUS_DIR_ENV: str(status_dir), COMMAND_ENV: command})
     stopping: list[float] = []  # when the first stop signal came
     proc: subprocess.Popen | None = None
     stream: Stream | None = None
