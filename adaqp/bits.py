@@ -27,6 +27,8 @@ def uniform_bits(model: str) -> int:
     (docs/bit-widths.md). 1 bit for GCN, first to Vanilla's accuracy on both benchmark
     clusters and no less accurate than 2 bits on them, Cora or CiteSeer; 2 for SAGE,
     whose accuracy at 1 bit trailed 2 bits' on every seed of the cluster workload (within
-    the spread on Cora); 4 for GAT, which lost 3.7 points at 2-3 bits where 4 bits kept
-    Vanilla's accuracy (docs/gat.md)."""
+    the spread on Cora); 4 for GAT, where the solver's mixed widths (2.83 bits on average)
+    lost 3.7 points on the cluster workload and uniform 4 bits kept Vanilla's accuracy on
+    one seed (uniform 1 and 2 bits were not run there; on Cora every width is within 0.2
+    points of Vanilla: docs/gat.md)."""
     return {"gcn": 1, "sage": 2, "gat": 4}[model]

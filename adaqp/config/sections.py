@@ -164,7 +164,9 @@ class CheckpointConfig:
     keep: int = 2
     """Complete checkpoints kept; older ones are removed once a newer one is complete."""
     dir: str = ""
-    """Checkpoint directory; empty means <out>/checkpoints."""
+    """Checkpoint directory; empty means <out>/checkpoints. Set, each run keeps its own
+    checkpoints in <dir>/<out's folder name>/, marked by an owner.json, so runs sharing it
+    never read or remove each other's (adaqp/run/ckptdir.py)."""
 
     def __post_init__(self) -> None:
         check(self.every >= 0, "checkpoint.every", f"must be non-negative, got {self.every}")
