@@ -60,7 +60,8 @@ class EpochRecord:
     solver_time_s: float = 0.0
     """Bit-width re-assignment after this epoch (tracing exchange + solver), 0 if none."""
     wall_time_s: float = 0.0
-    """Seconds since training started, at the end of this epoch's step."""
+    """Seconds since training started, at the end of this epoch's step and of the
+    bit-width re-solve after it (the next epoch waits for it), before its evaluation."""
     staleness_by_tag: dict[str, dict[str, int]] = field(default_factory=dict)
     """Per exchange: how many times halo rows (or gradients) s epochs old were used (in
     onebit and adaqp-s every training read, the synchronous ones at age 0; empty in the

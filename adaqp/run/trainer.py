@@ -354,9 +354,7 @@ class Trainer:
                 epoch_time = time.perf_counter() - t0
                 counters.cpu_time_s = time.process_time() - cpu0
                 reduced = self._reduce(counters)
-                record = EpochRecord.from_counters(
-                    epoch, loss, epoch_time, reduced, wall_time_s=time.perf_counter() - started
-                )
+                record = EpochRecord.from_counters(epoch, loss, epoch_time, reduced)
                 if not math.isfinite(loss) and cfg.train.stop_on_nonfinite:
                     raise TrainingError(
                         f"rank {self.world.rank}: training loss is {loss} at epoch {epoch}; "
@@ -370,6 +368,7 @@ class Trainer:
                         wait_s_by_tag=reduced.comm_wait_by_tag,
                         epoch_s=epoch_time,
                     )
+                record.wall_time_s = time.perf_counter() - started  # the re-solve included
                 every = cfg.train.eval_every
                 if (every and epoch % every == 0) or epoch == cfg.train.epochs:
                     self._at(f"epoch {epoch} evaluation")

@@ -256,7 +256,7 @@ class _FakeCluster:
 
     failing: set[str] = set()
 
-    def __init__(self, hosts, links):
+    def __init__(self, hosts, links, budgets=None, cgroups=None):
         self.launched: list[str] = []
 
     def __enter__(self):

@@ -430,3 +430,36 @@ def test_a_value_error_on_one_rank_is_reported_as_that_ranks(tmp_path):
     assert errors[1].startswith("TrainingError: rank 1: training step failed at epoch 2"), errors
     assert "NaN" in errors[1], errors
     assert not errors[0].startswith("TrainingError: rank 1"), errors
+
+
+def _wall_times(rank: int, world_size: int, init_method: str, part_dir: str):
+    """Each epoch's record, with a bit-width re-solve that takes 0.2 s after every epoch."""
+    import time
+    from types import SimpleNamespace
+
+    config = _config("gcn", part_dir, ("comm.mode=adaqp", *QUANTIZED, "train.epochs=3"))
+    records = []
+    with rank_trainer(config, init_method, rank, world_size, part_dir) as (trainer, _):
+        solve = trainer.policy.end_epoch
+
+        def slow_solve(*args, **kwargs) -> float:
+            solve(*args, **kwargs)
+            time.sleep(0.2)
+            return 0.2
+
+        trainer.policy.end_epoch = slow_solve
+        trainer.fit(SimpleNamespace(log_epoch=records.append))
+    return {
+        "wall": np.array([r.wall_time_s for r in records]),
+        "spent": np.cumsum([r.epoch_time_s + r.solver_time_s for r in records]),
+    }
+
+
+@pytest.mark.distributed
+def test_an_epochs_wall_time_includes_the_re_solve_after_it(cora, tmp_path):
+    """Time to accuracy reads ``wall_time_s``: the ranks wait for a re-solve before the next
+    epoch, so an epoch's wall time must count the one after it (it was read before)."""
+    part_dir = tmp_path / "parts"
+    make_partition(cora, part_dir, num_parts=2, spec=_config("gcn", str(part_dir)).data.spec())
+    for result in run_workers(_wall_times, 2, tmp_path, str(part_dir)):
+        assert (result["wall"] >= result["spent"]).all(), result
