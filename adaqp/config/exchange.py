@@ -90,8 +90,8 @@ class QuantConfig:
     that the solver's choice is measured against)."""
     bits: int = 0
     """Width of every message in the uniform scheme; 0: the model's default, the width
-    measured best for it (1 bit for gcn, 2 for sage, 4 for gat, which loses accuracy at
-    2-3 bits: adaqp/bits.py, uniform_bits)."""
+    measured best for it (1 bit for gcn, 2 for sage, 4 for gat: adaqp/bits.py,
+    uniform_bits, says what each rests on)."""
     initial_bits: int = 0
     """Width of the adaptive scheme's first cycle, while tracing; 0: ``bits`` (the run's
     uniform width), so that the first cycle costs what the uniform scheme costs (its trace

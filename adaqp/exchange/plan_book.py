@@ -58,10 +58,14 @@ class PlanBook:
         device: where plans live.
     """
 
-    def __init__(self, counts: dict[Direction, np.ndarray], rank: int, device):
+    def __init__(
+        self, counts: dict[Direction, np.ndarray], rank: int, device, kernels: str | None = None
+    ):
         self.counts = counts
         self.rank = rank
         self.device = device
+        self.kernels = kernels
+        """The quantizer's path (``quant.kernels``), which the traces take too."""
         self.plans: dict[ExchangeKey, BitPlan] = {}
         self.traces: dict[ExchangeKey, list] = {}
         """Per exchange: ``[sum of squared row ranges (float64 [S]), epochs traced, D]``."""
@@ -84,7 +88,7 @@ class PlanBook:
         one compiled pass, bit for bit ``amax - amin``)."""
         if rows_RD.shape[1] == 0:
             return
-        squared = squared_ranges(rows_RD).cpu()
+        squared = squared_ranges(rows_RD, self.kernels).cpu()
         entry = self.traces.get(key)
         if entry is None:
             self.traces[key] = [squared, 1, rows_RD.shape[1]]

@@ -108,7 +108,7 @@ class BitWidthPlanner:
             Direction.FORWARD: np.stack([g[0].numpy() for g in gathered]),
             Direction.BACKWARD: np.stack([g[1].numpy() for g in gathered]),
         }
-        self.book = PlanBook(self.counts, world.rank, self.device)
+        self.book = PlanBook(self.counts, world.rank, self.device, transport.kernels)
         """This rank's plans and traces (``adaqp.exchange.plan_book``)."""
         self.cost_kind = cost_model_kind(config)
         """Which cost model plans (``adaqp.assign.kinds``): what is profiled, solved with

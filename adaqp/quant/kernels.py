@@ -377,11 +377,12 @@ def dequantize_rows(
     return _decode(payload, widths, offsets, mins, maxs, out)
 
 
-def squared_ranges(x_RD: Tensor) -> Tensor:
+def squared_ranges(x_RD: Tensor, kernels: str | None = None) -> Tensor:
     """float64 ``[R]``: each row's ``(max - min)²``, the difference in float32 (the planner's
-    trace of the rows it sends); compiled on float32 CPU rows, else torch operators."""
+    trace of the rows it sends); compiled on float32 CPU rows unless ``kernels`` says
+    otherwise, else torch operators (the same bits)."""
     x_RD = x_RD.detach()
-    if x_RD.dtype == torch.float32 and use_compiled(None, x_RD.device):
+    if x_RD.dtype == torch.float32 and use_compiled(kernels, x_RD.device):
         out = torch.empty(x_RD.shape[0], dtype=torch.float64)
         compiled_module().squared_ranges(numpy_view(x_RD.contiguous()), numpy_view(out))
         return out
