@@ -78,9 +78,11 @@ ADAPTIVE_VARIANTS: dict[str, tuple[str, ...]] = {
     **{f"adaqp-lam{lam}": (*ADAPTIVE, "--set", f"quant.lam={lam}") for lam in (0.1, 0.9)},
     "adaqp-bits12": (*ADAPTIVE, "--set", "quant.allowed_bits=[1,2]"),
 }
-"""The solver: at its default trade-off ``quant.lam`` = 0.5 (``adaqp-adaptive``), near
-either end (0.1 weighs the predicted exchange time most, 0.9 the variance), and choosing
-only between 1 and 2 bits (``adaqp-bits12``); not run unless asked for."""
+"""The solver: at its default variance budget ``quant.lam`` = 1, the uniform width's
+variance (``adaqp-adaptive``); at budgets of 0.1 and 0.9 of it (``adaqp-lam0.1``,
+``adaqp-lam0.9``: names kept from the earlier weighted objective, where lam traded time
+against variance; docs/cost-models.md#the-objective); and choosing only between 1 and 2
+bits (``adaqp-bits12``); not run unless asked for."""
 
 NOCOMM_ACC_NOTE = "no halo"
 """How tables mark ``nocomm``'s accuracy: each part trained without its halo rows, which
