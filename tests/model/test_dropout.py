@@ -168,14 +168,16 @@ def test_each_model_keeps_the_kernels_it_was_built_with(monkeypatch):
     dropout in it (GAT's attention dropout too): two models in one process each run their
     own, and the process default, set afterwards, changes neither (it used to be read at
     every call by a model built without a choice)."""
+    config = ModelConfig(dropout=0.5)
+    # Built first: a model on the compiled path loads (or, on a cold cache, compiles) the
+    # kernels as it is built, which the stand-ins below could not.
+    models = {"auto": GNN(config, 5, 2), "torch": GNN(config, 5, 2, kernels="torch")}
+    gat = GNN(ModelConfig(name="gat", attn_dropout=0.5), 5, 2, kernels="torch")
     compiled = quant_kernels.compiled_module()
     calls = []
     for name in ("masked_scale_serial", "masked_scale_parallel"):
         kernel = getattr(compiled, name)
         monkeypatch.setattr(compiled, name, lambda *a, k=kernel: calls.append(1) or k(*a))
-    config = ModelConfig(dropout=0.5)
-    models = {"auto": GNN(config, 5, 2), "torch": GNN(config, 5, 2, kernels="torch")}
-    gat = GNN(ModelConfig(name="gat", attn_dropout=0.5), 5, 2, kernels="torch")
     assert all(d.kernels == "torch" for d in gat.modules() if isinstance(d, Dropout))
     x = torch.rand(30, 5)
 
