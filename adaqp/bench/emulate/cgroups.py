@@ -42,6 +42,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from adaqp.bench.emulate.links import per_host
 from adaqp.bench.emulate.netns import ClusterError
 from adaqp.cores import usable_cores
 
@@ -108,20 +109,13 @@ def host_budgets(num_hosts: int, cpus: str, memory: str = "") -> list[Budget]:
     Raises:
         ValueError: a list of the wrong length or a value that cannot be read.
     """
-    columns = []
-    for name, text, parse in (
-        ("cpus-per-host", cpus, parse_cpus),
-        ("memory-per-host", memory, parse_memory),
-    ):
-        values = [item.strip() for item in text.split(",")]
-        if len(values) == 1:
-            values *= num_hosts
-        elif len(values) != num_hosts:
-            raise ValueError(
-                f"{name} has {len(values)} values for {num_hosts} hosts: give one value "
-                "for all hosts or exactly one per host"
-            )
-        columns.append([parse(v) if v else None for v in values])
+    columns = [
+        [parse(v) if v else None for v in per_host(name, text, num_hosts)]
+        for name, text, parse in (
+            ("cpus-per-host", cpus, parse_cpus),
+            ("memory-per-host", memory, parse_memory),
+        )
+    ]
     return [Budget(c, m) for c, m in zip(*columns, strict=True)]
 
 

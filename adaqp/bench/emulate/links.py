@@ -89,18 +89,29 @@ def host_links(
         ValueError: a list whose length is neither 1 nor ``num_hosts``, or a value tc
             would not read.
     """
-    columns = []
-    for name, text in (("bandwidth", bandwidth), ("latency", latency), ("loss", loss)):
-        values = [item.strip() for item in text.split(",")]
-        if len(values) == 1:
-            values *= num_hosts
-        elif len(values) != num_hosts:
-            raise ValueError(
-                f"{name} has {len(values)} values for {num_hosts} hosts: give one value "
-                "for all hosts or exactly one per host"
-            )
-        columns.append(values)
+    columns = [
+        per_host(name, text, num_hosts)
+        for name, text in (("bandwidth", bandwidth), ("latency", latency), ("loss", loss))
+    ]
     return [LinkSpec(b, d, s) for b, d, s in zip(*columns, strict=True)]
+
+
+def per_host(name: str, text: str, num_hosts: int) -> list[str]:
+    """Flag ``name``'s value ``text`` for each of ``num_hosts`` hosts: one item for all, or
+    a comma-separated list with exactly one per host (items stripped; "" where left empty).
+
+    Raises:
+        ValueError: a list whose length is neither 1 nor ``num_hosts``.
+    """
+    values = [item.strip() for item in text.split(",")]
+    if len(values) == 1:
+        return values * num_hosts
+    if len(values) != num_hosts:
+        raise ValueError(
+            f"{name} has {len(values)} values for {num_hosts} hosts: give one value "
+            "for all hosts or exactly one per host"
+        )
+    return values
 
 
 def shape(ns: str, dev: str, spec: LinkSpec) -> None:
