@@ -143,6 +143,17 @@ def test_split_work_equals_whole_aggregation(overlap, aggregate, weights):
     torch.testing.assert_close(policy.sent["layer1/backward"], grad_halo)
 
 
+def _log_deferred_grads(monkeypatch, events: list[str]) -> None:
+    """Logs "weight gradients" in ``events`` where a layer computes its deferred ones."""
+    deferred_grads = layers._InFlight.deferred_grads
+
+    def logged_deferred_grads(flight, num_params):
+        events.append("weight gradients")
+        return deferred_grads(flight, num_params)
+
+    monkeypatch.setattr(layers._InFlight, "deferred_grads", logged_deferred_grads)
+
+
 def test_inner_columns_are_aggregated_and_differentiated_while_the_exchange_travels(
     monkeypatch,
 ):
@@ -157,13 +168,7 @@ def test_inner_columns_are_aggregated_and_differentiated_while_the_exchange_trav
         return spmm(block, _Logged.apply(x, events, "inner"))
 
     monkeypatch.setattr(aggregate_module, "spmm", logged_spmm)
-    deferred_grads = layers._InFlight.deferred_grads
-
-    def logged_deferred_grads(flight, num_params):
-        events.append("weight gradients")
-        return deferred_grads(flight, num_params)
-
-    monkeypatch.setattr(layers._InFlight, "deferred_grads", logged_deferred_grads)
+    _log_deferred_grads(monkeypatch, events)
     linear = torch.nn.Linear(DIM, 5)
     h = torch.randn(NUM_INNER, DIM, requires_grad=True)
 
@@ -302,13 +307,7 @@ def test_another_linear_aggregation_splits_by_columns_and_defers_the_weights(mon
     the marginal rows' halo columns after landing, and its transform's weight gradients
     are computed in the backward window, as the product's are."""
     prop, events, _, dense, halo, _ = _setup(overlap=True)
-    deferred_grads = layers._InFlight.deferred_grads
-
-    def logged_deferred_grads(flight, num_params):
-        events.append("weight gradients")
-        return deferred_grads(flight, num_params)
-
-    monkeypatch.setattr(layers._InFlight, "deferred_grads", logged_deferred_grads)
+    _log_deferred_grads(monkeypatch, events)
     linear = torch.nn.Linear(DIM, 5)
     h = torch.randn(NUM_INNER, DIM, requires_grad=True)
     out = prop(h, 1, aggregate=_Scaled(0.5, events), transform=linear)
