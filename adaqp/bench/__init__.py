@@ -304,3 +304,12 @@ def run_order(modes: list[str], seeds: list[int]) -> list[tuple[str, int]]:
         for i, seed in enumerate(seeds)
         for j in range(len(modes))
     ]
+
+
+def step_time_s(epoch: dict[str, Any]) -> float:
+    """What an epoch of ``metrics.jsonl`` adds to a run's time to accuracy: its training
+    step and the bit-width solve after it (the ranks wait for a re-solve before the next
+    epoch; a uniform width never pays one; ``assign_time_s`` is its name in older
+    metrics), not evaluation (full precision in every mode), a measuring cost that would
+    blur the comparison."""
+    return epoch["epoch_time_s"] + epoch.get("solver_time_s", epoch.get("assign_time_s", 0.0))

@@ -41,6 +41,7 @@ from adaqp.bench import (
     merge_overrides,
     run_order,
     seed_list,
+    step_time_s,
 )
 from adaqp.bench.cluster_plot import plot
 from adaqp.bench.cluster_table import render
@@ -83,13 +84,9 @@ def _read_run(run_dir: Path) -> dict[str, Any]:
         cluster = json.loads((run_dir / "logs" / "cluster.json").read_text())
     except (OSError, ValueError):
         cluster = {}
-    # Time to accuracy counts training steps and the bit-width solves between them (the
-    # ranks wait for a re-solve before the next epoch; a uniform width never pays one;
-    # ``assign_time_s`` is its name in older metrics), not evaluation (full precision in
-    # every mode), a measuring cost that would blur the comparison.
     elapsed = 0.0
     for e in epochs:
-        elapsed += e["epoch_time_s"] + e.get("solver_time_s", e.get("assign_time_s", 0.0))
+        elapsed += step_time_s(e)
         e["train_time_s"] = elapsed
     return {"summary": summary, "epochs": epochs, "cluster": cluster}
 

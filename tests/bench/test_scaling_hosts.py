@@ -82,6 +82,18 @@ def test_points_give_speedup_efficiency_memory_above_baseline_and_time_to_accura
     assert by["vanilla", 1]["final_val_acc"] == 0.7
 
 
+def test_time_to_accuracy_counts_the_solves_between_epochs():
+    """The ranks wait for a bit-width re-solve before the next epoch: it is training time."""
+    results = [
+        _result("vanilla", 1, 4.0, 1300, [0.5, 0.6, 0.7]),
+        _result("adaqp", 4, 1.0, 400, [0.6, 0.7, 0.7]),
+    ]
+    results[1]["epochs"][0]["solver_time_s"] = 0.5
+    points = scaling_hosts.build_points(results, baseline_bytes=None)
+    adaqp = next(p for p in points if p["mode"] == "adaqp")
+    assert adaqp["time_to_vanilla_val_s"] == pytest.approx(2.5)
+
+
 def test_points_without_a_baseline_or_memory_counters_leave_those_keys_empty():
     result = _result("vanilla", 1, 1.0, 100, [0.5])
     result["cluster"]["hosts"][0]["peak_memory_bytes"] = None
