@@ -29,8 +29,9 @@ from adaqp.graph.local import LocalGraph
 from adaqp.partitioning.format import PartitionError, check_matches, load_part, read_metadata
 from adaqp.run.checkpoint import Checkpointer, CheckpointError
 from adaqp.run.metrics import EpochRecord, RunWriter
+from adaqp.run.placement import Problem, RunDirError, check_writable, version_of, versioned
 from adaqp.run.preflight import output_dir, partition_dir
-from adaqp.run.rundir import Problem, RunDir, RunDirError, check_writable, version_of, versioned
+from adaqp.run.rundir import RunDir
 from adaqp.run.summary import RunFacts, Summary
 from adaqp.run.trainer import Trainer, TrainingError
 from adaqp.run.watchdog import StallWatch

@@ -180,9 +180,7 @@ def existing_versions(base: Path) -> list[Path]:
 def newest_version(base: Path) -> Path:
     """The highest-numbered of ``base``, ``base-v2``, ... that exists (``base`` if none):
     the run that ``--resume`` or ``--overwrite`` without ``--out`` acts on."""
-    pattern = f"{glob.escape(base.name)}-v*"
-    versions = [v for p in base.parent.glob(pattern) if (v := _version(base, p)) is not None]
-    return versioned(base, max(versions)) if versions else base
+    return (existing_versions(base) or [base])[-1]
 
 
 def version_of(base: Path, path: Path) -> int:
@@ -204,8 +202,13 @@ def holds_run(path: Path, checkpoints: Path | None = None) -> bool:
         return False
     if (path / SUMMARY_FILE).exists() or find_checkpoint(checkpoints) is not None:
         return True
+    return _trained(path) or lock_held(path)
+
+
+def _trained(path: Path) -> bool:
+    """Whether the run in ``path`` recorded a trained epoch (``metrics.jsonl``)."""
     metrics = path / "metrics.jsonl"
-    return (metrics.exists() and metrics.stat().st_size > 0) or lock_held(path)
+    return metrics.exists() and metrics.stat().st_size > 0
 
 
 def find_checkpoint(checkpoint_dir: Path) -> Path | None:
@@ -241,9 +244,7 @@ def refuse_unfinished(path: Path, checkpoints: Path) -> None:
     """Raises UNFINISHED if ``path`` holds a run that stopped after training something
     (epochs in ``metrics.jsonl`` or a checkpoint): starting fresh would lose it."""
     checkpoint = find_checkpoint(checkpoints)
-    metrics = path / "metrics.jsonl"
-    trained = metrics.exists() and metrics.stat().st_size > 0
-    if checkpoint is None and not trained:
+    if checkpoint is None and not _trained(path):
         return  # nothing that took time to make: the run can start again
     status = (read_status(path) or {}).get("status", "unknown")
     kept = (

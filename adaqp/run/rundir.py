@@ -41,7 +41,7 @@ from typing import Any
 
 from adaqp.atomic import write_json
 from adaqp.run.ckptdir import DEFAULT_DIR, claim_checkpoints, run_checkpoints
-from adaqp.run.placement import (  # noqa: F401 - the names callers know from here
+from adaqp.run.placement import (
     JOB_KEY,
     LOCK_FILE,
     PROJECT_FILES,
@@ -50,19 +50,9 @@ from adaqp.run.placement import (  # noqa: F401 - the names callers know from he
     Problem,
     RunDirError,
     candidates,
-    check_writable,
-    find_checkpoint,
-    free_versions,
-    holds_run,
-    lock_held,
-    newest_version,
     read_status,
-    refuse_unfinished,
-    require_checkpoint,
     unwritable,
     verdict,
-    version_of,
-    versioned,
 )
 from adaqp.stop import stop_requested
 

@@ -14,11 +14,10 @@ import pytest
 from adaqp import stop
 from adaqp.run.ckptdir import MANIFEST
 from adaqp.run.metrics import RunWriter
-from adaqp.run.rundir import (
+from adaqp.run.placement import (
     LOCK_FILE,
     PROJECT_FILES,
     Problem,
-    RunDir,
     RunDirError,
     check_writable,
     holds_run,
@@ -27,6 +26,7 @@ from adaqp.run.rundir import (
     version_of,
     versioned,
 )
+from adaqp.run.rundir import RunDir
 from adaqp.run.summary import Summary
 
 ROOT = Path(__file__).resolve().parents[2]
