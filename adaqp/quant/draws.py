@@ -156,20 +156,22 @@ def _signed32(value: int) -> int:
     return value - (1 << 32) if value >> 31 else value
 
 
+def _low_int32(values: Tensor) -> Tensor:
+    """int32: the bits of int64 ``values``' low 32 bits (``_signed32`` of a tensor)."""
+    return (((values & _MASK32) ^ (1 << 31)) - (1 << 31)).to(torch.int32)
+
+
 def _words32(keys: RowKeys, count: int, device: torch.device | str) -> Tensor:
     """int32 ``[R, count]``: the bits of :func:`words`. int32 tensors wrap on overflow (two's
     complement, as the compiled kernels' uint32 do); a right shift sign-extends, so each
     shift is masked to a logical one. Half the memory of int64 words and no split multiply:
     several times faster (tests/quant/test_draws.py ties it to a numpy statement)."""
     mixed = torch.from_numpy(keys.mixed().view(np.int64)).to(device)
-    low = ((mixed & _MASK32) ^ (1 << 31)) - (1 << 31)  # the low half's bits as an int32
-    high = (((mixed >> 32) & _MASK32) ^ (1 << 31)) - (1 << 31)
-    steps = torch.arange(count, dtype=torch.int64, device=device) * _G32 & _MASK32
-    steps = (steps ^ (1 << 31)) - (1 << 31)
-    z = low.to(torch.int32)[:, None] + steps.to(torch.int32)
+    steps = torch.arange(count, dtype=torch.int64, device=device) * _G32
+    z = _low_int32(mixed)[:, None] + _low_int32(steps)
     z ^= (z >> 16) & 0xFFFF
     z *= _signed32(_H1)
-    z ^= high.to(torch.int32)[:, None]
+    z ^= _low_int32(mixed >> 32)[:, None]
     z ^= (z >> 15) & 0x1FFFF
     z *= _signed32(_H2)
     z ^= (z >> 16) & 0xFFFF
