@@ -211,6 +211,8 @@ class Groups:
         self.num_channels = len(channels)
 
     def time(self, k: np.ndarray) -> float:
+        """The predicted exchange time of plan ``k`` (a width index per group): each
+        problem's cost model (``LinkProblem``, ``HostProblem``) gives it."""
         raise NotImplementedError
 
     def _set_objective(self, reference_bits: int, budget: float, window_s: float) -> None:
