@@ -77,7 +77,9 @@ WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
-def _read_run(run_dir: Path) -> dict[str, Any]:
+def read_run(run_dir: Path) -> dict[str, Any]:
+    """What a benchmark run wrote: ``summary.json``, its epochs (``metrics.jsonl``, each
+    with ``train_time_s`` so far) and its hosts' ``logs/cluster.json`` ({} where absent)."""
     summary = json.loads((run_dir / "summary.json").read_text())
     epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     try:  # what each host used (the emulated cluster's cluster.json; older runs lack it)
@@ -321,7 +323,7 @@ def main(args: argparse.Namespace) -> int:
     failed: dict[str, str] = {}
     if args.render_only:
         for mode in modes:
-            runs[mode] = [_read_run(runs_dir / f"{mode}-seed{seed}") for seed in seeds]
+            runs[mode] = [read_run(runs_dir / f"{mode}-seed{seed}") for seed in seeds]
     else:
         failed = _run_all(args, links, modes, seeds, config, overrides, runs_dir, part_dir, runs)
     agg = _aggregate(runs, seeds, args.tta_tolerance)
@@ -410,7 +412,7 @@ def _run_all(
                 failed[mode] = f"seed {seed}: {exc}"
                 del runs[mode]
                 continue
-            runs[mode].append(_read_run(run_dir))
+            runs[mode].append(read_run(run_dir))
             s = runs[mode][-1]["summary"]
             print(
                 f"[{done}/{total}] {mode} seed {seed}: epoch "

@@ -45,6 +45,7 @@ from adaqp.bench import (
     step_time_s,
 )
 from adaqp.bench.cluster import VARIANTS as CLUSTER_VARIANTS
+from adaqp.bench.cluster import read_run
 from adaqp.bench.emulate import Budget, EmulatedCluster, host_budgets, host_links
 from adaqp.bench.emulate.cgroups import CgroupError, CgroupTree, find_cgroups
 
@@ -252,16 +253,6 @@ def _partition(args, hosts: int) -> float:
     return time.perf_counter() - started
 
 
-def _read(run_dir: Path) -> dict[str, Any]:
-    return {
-        "summary": json.loads((run_dir / "summary.json").read_text()),
-        "cluster": json.loads((run_dir / "logs" / "cluster.json").read_text()),
-        "epochs": [
-            json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-        ],
-    }
-
-
 def run_point(args, tree: CgroupTree | None, mode: str, hosts: int) -> dict[str, Any]:
     """One training job of ``mode`` on ``hosts`` budgeted hosts; what it wrote."""
     links = host_links(hosts, args.bandwidth)
@@ -270,7 +261,10 @@ def run_point(args, tree: CgroupTree | None, mode: str, hosts: int) -> dict[str,
     load = os.getloadavg()[0]
     with EmulatedCluster(hosts, links=links, budgets=budgets, cgroups=tree) as cluster:
         cluster.launch(1, _train_args(args, mode, hosts, run_dir), run_dir / "logs", args.timeout)
-    return {"mode": mode, "hosts": hosts, "load_before": load, **_read(run_dir)}
+    run = read_run(run_dir)
+    if not run["cluster"]:  # what each host used is what the sweep measures
+        raise FileNotFoundError(f"{run_dir / 'logs' / 'cluster.json'} is missing or unreadable")
+    return {"mode": mode, "hosts": hosts, "load_before": load, **run}
 
 
 def run_sweep(args: argparse.Namespace) -> int:

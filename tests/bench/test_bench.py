@@ -279,7 +279,7 @@ def _bench(monkeypatch, tmp_path, failing, modes="vanilla,nocomm,adaqp,adaqp-bit
     made = {"vanilla": (1.0, 0.80), "nocomm": (0.3, 0.5), "adaqp": (0.4, 0.79)}
     monkeypatch.setattr(
         cluster,
-        "_read_run",
+        "read_run",
         lambda run_dir: _run(
             *made.get(run_dir.name.rsplit("-seed", 1)[0], (0.5, 0.7))[:1],
             0.1,

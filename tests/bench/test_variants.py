@@ -222,5 +222,5 @@ def test_time_to_accuracy_counts_the_solves_between_epochs(tmp_path):
         {"epoch": 3, "epoch_time_s": 1.0, "assign_time_s": 0.25},  # the older name
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in epochs))
-    run = cluster._read_run(tmp_path)
+    run = cluster.read_run(tmp_path)
     assert [e["train_time_s"] for e in run["epochs"]] == [1.0, 2.5, 3.75]
