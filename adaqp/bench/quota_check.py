@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from adaqp.bench import SIGNAL_CONFIG
+from adaqp.bench.cluster import read_run
 from adaqp.bench.emulate import Budget, EmulatedCluster, cgroups, host_links
 from adaqp.bench.emulate.cgroups import CgroupTree, HostGroup, find_cgroups
 
@@ -88,9 +89,8 @@ def run_arm(arm: str, args: argparse.Namespace, repeat: int) -> dict:
         tree = PinnedTree(tree.version, tree.bases, cpuset_base=_own_cpuset())
         budgets = [Budget(), Budget()]
     else:
-        budgets = [Budget(cpus=1.0), Budget(cpus=1.0)]
-        # The period the groups are made with (the cluster's 10 ms unless --period-us).
-        cgroups.CFS_PERIOD_US = args.period_us
+        # The cluster's 10 ms period unless --period-us says otherwise.
+        budgets = [Budget(cpus=1.0, period_us=args.period_us)] * 2
     run_dir = Path("results/runs/bench-quota-check") / f"{arm}-{repeat}"
     train_args = [
         *("--config", SIGNAL_CONFIG, "--mode", args.mode, "--epochs", str(args.epochs)),
@@ -103,13 +103,12 @@ def run_arm(arm: str, args: argparse.Namespace, repeat: int) -> dict:
     links = host_links(2, args.bandwidth)
     with EmulatedCluster(2, links=links, budgets=budgets, cgroups=tree) as cluster:
         cluster.launch(1, train_args, run_dir / "logs", args.timeout)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    hosts = json.loads((run_dir / "logs" / "cluster.json").read_text())["hosts"]
+    run = read_run(run_dir)
     return {
         "arm": arm,
         "repeat": repeat,
-        "epoch_time_s": summary["epoch_time_s"],
-        "cpu_seconds": [h["cpu_seconds"] for h in hosts],
+        "epoch_time_s": run["summary"]["epoch_time_s"],
+        "cpu_seconds": [h["cpu_seconds"] for h in run["cluster"]["hosts"]],
         "load_before": load,
     }
 

@@ -73,6 +73,9 @@ class Budget:
     """CPU quota in cores (0.5: half a core's time per period, over all its threads)."""
     memory_bytes: int | None = None
     """Memory limit (resident and page cache, as the kernel charges it)."""
+    period_us: int = CFS_PERIOD_US
+    """The CPU quota's CFS period (the module docstring says why 10 ms; the quota check
+    compares others)."""
 
     @property
     def limited(self) -> bool:
@@ -184,16 +187,16 @@ class HostGroup:
                 raise CgroupError(f"cannot make {d}: {exc.strerror}") from None
         if self.version == 1:
             cpu, memory = self._dir("cpu"), self._dir("memory")
-            _write(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
-            quota = round(budget.cpus * CFS_PERIOD_US) if budget.cpus else -1
+            _write(cpu / "cpu.cfs_period_us", str(budget.period_us))
+            quota = round(budget.cpus * budget.period_us) if budget.cpus else -1
             _write(cpu / "cpu.cfs_quota_us", str(quota))
             if budget.memory_bytes:
                 _write(memory / "memory.limit_in_bytes", str(budget.memory_bytes))
                 if (memory / "memory.memsw.limit_in_bytes").exists():  # no way out into swap
                     _write(memory / "memory.memsw.limit_in_bytes", str(budget.memory_bytes))
         else:
-            quota = str(round(budget.cpus * CFS_PERIOD_US)) if budget.cpus else "max"
-            _write(self.dirs[0] / "cpu.max", f"{quota} {CFS_PERIOD_US}")
+            quota = str(round(budget.cpus * budget.period_us)) if budget.cpus else "max"
+            _write(self.dirs[0] / "cpu.max", f"{quota} {budget.period_us}")
             if budget.memory_bytes:
                 _write(self.dirs[0] / "memory.max", str(budget.memory_bytes))
                 if (self.dirs[0] / "memory.swap.max").exists():
