@@ -166,7 +166,10 @@ def result_line(summary, out: Path) -> str:
         accuracy += " (nocomm: not meaningful)"
     bits = ", no exchange" if summary.mode == "nocomm" else f", {_bits(summary.avg_bits)}"
     if summary.mode in QUANTIZED_MODES and summary.avg_bits >= 32:
-        bits += " (full precision: the links are faster than quantizing; see quant.cost_model)"
+        bits += (
+            " (full precision: the links are faster than quantizing; "
+            'quant.full_precision = "never" quantizes regardless)'
+        )
     if summary.mode in STALE_MODES:
         bits += f", staleness bound {summary.staleness_bound}"
     return (

@@ -6,18 +6,23 @@ priced at all. :func:`cost_model_kind` is the only place that reads either for i
 the adaptive policy's report and :func:`~adaqp.assign.solve.solve_assignment` ask the
 :class:`CostModelKind` they get:
 
-* ``none`` (the uniform and random schemes): nothing is profiled, solved, calibrated or
-  reported by pair.
+* ``none`` (the random scheme; the uniform scheme under another model or with
+  ``quant.full_precision = "never"``): nothing is profiled, solved, calibrated or reported
+  by pair.
+* :data:`UNIFORM_HOST` (the uniform scheme under the host model, the default): the links
+  and hosts are profiled only to choose, per exchange, between the uniform width and
+  float32 (float32 where it is predicted no slower: links faster than quantizing).
 * ``shared`` and ``sender``: the per-pair link profile, with the channels that share a
   link (all of them; each sender's) merged into one, solved under the link model.
 * ``link``: every pair its own link; the slowest channel sets the time.
 * ``host``: the hosts profiled as well ((de)quantization cost, the fabric's rate) and
   exchanges solved under the :class:`~adaqp.assign.costmodels.HostModel`, with full
-  precision one of the widths.
+  precision one of the widths (unless ``quant.full_precision = "never"``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -76,12 +81,21 @@ class CostModelKind:
             :attr:`has_fabric_rate`, :attr:`offers_full_precision`).
         merge: how channels that share a link are merged before solving: ``"shared"``
             (all into one), ``"sender"`` (each sender's into one) or None (not merged).
+        full_precision: under the host model, whether float32 is one of the widths
+            (``quant.full_precision``: ``"auto"``).
     """
 
     name: str
     plans_by_pair: bool
     by_host: bool = False
     merge: str | None = None
+    full_precision: bool = True
+
+    @property
+    def profiles_links(self) -> bool:
+        """Whether the links are profiled at start-up (and kept in checkpoints): to plan
+        by pair, or to price the uniform width against float32 under the host model."""
+        return self.plans_by_pair or self.by_host
 
     @property
     def profiles_hosts(self) -> bool:
@@ -97,9 +111,10 @@ class CostModelKind:
     @property
     def offers_full_precision(self) -> bool:
         """Whether full precision (float32) is one of the widths: solved among the allowed
-        ones, and chosen before the first re-solve where predicted no slower. (The link
-        greedy takes each group's upgrades in order of bytes, which 32 bits breaks.)"""
-        return self.by_host
+        ones, and chosen for a uniform plan (the uniform scheme's, or the adaptive one's
+        before its first re-solve) where predicted no slower. (The link greedy takes each
+        group's upgrades in order of bytes, which 32 bits breaks.)"""
+        return self.by_host and self.full_precision
 
     @property
     def measures_window(self) -> bool:
@@ -128,7 +143,9 @@ class CostModelKind:
         if self.by_host:
             # Full precision is one of the choices: an exchange is never planned slower
             # than sending float32.
-            return channels, hosts, tuple(sorted({*bits, FULL_PRECISION_BITS})), None
+            if self.offers_full_precision:
+                bits = tuple(sorted({*bits, FULL_PRECISION_BITS}))
+            return channels, hosts, bits, None
         if self.merge is None:
             return channels, links, bits, None
         merged, model, members = _merge(channels, links, shared=self.merge == "shared")
@@ -164,17 +181,31 @@ KINDS = {
     "link": CostModelKind("link", plans_by_pair=True),
     "host": CostModelKind("host", plans_by_pair=True, by_host=True),
 }
-"""Every kind, by name."""
+"""Every kind the adaptive scheme plans with, by name (and ``none``)."""
+
+UNIFORM_HOST = CostModelKind("host", plans_by_pair=False, by_host=True)
+"""The uniform scheme under the host model: the links and hosts are profiled, and each
+exchange is sent at the uniform width or, where the model predicts it no slower, as
+float32; nothing is solved, calibrated or reported by pair."""
 
 
 def cost_model_kind(config: QuantConfig) -> CostModelKind:
-    """The kind a run's quant section plans with: ``none`` unless the scheme is adaptive
-    (uniform and random widths are not priced), else ``quant.cost_model``'s."""
-    if config.scheme != "adaptive":
-        return KINDS["none"]
+    """The kind a run's quant section plans with.
+
+    The adaptive scheme: ``quant.cost_model``'s, without float32 among the widths where
+    ``quant.full_precision = "never"``. The uniform scheme: :data:`UNIFORM_HOST` under the
+    host model with ``quant.full_precision = "auto"`` (a fast network gets float32 rows,
+    as the solver would give it), else ``none``: every message at the width. The random
+    scheme (benchmark-only): ``none``."""
     if config.cost_model == "none" or config.cost_model not in KINDS:
         raise ValueError(f"unknown cost model {config.cost_model!r}")
-    return KINDS[config.cost_model]
+    auto = config.full_precision == "auto"
+    if config.scheme == "uniform":
+        return UNIFORM_HOST if config.cost_model == "host" and auto else KINDS["none"]
+    if config.scheme != "adaptive":
+        return KINDS["none"]
+    kind = KINDS[config.cost_model]
+    return kind if auto or not kind.by_host else dataclasses.replace(kind, full_precision=False)
 
 
 def kind_of(model: CostModel) -> CostModelKind:

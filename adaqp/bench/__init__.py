@@ -41,6 +41,21 @@ communities that each hold every class and enough edges between them that METIS 
 about a quarter of the edges, each as informative as an internal one; training without
 the halo rows (``nocomm``) loses accuracy (results/bench/workload-search/)."""
 
+MODEL_SETTINGS: dict[str, tuple[str, ...]] = {
+    "gcn": ("model.name=gcn",),
+    "sage": ("model.name=sage",),
+    "gat": (
+        "model.name=gat",
+        "model.hidden=32",
+        "model.heads=4",
+        "model.attn_dropout=0.0",
+        "train.lr=0.005",
+    ),
+}
+"""``--model``'s overrides of a workload's config, which keep its layers, LayerNorm and
+dropout: SAGE as GCN; GAT with 4 heads of 32 per hidden layer and the learning rate under
+which a first probe on the signal workload told its widths apart (docs/bit-widths.md)."""
+
 MATPLOTLIB_HINT = "pip install -e .[bench] (or bash launch/setup.sh --bench)"
 
 MODE_VARIANTS: dict[str, tuple[str, ...]] = {
@@ -62,12 +77,14 @@ UNIFORM_VARIANTS: dict[str, tuple[str, ...]] = {
         "quant.scheme=uniform",
         "--set",
         f"quant.bits={bits}",
+        "--set",
+        "quant.full_precision=never",
     )
     for bits in SUPPORTED_BITS
 }
 """``adaqp``'s exchange with overlap, every message at one width (``uniform-1`` to
-``uniform-8``): they differ from ``adaqp`` only in how the widths are chosen, so they are
-the constant widths the adaptive planner must beat."""
+``uniform-8``), float32 never replacing it: they differ from ``adaqp`` only in how the
+widths are chosen, so they are the constant widths the adaptive planner must beat."""
 
 ADAPTIVE = ("--mode", "adaqp", "--set", "quant.scheme=adaptive")
 """``adaqp`` with the solver choosing each message group's width (``quant.scheme``

@@ -32,6 +32,7 @@ from adaqp.bench import (
     COST_MODEL_VARIANTS,
     DEFAULT_OUT_DIR,
     MODE_VARIANTS,
+    MODEL_SETTINGS,
     SIGNAL_CONFIG,
     STALENESS_VARIANTS,
     UNIFORM_VARIANTS,
@@ -258,6 +259,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the earlier default, no communities), synthetic-local (communities, few cut edges) "
         "or cora (3 layers, hidden 256)",
     )
+    parser.add_argument(
+        "--model",
+        choices=sorted(MODEL_SETTINGS),
+        default=None,
+        help="the model to train on the workload (default: its config's, GCN): sage as GCN, "
+        "gat with 4 heads of 32 and lr 0.005; --set overrides them",
+    )
     parser.add_argument("--hosts", type=int, default=4, help="emulated hosts (network namespaces)")
     parser.add_argument(
         "--procs-per-host", type=int, default=1, help="workers per host (they share its link)"
@@ -315,7 +323,8 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     config, overrides = WORKLOADS[args.workload]
-    overrides = merge_overrides((*overrides, *args.set))
+    model = MODEL_SETTINGS[args.model] if args.model else ()
+    overrides = merge_overrides((*overrides, *model, *args.set))
     out_dir = args.out_dir / args.name
     runs_dir = Path("results/runs") / f"bench-{args.name}"
     part_dir = Path("partitions") / f"bench-{args.name}"
@@ -338,6 +347,7 @@ def main(args: argparse.Namespace) -> int:
         "seeds": seeds,
         "epochs": args.epochs,
         "config": config,
+        "model": args.model,
         "overrides": list(overrides),
         "tta_tolerance": args.tta_tolerance,
         "failed": failed,

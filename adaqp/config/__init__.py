@@ -36,6 +36,7 @@ from typing import Any
 from adaqp.bits import planner_bits, uniform_bits
 from adaqp.config.exchange import (
     COST_MODELS,
+    FULL_PRECISION_CHOICES,
     KERNELS,
     LANDINGS,
     SCHEMES,
@@ -68,6 +69,7 @@ from adaqp.typed_toml import build, read_tree
 
 __all__ = [
     "COST_MODELS",
+    "FULL_PRECISION_CHOICES",
     "KERNELS",
     "LANDINGS",
     "METIS_OBJECTIVES",

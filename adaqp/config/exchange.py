@@ -31,6 +31,8 @@ SCHEMES = ("uniform", "adaptive", "random")
 """``quant.scheme``'s values; ``random`` is benchmark-only."""
 COST_MODELS = ("host", "shared", "sender", "link")
 """``quant.cost_model``'s values; all but ``host`` are benchmark-only."""
+FULL_PRECISION_CHOICES = ("auto", "never")
+"""``quant.full_precision``'s values."""
 STALE_BITS = (1, 2, 4, 8, 32)  # 32: full precision (PipeGCN's stale exchange)
 LANDINGS = ("newest", "fixed")
 """``staleness.landing``'s values; ``fixed`` is benchmark-only (and the tests')."""
@@ -119,6 +121,13 @@ class QuantConfig:
     """Wall-clock budget of one re-solve, all its exchanges together (the ranks wait for
     it between epochs): each exchange's MILP stops at an equal share of what the re-solve
     has left, and keeps the greedy's answer where it has found nothing better."""
+    full_precision: str = "auto"
+    """auto (the default): an exchange travels as float32 where the host cost model
+    predicts that no slower than its quantized plan (links faster than quantizing, as over
+    loopback), under either scheme: the uniform scheme checks each exchange at start-up,
+    the adaptive one has float32 among its widths; the result line says so. never: always
+    the planned widths, e.g. to measure a width over a fast network. Under the
+    benchmark-only cost models widths are never replaced."""
     cost_model: str = "host"
     """Exchange time model of the adaptive scheme: host (hosts with full-duplex NICs, the
     busiest host's send or receive time, copies within a host, the measured
@@ -186,6 +195,7 @@ class QuantConfig:
             f"must be shared, sender, link or host, not {self.cost_model!r}",
         )
         check_choice(self.kernels, KERNELS, "quant.kernels")
+        check_choice(self.full_precision, FULL_PRECISION_CHOICES, "quant.full_precision")
 
 
 @dataclass(frozen=True)

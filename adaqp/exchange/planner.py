@@ -15,8 +15,10 @@ the ranks send their weights to rank 0, which solves every exchange with ``adaqp
 (``adaqp.assign.profile``), and broadcasts all per-message widths in one buffer. Every
 rank installs the same plans before the next epoch, so all ranks switch together. The
 first cycle runs at the run's uniform width (``quant.bits``, unless ``initial_bits`` is
-set) while tracing, so that it costs what the uniform scheme costs (under the host cost
-model at full precision where that is predicted no slower). Each solve minimises the
+set) while tracing, so that it costs what the uniform scheme costs. Under the host cost
+model (and ``quant.full_precision = "auto"``) either scheme sends an exchange's uniform
+plan as float32 where that is predicted no slower: the uniform scheme profiles the links
+and hosts for that alone, and traces and solves nothing. Each solve minimises the
 predicted time its exchange's overlap window does not hide within a variance budget
 relative to that uniform width (``adaqp.assign.problem``); the window is estimated from
 the waits measured under the plan that ran (``MeasuredExchanges.window_s``). When to
@@ -131,7 +133,7 @@ class BitWidthPlanner:
         cost model's seconds."""
         if config.scheme == "adaptive":
             self.forward_coef = forward_coefficients(transport, graph, adjacency, self.device)
-        if self.cost_kind.plans_by_pair:
+        if self.cost_kind.profiles_links:
             self.hosts = host_of_rank(p)
             self._profile()
 
@@ -184,20 +186,22 @@ class BitWidthPlanner:
         return self.book.plan(key, out_rows, in_rows, lambda: self._first_width(key, dim))
 
     def _first_width(self, key: ExchangeKey, dim: int, say: bool = True) -> int:
-        """The uniform width (``initial_bits`` where set), or under the host model full
-        precision where that is predicted no slower (``first_width``)."""
+        """The uniform width (the adaptive scheme's ``initial_bits`` where set), or under
+        the host model full precision where that is predicted no slower (``first_width``;
+        not with ``quant.full_precision = "never"``)."""
         cfg = self.config
-        initial = cfg.initial_bits or cfg.bits
-        if cfg.scheme == "uniform":
-            return cfg.bits
+        uniform = cfg.scheme == "uniform"
+        initial = cfg.bits if uniform else cfg.initial_bits or cfg.bits
         if not self.cost_kind.offers_full_precision:
             return initial
         width, times = first_width(self.host_model, self.counts[key.direction], dim, initial)
         if width != initial and say and self.world.is_main:
             logger.info(
-                "%s: full precision until the first re-solve (%.1f ms predicted, %.1f ms "
-                "at %d bits)",
+                "%s: full precision%s, the links being faster than quantizing (%.1f ms "
+                'predicted, %.1f ms at %d bits; quant.full_precision = "never" quantizes '
+                "regardless)",
                 key,
+                "" if uniform else " until the first re-solve",
                 1e3 * times[width],
                 1e3 * times[initial],
                 initial,
@@ -211,7 +215,7 @@ class BitWidthPlanner:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Plans, traces of the current cycle and the link model (for checkpoints)."""
         state = self.book.state_dict()
-        if self.cost_kind.plans_by_pair:
+        if self.cost_kind.profiles_links:
             state["links/alpha"] = torch.from_numpy(self.link_model.alpha_s.copy())
             state["links/beta"] = torch.from_numpy(self.link_model.beta_Bps.copy())
         if self.cost_kind.profiles_hosts:
@@ -384,7 +388,8 @@ class BitWidthPlanner:
             self._said_full_precision = True  # why, once a run
             logger.info(
                 "%s is sent in full precision: the links are faster than quantizing "
-                "(quant.cost_model = %s; 'shared' quantizes regardless)",
+                "(quant.cost_model = %s; 'shared' or quant.full_precision = 'never' "
+                "quantizes regardless)",
                 key,
                 cfg.cost_model,
             )

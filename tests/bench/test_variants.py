@@ -50,8 +50,13 @@ def promised(name: str, model: str) -> dict[str, object]:
         return {"comm.mode": name}
     if name == "adaqp":  # the default: uniform at the model's width
         return {"comm.mode": "adaqp", "quant.scheme": "uniform", "quant.bits": uniform_bits(model)}
-    if m := re.fullmatch(r"uniform-(\d+)", name):
-        return {"comm.mode": "adaqp", "quant.scheme": "uniform", "quant.bits": int(m[1])}
+    if m := re.fullmatch(r"uniform-(\d+)", name):  # at that width on any network
+        return {
+            "comm.mode": "adaqp",
+            "quant.scheme": "uniform",
+            "quant.bits": int(m[1]),
+            "quant.full_precision": "never",
+        }
     if name == "adaqp-adaptive":  # the solver at its defaults
         defaults = QuantConfig()
         return {

@@ -87,8 +87,12 @@ def test_planner_makes_exchanges_that_wait_stale_after_epoch_1_and_no_others(par
         # drift (max_drift 0 would refuse every later one).
         "slow": (("staleness.min_hidden_fraction=0.02", "staleness.max_drift=0"), 0.1),
         # No exchange holds the ranks up for 90% of the epoch: all stay fresh, at 2 bits
-        # (GCN's default is 1 bit, which epoch 1's one-bit rows could not be told from).
-        "fast": (("staleness.min_hidden_fraction=0.9", "quant.bits=2"), 0.0),
+        # (GCN's default is 1 bit, which epoch 1's one-bit rows could not be told from;
+        # over loopback the default would send float32).
+        "fast": (
+            ("staleness.min_hidden_fraction=0.9", "quant.bits=2", "quant.full_precision=never"),
+            0.0,
+        ),
         # What "always" should reproduce.
         "onebit": (("comm.mode=onebit",), 0.0),
         # The "slow" waits, but the ranks time their epochs differently (below): on its

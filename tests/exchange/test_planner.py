@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
 
-from adaqp.assign import cost_model_kind
+from adaqp.assign import HostModel, LinkModel, cost_model_kind
 from adaqp.config import ConfigError, QuantConfig, load_config
 from adaqp.data import load_dataset
 from adaqp.exchange import planner as planner_module
@@ -124,6 +125,71 @@ def _planner_of(overrides: list[str]) -> planner_module.BitWidthPlanner:
     planner.config = load_config(None, ["comm.mode=adaqp", *overrides]).quant
     planner.cost_kind = cost_model_kind(planner.config)
     return planner
+
+
+@pytest.mark.parametrize(
+    ("overrides", "quant_s", "beta_Bps", "expected"),
+    [
+        ([], 1e-7, 1e10, 32),  # fast links, slow quantizing: float32
+        ([], 1e-10, 1e7, 1),  # slow links: the uniform width
+        (["quant.full_precision=never"], 1e-7, 1e10, 1),  # a forced width
+        (["quant.cost_model=shared"], 1e-7, 1e10, 1),  # quantizes regardless
+        (["model.name=sage"], 1e-7, 1e10, 32),
+        (["model.name=sage"], 1e-10, 1e7, 2),
+        (["quant.scheme=adaptive"], 1e-7, 1e10, 32),  # its first cycle
+        (["quant.scheme=adaptive", "quant.full_precision=never"], 1e-7, 1e10, 1),
+    ],
+)
+def test_a_uniform_plan_is_float32_where_the_host_model_predicts_it_faster(
+    overrides, quant_s, beta_Bps, expected
+):
+    """Never slower than Vanilla on one machine: under either scheme a uniform plan is
+    sent as float32 where quantizing costs more than the bytes it saves (the host cost
+    model's prediction from the start-up profile), unless the width is forced."""
+    key = ExchangeKey.forward(1)
+    planner = _planner_of(overrides)
+    planner.counts = {key.direction: np.array([[0, 500], [500, 0]])}
+    planner.host_model = HostModel.uniform(
+        [0, 1], 1e-5, beta_Bps, beta_Bps, quant_s_per_value=quant_s
+    )
+    assert planner._first_width(key, 64, say=False) == expected
+
+
+def _pinned_uniform_worker(rank, world_size, init_method, part_dir, overrides):
+    """A default (uniform) adaqp run whose start-up profile is pinned: links of 1 GB/s and
+    (de)quantization at 1 µs per value, so that float32 is predicted faster."""
+
+    def links(world, *args, **kwargs):
+        p = world.world_size
+        return LinkModel(np.full((p, p), 20e-6), np.full((p, p), 1e9))
+
+    planner_module.profile_links = links
+    planner_module.time_quantization = lambda widths, *a, **kw: (
+        dict.fromkeys(widths, 1e-6),
+        dict.fromkeys(widths, 1e-6),
+    )
+    planner_module.profile_fabric = lambda *args, **kwargs: math.inf
+    base = ["data.dataset=cora", f"partition.dir={part_dir}", "comm.mode=adaqp"]
+    config = load_config(None, [*base, "train.epochs=2", "model.hidden=16", *overrides])
+    world = init_distributed(config.comm, init_method, rank, world_size)
+    try:
+        meta = read_metadata(part_dir)
+        graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
+        summary = Trainer(config, graph, meta, world).fit(NullWriter())
+        return {"avg_bits": np.array(summary.avg_bits)}
+    finally:
+        shutdown()
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("overrides", "bits"), [([], 32.0), (["quant.full_precision=never"], 1.0)])
+def test_the_default_adaqp_sends_float32_where_the_profile_says_it_is_faster(
+    cora, tmp_path, overrides, bits
+):
+    parts = tmp_path / "parts"
+    make_partition(cora, parts, num_parts=2, spec=load_config(None, []).data.spec())
+    results = run_workers(_pinned_uniform_worker, 2, tmp_path, str(parts), overrides)
+    assert [float(r["avg_bits"]) for r in results] == [bits, bits]
 
 
 def test_the_first_cycle_traces_at_the_uniform_width():

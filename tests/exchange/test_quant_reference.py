@@ -99,6 +99,7 @@ def _config(model: str, part_dir: str, bits: int, dropout: bool):
         "comm.mode=adaqp-q",
         "quant.scheme=uniform",
         f"quant.bits={bits}",
+        "quant.full_precision=never",  # quantized over loopback too
         f"quant.seed={SEED}",
     )
     return exact_config(model, part_dir, extra, dropout=dropout)
