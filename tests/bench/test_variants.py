@@ -67,6 +67,8 @@ def promised(name: str, model: str) -> dict[str, object]:
         }
     if m := re.fullmatch(r"adaqp-lam([0-9.]+)", name):
         return {**adaptive, "quant.lam": float(m[1])}
+    if name == "adaqp-adaptive-2b":
+        return {**adaptive, "quant.bits": 2, "quant.allowed_bits": (1, 2, 4, 8)}
     if name == "adaqp-bits12":
         return {**adaptive, "quant.allowed_bits": (1, 2)}
     if m := re.fullmatch(r"adaqp-(shared|host)", name):
