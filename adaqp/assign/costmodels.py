@@ -15,15 +15,19 @@ cost model (:func:`adaqp.assign.kinds.kind_of`); each prices per-message widths 
 
       T   = alpha + max(max_h [max(out_h / beta_out_h, in_h / beta_in_h) + max_{r on h} c_r],
                         F + max_r c_r)
-      c_r = D * (sum of quant_s[b_v] over r's sent values + sum of dequant_s[b_v] over
-            r's received values) + local_r / beta_local
+      c_r = s_r * D * (sum of quant_s[b_v] over r's sent values + sum of dequant_s[b_v]
+            over r's received values) + local_r / beta_local
       F   = (out_0 + ... + out_{H-1}) / fabric
 
   ``out_h``/``in_h`` are the bytes of the channels that leave/enter host ``h``: ranks on one host
   share its NIC. A channel between two ranks of one host never touches the network; its bytes
   ``local_r`` are a copy charged to the sending rank ``r`` (it writes into the receiver's
-  buffer). ``fabric`` is what the switch carries in all (``inf`` by default: no bound), less
-  than the NICs together where it is oversubscribed or forwards in software on shared cores.
+  buffer). ``s_r`` is rank ``r``'s CPU scale: how much longer its (de)quantization takes
+  than the fastest rank's (``quant_s``/``dequant_s``), sustained, on its host's share of
+  the CPU (a host under a CPU quota runs the same kernels slower than one with its own
+  core; 1 for every rank by default). ``fabric`` is what the switch carries in all
+  (``inf`` by default: no bound), less than the NICs together where it is oversubscribed
+  or forwards in software on shared cores.
   Modelling choices: a rank quantizes before it sends and dequantizes after it has received,
   so compute and network add (no overlap is assumed); ranks of one host (de)quantize in
   parallel (each on its own device), so a host waits for its slowest rank; rows cross the
@@ -121,6 +125,9 @@ class HostModel:
         fabric_Bps: bytes per second the switch carries in all, summed over every channel
             between two hosts (> 0; ``inf``, the default, for a non-blocking switch). Copies
             within a host do not load it.
+        cpu_scale: float64 ``[P]``, each rank's (de)quantization seconds as a multiple of
+            ``quant_s_per_value``/``dequant_s_per_value`` (finite, > 0; None, the default:
+            1 for every rank).
     """
 
     host_of_rank: np.ndarray
@@ -131,6 +138,7 @@ class HostModel:
     quant_s_per_value: Mapping[int, float] = field(default_factory=dict)
     dequant_s_per_value: Mapping[int, float] = field(default_factory=dict)
     fabric_Bps: float = math.inf
+    cpu_scale: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         hosts = np.array(self.host_of_rank)
@@ -161,8 +169,12 @@ class HostModel:
         if not self.fabric_Bps > 0:  # inf is allowed: no aggregate bound
             raise ValueError(f"fabric_Bps must be positive, got {self.fabric_Bps}")
         hosts = hosts.astype(np.int64)
-        for arr in (hosts, beta_out, beta_in):
+        scale = np.ones(hosts.size) if self.cpu_scale is None else np.array(self.cpu_scale, float)
+        if scale.shape != hosts.shape or not (np.all(np.isfinite(scale)) and np.all(scale > 0)):
+            raise ValueError(f"cpu_scale must be [{hosts.size}] finite and positive, got {scale}")
+        for arr in (hosts, beta_out, beta_in, scale):
             arr.flags.writeable = False
+        object.__setattr__(self, "cpu_scale", scale)
         object.__setattr__(self, "host_of_rank", hosts)
         object.__setattr__(self, "alpha_s", float(self.alpha_s))
         object.__setattr__(self, "beta_out_Bps", beta_out)
@@ -191,6 +203,7 @@ class HostModel:
         quant_s_per_value: float = 0.0,
         dequant_s_per_value: float = 0.0,
         fabric_Bps: float = math.inf,
+        cpu_scale: Sequence[float] | None = None,
     ) -> HostModel:
         """Equal NICs both ways, and one (de)quantization cost for every quantized width."""
         num_hosts = int(max(host_of_rank)) + 1
@@ -204,6 +217,7 @@ class HostModel:
             dict.fromkeys(SUPPORTED_BITS, quant_s_per_value),
             dict.fromkeys(SUPPORTED_BITS, dequant_s_per_value),
             fabric_Bps,
+            None if cpu_scale is None else np.asarray(cpu_scale, dtype=np.float64),
         )
 
     @property
@@ -241,7 +255,8 @@ class HostModel:
 
     def channel_map(self, channels: Sequence[Channel]) -> np.ndarray:
         """float64 ``[3, C, R]``: seconds each resource spends per byte, per second of
-        quantization and per second of dequantization of each channel.
+        quantization and per second of dequantization of each channel (the latter two at
+        the fastest rank's rate: the sender's and the receiver's ``cpu_scale``).
 
         Resources (``R = 2H + P + 1``): columns ``[0, H)`` host send NICs, ``[H, 2H)`` host
         receive NICs, ``[2H, 2H + P)`` ranks, ``2H + P`` (the last) the fabric. Bytes between two
@@ -258,8 +273,8 @@ class HostModel:
                 out[0, c, src_host] = 1.0 / self.beta_out_Bps[src_host]
                 out[0, c, h + dst_host] = 1.0 / self.beta_in_Bps[dst_host]
                 out[0, c, -1] = 1.0 / self.fabric_Bps
-            out[1, c, 2 * h + ch.src] = 1.0
-            out[2, c, 2 * h + ch.dst] = 1.0
+            out[1, c, 2 * h + ch.src] = self.cpu_scale[ch.src]
+            out[2, c, 2 * h + ch.dst] = self.cpu_scale[ch.dst]
         return out
 
     def exchange_time(

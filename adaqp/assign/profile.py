@@ -12,7 +12,12 @@ emulated cluster whose namespaces share one hostname), else its hostname. Link r
 from the per-pair profile (``profile_links``, each pair timed alone): a host's
 send rate is the median over pairs leaving it, its receive rate the median over pairs
 entering it, and copies between two ranks of one host run at the median of those pairs.
-(De)quantization is timed on every rank and the slowest rank's figure is used.
+(De)quantization is timed on every rank at once (:func:`time_quantization`): in bursts,
+the fastest of a few, for each width's cost per value, and sustained for
+``SUSTAIN_S``, long enough for a host's CPU quota to throttle it (several of the emulated
+cluster's 10 ms periods) and for ranks that share cores to share them. The fastest rank's
+burst figures are the costs per width; each rank's sustained time over them is its CPU
+scale, so that a message costs its sender and its receiver the CPU their hosts have.
 
 Pairs timed alone do not show what the network carries when every host sends at once: a
 switch whose backplane (or uplinks) carry less than the sum of its ports, or hosts whose
@@ -41,6 +46,11 @@ from adaqp.quant import dequantize_mixed, mixed_buffer_bytes, quantize_mixed
 
 if TYPE_CHECKING:
     from adaqp.runtime import World
+
+SUSTAIN_S = 0.06
+"""Seconds each rank (de)quantizes without a break when timing its sustained rate: six
+periods of the emulated cluster's CPU quota (10 ms), so a host held to half a core shows
+about half a core's rate."""
 
 PROFILE_SIZES = (4_096, 1_048_576, 4_194_304)
 """Bytes per probe transfer when profiling links. The large probes exceed the burst a
@@ -189,6 +199,7 @@ def host_model(
     quant_s_per_value: dict[int, float],
     dequant_s_per_value: dict[int, float],
     fabric_Bps: float = math.inf,
+    cpu_scale: np.ndarray | None = None,
 ) -> HostModel:
     """A ``HostModel`` from a per-pair profile (see the module docstring)."""
     p = links.num_ranks
@@ -218,33 +229,58 @@ def host_model(
         quant_s_per_value={**quant_s_per_value, FULL_PRECISION_BITS: 0.0},
         dequant_s_per_value={**dequant_s_per_value, FULL_PRECISION_BITS: 0.0},
         fabric_Bps=fabric_Bps,
+        cpu_scale=cpu_scale,
     )
 
 
 def time_quantization(
-    widths: tuple[int, ...], dim: int, device, rows: int = 2048, repeats: int = 3
-) -> tuple[dict[int, float], dict[int, float]]:
-    """Seconds per value to quantize and to dequantize at each width, on this rank (the
-    fastest of ``repeats``), then the slowest rank's (collective)."""
+    widths: tuple[int, ...],
+    dim: int,
+    device,
+    rows: int = 2048,
+    repeats: int = 3,
+    sustain_s: float = SUSTAIN_S,
+) -> tuple[dict[int, float], dict[int, float], np.ndarray]:
+    """(De)quantization timed on every rank at once (collective; module docstring).
+
+    Returns seconds per value to quantize and to dequantize at each width, the fastest
+    rank's (each the fastest of ``repeats`` bursts), and float64 ``[P]``: each rank's
+    sustained time, (de)quantizing every width in turn for ``sustain_s``, over the time
+    those figures give for the same work (at least 1)."""
     generator = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(rows, dim, generator=generator, device=device)
-    figures = []
+    plans, bufs, figures = [], [], []
+    out = torch.empty_like(x)
     for bits in widths:
-        plan = torch.full((rows,), bits, dtype=torch.int8, device=device)
-        buf = torch.empty(mixed_buffer_bytes(plan, dim), dtype=torch.uint8, device=device)
-        out = torch.empty_like(x)
+        plans.append(torch.full((rows,), bits, dtype=torch.int8, device=device))
+        bufs.append(
+            torch.empty(mixed_buffer_bytes(plans[-1], dim), dtype=torch.uint8, device=device)
+        )
         best_q = best_d = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()
-            quantize_mixed(x, plan, out=buf)
+            quantize_mixed(x, plans[-1], out=bufs[-1])
             t1 = time.perf_counter()
-            dequantize_mixed(buf, plan, dim, out=out)
+            dequantize_mixed(bufs[-1], plans[-1], dim, out=out)
             t2 = time.perf_counter()
             best_q, best_d = min(best_q, t1 - t0), min(best_d, t2 - t1)
         figures += [best_q / x.numel(), best_d / x.numel()]
-    slowest = torch.tensor(figures, dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    values = slowest.tolist()
-    quant = {b: values[2 * i] for i, b in enumerate(widths)}
-    dequant = {b: values[2 * i + 1] for i, b in enumerate(widths)}
-    return quant, dequant
+    dist.barrier()  # every rank sustains at once, as in training
+    rounds, start = 0, time.perf_counter()
+    while True:
+        for plan, buf in zip(plans, bufs, strict=True):
+            quantize_mixed(x, plan, out=buf)
+            dequantize_mixed(buf, plan, dim, out=out)
+        rounds += 1
+        sustained = time.perf_counter() - start
+        if sustained >= sustain_s:
+            break
+    mine = torch.tensor([*figures, sustained / (rounds * x.numel())], dtype=torch.float64)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    table = torch.stack(every).numpy()  # [P, 2W + 1]
+    fastest = table[:, :-1].min(axis=0)
+    quant = {b: float(fastest[2 * i]) for i, b in enumerate(widths)}
+    dequant = {b: float(fastest[2 * i + 1]) for i, b in enumerate(widths)}
+    scale = np.maximum(table[:, -1] / fastest.sum(), 1.0)
+    return quant, dequant, scale

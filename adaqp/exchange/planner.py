@@ -145,20 +145,22 @@ class BitWidthPlanner:
         if self.cost_kind.profiles_hosts:
             # Every width the wire carries: the first cycle's (the uniform width) is
             # priced too, allowed or not.
-            quant, dequant = time_quantization(SUPPORTED_BITS, 64, self.device)
-            nics = host_model(self.link_model, self.hosts, quant, dequant)
+            quant, dequant, scale = time_quantization(SUPPORTED_BITS, 64, self.device)
+            nics = host_model(self.link_model, self.hosts, quant, dequant, cpu_scale=scale)
             fabric = profile_fabric(nics)
             self.host_model = dataclasses.replace(nics, fabric_Bps=fabric)
             if world.is_main:
                 logger.info(
                     "hosts %s: send %s, receive %s MB/s, all hosts at once %s, local "
-                    "copies %.0f MB/s; (de)quantization %s ns/value",
+                    "copies %.0f MB/s; (de)quantization %s ns/value, sustained on each "
+                    "rank's CPU %sx that",
                     self.hosts.tolist(),
                     np.round(self.host_model.beta_out_Bps / 1e6).tolist(),
                     np.round(self.host_model.beta_in_Bps / 1e6).tolist(),
                     "unbounded" if math.isinf(fabric) else f"{fabric / 1e6:.0f} MB/s",
                     self.host_model.beta_local_Bps / 1e6,
                     {b: round(1e9 * (quant[b] + dequant[b]), 1) for b in quant},
+                    np.round(self.host_model.cpu_scale, 2).tolist(),
                 )
         if world.is_main:
             off = ~np.eye(p, dtype=bool)
@@ -224,6 +226,7 @@ class BitWidthPlanner:
                 [[b, quant[b], dequant[b]] for b in sorted(quant)], dtype=torch.float64
             )
             state["hosts/fabric"] = torch.tensor([self.host_model.fabric_Bps], dtype=torch.float64)
+            state["hosts/cpu_scale"] = torch.from_numpy(self.host_model.cpu_scale.copy())
         return state
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
@@ -235,7 +238,10 @@ class BitWidthPlanner:
             rows = state["hosts/costs"].tolist()
             quant, dequant = {int(b): q for b, q, _ in rows}, {int(b): d for b, _, d in rows}
             fabric = float(state["hosts/fabric"]) if "hosts/fabric" in state else math.inf
-            self.host_model = host_model(self.link_model, self.hosts, quant, dequant, fabric)
+            scale = state["hosts/cpu_scale"].numpy() if "hosts/cpu_scale" in state else None
+            self.host_model = host_model(
+                self.link_model, self.hosts, quant, dequant, fabric, cpu_scale=scale
+            )
 
     def end_epoch(
         self,

@@ -150,3 +150,55 @@ def test_host_model_validation():
         )
     with pytest.raises(TypeError):
         solve_assignment(channels, 8, None, reference_bits=2)
+
+
+def test_a_ranks_cpu_scale_prices_its_own_quantization():
+    """A message costs its sender's and its receiver's CPU at their own rates: rank 0 at
+    three times the table's (a host held to a third of a core), rank 1 at it."""
+    channels = [Channel(0, 1, np.ones(100))]
+    widths = [np.full(100, 2, np.int8)]
+    kw = dict(quant_s_per_value=1e-9, dequant_s_per_value=2e-9)
+    even = HostModel.uniform([0, 1], 0.0, 1e15, 1e15, **kw)
+    slow_sender = HostModel.uniform([0, 1], 0.0, 1e15, 1e15, cpu_scale=[3.0, 1.0], **kw)
+    slow_receiver = HostModel.uniform([0, 1], 0.0, 1e15, 1e15, cpu_scale=[1.0, 3.0], **kw)
+    values = 100 * 10
+    assert even.exchange_time(channels, 10, widths) == pytest.approx(2e-9 * values, rel=1e-3)
+    assert slow_sender.exchange_time(channels, 10, widths) == pytest.approx(3e-9 * values, rel=1e-3)
+    assert slow_receiver.exchange_time(channels, 10, widths) == pytest.approx(
+        6e-9 * values, rel=1e-3
+    )
+    with pytest.raises(ValueError, match="cpu_scale"):
+        HostModel.uniform([0, 1], 0.0, 1e9, 1e9, cpu_scale=[1.0])
+    with pytest.raises(ValueError, match="cpu_scale"):
+        HostModel.uniform([0, 1], 0.0, 1e9, 1e9, cpu_scale=[1.0, 0.0])
+
+
+@pytest.mark.parametrize(("scale", "full"), [([1.0, 1.0], False), ([10.0, 1.0], True)])
+def test_the_solver_sends_float32_where_a_ranks_cpu_is_short(scale, full):
+    """Fast links: quantizing pays while the CPU is plentiful (8 bits: about 62 us against
+    float32's 128), not once rank 0, which (de)quantizes every message both ways, runs at a
+    tenth of the table's rate (292 us)."""
+    channels = [Channel(0, 1, np.ones(200)), Channel(1, 0, np.ones(200))]
+    hosts = HostModel.uniform(
+        [0, 1],
+        1e-5,
+        4e8,
+        4e8,
+        quant_s_per_value=1e-9,
+        dequant_s_per_value=1e-9,
+        cpu_scale=scale,
+    )
+    result = solve_assignment(
+        channels,
+        64,
+        hosts,
+        bits=(1, 2, 4, 8, 32),
+        group_size=10,
+        reference_bits=8,
+        budget=1.0,
+        window_s=0.0,
+        method="milp",
+        time_limit_s=5.0,
+    )
+    used = set(np.concatenate(result.bits).tolist())
+    assert used == {32} if full else 32 not in used

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -15,6 +18,8 @@ from adaqp.assign.profile import (
     host_model,
     hosts_from_names,
 )
+from adaqp.bench.emulate.cgroups import Budget
+from tests.bench.emulate.helpers import _cgroup_tree, _tag, needs_cgroups
 
 
 def test_hosts_are_numbered_by_first_appearance():
@@ -75,3 +80,48 @@ def test_fabric_rate_is_unbounded_unless_the_all_to_all_is_clearly_slower_than_t
         LinkModel(np.full((2, 2), 1e-5), np.full((2, 2), 1e9)), np.array([0, 0]), {}, {}
     )
     assert fabric_rate(one, np.zeros((2, 2), np.int64), 1.0) == math.inf
+
+
+_TIME_QUANTIZATION = """
+import os, sys
+import torch
+import torch.distributed as dist
+from adaqp.assign.profile import time_quantization
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=0, world_size=1)
+time_quantization((1, 2, 4, 8), 64, torch.device("cpu"))  # compiled, warm
+for procs in sys.argv[2:]:  # into the group once started: its imports ran unthrottled
+    with open(procs, "w") as f:
+        f.write(str(os.getpid()))
+print(float(time_quantization((1, 2, 4, 8), 64, torch.device("cpu"))[2][0]))
+dist.destroy_process_group()
+"""
+
+
+def _cpu_scale(tmp_path, name: str, procs: list) -> float:
+    out = subprocess.run(
+        [sys.executable, "-c", _TIME_QUANTIZATION, str(tmp_path / name), *map(str, procs)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    return float(out.stdout.split()[-1])
+
+
+@needs_cgroups
+def test_a_cpu_quota_shows_in_the_sustained_rate(tmp_path):
+    """A rank held to a fifth of a core (a host's budget in the emulated cluster) times its
+    (de)quantization at about a fifth of the rate, sustained: its CPU scale is about 5 (a
+    burst alone, within one quota period, reads about 1). The scale without a quota is
+    reported, not compared: on a busy machine it is well above 1 too."""
+    tree = _cgroup_tree()
+    group = tree.group(f"aq{_tag(8)}-h0")
+    try:
+        group.create(Budget(cpus=0.2))
+        held = _cpu_scale(tmp_path, "held", group.procs_files)
+    finally:
+        assert group.remove(timeout_s=10)
+    assert held >= 2.5, (held, _cpu_scale(tmp_path, "free", []))

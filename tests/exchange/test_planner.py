@@ -167,6 +167,7 @@ def _pinned_uniform_worker(rank, world_size, init_method, part_dir, overrides):
     planner_module.time_quantization = lambda widths, *a, **kw: (
         dict.fromkeys(widths, 1e-6),
         dict.fromkeys(widths, 1e-6),
+        None,
     )
     planner_module.profile_fabric = lambda *args, **kwargs: math.inf
     base = ["data.dataset=cora", f"partition.dir={part_dir}", "comm.mode=adaqp"]

@@ -56,7 +56,7 @@ def _pin_timings() -> None:
         return LinkModel(np.full((p, p), 20e-6), np.full((p, p), 1e9))
 
     def quantization(widths, *args, **kwargs):
-        return dict.fromkeys(widths, 1e-9), dict.fromkeys(widths, 1e-9)
+        return dict.fromkeys(widths, 1e-9), dict.fromkeys(widths, 1e-9), None
 
     planner.profile_links = links
     planner.time_quantization = quantization
