@@ -112,7 +112,7 @@ def test_result_line_of_a_quantized_mode_shows_its_bits_and_says_when_they_are_3
         assert "/epoch, 2.35 bits; written" in line and "full precision" not in line, line
     line = result_line(_summary("adaqp", avg_bits=32.0), Path("o"))
     assert "32 bits (full precision: the links are faster than quantizing" in line
-    assert "quant.cost_model" in line
+    assert 'quant.full_precision = "never" quantizes regardless' in line
 
 
 @pytest.mark.parametrize(
