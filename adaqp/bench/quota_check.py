@@ -12,8 +12,8 @@ worker each, alternately under two budgets that both give each host one core:
 The two arms take turns (the first arm alternates between repeats), so that a slow minute
 of this shared machine falls on both. It prints and writes (``--out``) each run's median
 epoch time, both arms' means and their ratio, with the load average before each run.
-The target (issue 44): the two within 5%. ``--period-us`` runs the quota arm with another
-CFS period (100000: the kernel's default), to tell the period's cost from the quota's.
+The target: the two within 5%. ``--period-us`` runs the quota arm with another CFS period
+(100000: the kernel's default), to tell the period's cost from the quota's.
 """
 
 from __future__ import annotations
@@ -82,15 +82,21 @@ def _own_cpuset() -> Path:
     raise SystemExit("no v1 cpuset controller here: the check needs cgroup v1's cpuset")
 
 
+def arm_budgets(arm: str, period_us: int) -> list[Budget]:
+    """The two hosts' budgets in ``arm``: no quota where a core of its own is the budget
+    (``cpuset``), else one core's quota per ``period_us`` (the cluster's 10 ms unless
+    ``--period-us`` says otherwise)."""
+    if arm == "cpuset":
+        return [Budget(), Budget()]
+    return [Budget(cpus=1.0, period_us=period_us)] * 2
+
+
 def run_arm(arm: str, args: argparse.Namespace, repeat: int) -> dict:
     """One training job on 2 hosts under ``arm``'s budget; its epoch time and CPU use."""
     tree = find_cgroups()
     if arm == "cpuset":
         tree = PinnedTree(tree.version, tree.bases, cpuset_base=_own_cpuset())
-        budgets = [Budget(), Budget()]
-    else:
-        # The cluster's 10 ms period unless --period-us says otherwise.
-        budgets = [Budget(cpus=1.0, period_us=args.period_us)] * 2
+    budgets = arm_budgets(arm, args.period_us)
     run_dir = Path("results/runs/bench-quota-check") / f"{arm}-{repeat}"
     train_args = [
         *("--config", SIGNAL_CONFIG, "--mode", args.mode, "--epochs", str(args.epochs)),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adaqp.bench.emulate.cgroups import Budget, CgroupV1
-from adaqp.bench.quota_check import PinnedGroup, PinnedTree
+from adaqp.bench.emulate.cgroups import CFS_PERIOD_US, Budget, CgroupV1
+from adaqp.bench.quota_check import PinnedGroup, PinnedTree, arm_budgets
 
 
 def test_pinned_groups_pin_each_host_to_its_own_core_and_are_removed(tmp_path: Path):
@@ -29,3 +29,19 @@ def test_pinned_groups_pin_each_host_to_its_own_core_and_are_removed(tmp_path: P
             f.unlink()
     assert group.remove(timeout_s=2)
     assert not any((base / "aq123-h1").exists() for base in bases)
+
+
+def test_period_us_sets_the_quota_arms_period_and_quota(tmp_path: Path):
+    """``--period-us 100000`` gives each host of the quota arm one core per 100 ms in the
+    group's own files, as the cluster's 10 ms gives one per 10 ms; the cpuset arm has no
+    quota."""
+    bases = [tmp_path / c for c in ("cpu", "cpuacct", "memory")]
+    for base in bases:
+        base.mkdir()
+    tree = CgroupV1(*bases)
+    assert arm_budgets("cpuset", 100_000) == [Budget(), Budget()]
+    for i, period in enumerate((100_000, CFS_PERIOD_US)):
+        tree.group(f"aq{i}-h0").create(arm_budgets("quota", period)[0])
+        cpu = bases[0] / f"aq{i}-h0"
+        assert (cpu / "cpu.cfs_period_us").read_text().strip() == str(period)
+        assert (cpu / "cpu.cfs_quota_us").read_text().strip() == str(period)
