@@ -39,6 +39,7 @@ from adaqp.assign.costmodels import CostModel, HostModel, LinkModel, fit_alpha_b
 from adaqp.assign.kinds import CostModelKind, cost_model_kind, kind_of
 from adaqp.assign.problem import Assignment, evaluate_assignment
 from adaqp.assign.profile import (
+    CHECK_SIZES,
     PROFILE_SIZES,
     host_model,
     host_of_rank,
@@ -58,6 +59,7 @@ from adaqp.bits import FULL_PRECISION_BITS
 __all__ = [
     "CALIBRATION_PLANS",
     "FULL_PRECISION_BITS",
+    "CHECK_SIZES",
     "PROFILE_SIZES",
     "Assignment",
     "Channel",

@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 
 from adaqp.assign import (
+    CHECK_SIZES,
     Channel,
     HostModel,
     LinkModel,
@@ -141,13 +142,16 @@ class BitWidthPlanner:
         """Profiles the links (and for the host model the hosts) of every rank (collective)."""
         world = self.world
         p = world.world_size
-        self.link_model = profile_links(world)
+        if self.cost_kind.plans_by_pair:
+            self.link_model = profile_links(world)
+        else:  # only to choose between the uniform width and float32: a quick profile
+            self.link_model = profile_links(world, CHECK_SIZES, repeats=1)
         if self.cost_kind.profiles_hosts:
             # Every width the wire carries: the first cycle's (the uniform width) is
             # priced too, allowed or not.
             quant, dequant, scale = time_quantization(SUPPORTED_BITS, 64, self.device)
             nics = host_model(self.link_model, self.hosts, quant, dequant, cpu_scale=scale)
-            fabric = profile_fabric(nics)
+            fabric = profile_fabric(nics, repeats=3 if self.cost_kind.plans_by_pair else 1)
             self.host_model = dataclasses.replace(nics, fabric_Bps=fabric)
             if world.is_main:
                 logger.info(

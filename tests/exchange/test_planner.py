@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from adaqp.assign import HostModel, LinkModel, cost_model_kind
+from adaqp.assign import CHECK_SIZES, HostModel, LinkModel, cost_model_kind
 from adaqp.config import ConfigError, QuantConfig, load_config
 from adaqp.data import load_dataset
 from adaqp.exchange import planner as planner_module
@@ -159,7 +159,10 @@ def _pinned_uniform_worker(rank, world_size, init_method, part_dir, overrides):
     """A default (uniform) adaqp run whose start-up profile is pinned: links of 1 GB/s and
     (de)quantization at 1 µs per value, so that float32 is predicted faster."""
 
-    def links(world, *args, **kwargs):
+    probes = []
+
+    def links(world, sizes=None, repeats=None):
+        probes.append((sizes, repeats))
         p = world.world_size
         return LinkModel(np.full((p, p), 20e-6), np.full((p, p), 1e9))
 
@@ -177,7 +180,7 @@ def _pinned_uniform_worker(rank, world_size, init_method, part_dir, overrides):
         meta = read_metadata(part_dir)
         graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
         summary = Trainer(config, graph, meta, world).fit(NullWriter())
-        return {"avg_bits": np.array(summary.avg_bits)}
+        return {"avg_bits": np.array(summary.avg_bits), "probes": np.array(json.dumps(probes))}
     finally:
         shutdown()
 
@@ -191,6 +194,10 @@ def test_the_default_adaqp_sends_float32_where_the_profile_says_it_is_faster(
     make_partition(cora, parts, num_parts=2, spec=load_config(None, []).data.spec())
     results = run_workers(_pinned_uniform_worker, 2, tmp_path, str(parts), overrides)
     assert [float(r["avg_bits"]) for r in results] == [bits, bits]
+    # Profiled only where the answer is asked for, and then briefly: one repeat of the
+    # quick probes, not the solver's full profile.
+    quick = [[list(CHECK_SIZES), 1]] if not overrides else []
+    assert [json.loads(str(r["probes"])) for r in results] == [quick, quick]
 
 
 def test_the_first_cycle_traces_at_the_uniform_width():
