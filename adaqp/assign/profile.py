@@ -60,7 +60,7 @@ so the fitted bandwidth is the sustained rate that a whole exchange sees."""
 CHECK_SIZES = (4_096, 1_048_576)
 """Probe sizes (one repeat each) when the profile only decides between the uniform width
 and float32 (the uniform scheme). The answer turns where float32's bytes cost what
-quantizing costs, about 1 GB/s at the 2-4 ns per value measured sustained under the
+quantizing costs, about 1 GB/s at the 3-4.5 ns per value measured sustained under the
 emulated cluster's budgets; a rate read 1.3 times high (a 1 MB probe on a link whose
 first 256 KB pass at line rate) moves it only for links within that factor of it. The
 profile of 4 hosts, one behind a 75 Mbit/s link, took 2 s instead of 14 (with the
