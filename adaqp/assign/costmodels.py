@@ -138,7 +138,7 @@ class HostModel:
     quant_s_per_value: Mapping[int, float] = field(default_factory=dict)
     dequant_s_per_value: Mapping[int, float] = field(default_factory=dict)
     fabric_Bps: float = math.inf
-    cpu_scale: np.ndarray | None = None
+    cpu_scale: np.ndarray | Sequence[float] | None = None
 
     def __post_init__(self) -> None:
         hosts = np.array(self.host_of_rank)
@@ -217,7 +217,7 @@ class HostModel:
             dict.fromkeys(SUPPORTED_BITS, quant_s_per_value),
             dict.fromkeys(SUPPORTED_BITS, dequant_s_per_value),
             fabric_Bps,
-            None if cpu_scale is None else np.asarray(cpu_scale, dtype=np.float64),
+            cpu_scale,  # checked and made an array in __post_init__
         )
 
     @property

@@ -261,19 +261,19 @@ def time_quantization(
     plans, bufs, figures = [], [], []
     out = torch.empty_like(x)
     for bits in widths:
-        plans.append(torch.full((rows,), bits, dtype=torch.int8, device=device))
-        bufs.append(
-            torch.empty(mixed_buffer_bytes(plans[-1], dim), dtype=torch.uint8, device=device)
-        )
+        plan = torch.full((rows,), bits, dtype=torch.int8, device=device)
+        buf = torch.empty(mixed_buffer_bytes(plan, dim), dtype=torch.uint8, device=device)
         best_q = best_d = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()
-            quantize_mixed(x, plans[-1], out=bufs[-1])
+            quantize_mixed(x, plan, out=buf)
             t1 = time.perf_counter()
-            dequantize_mixed(bufs[-1], plans[-1], dim, out=out)
+            dequantize_mixed(buf, plan, dim, out=out)
             t2 = time.perf_counter()
             best_q, best_d = min(best_q, t1 - t0), min(best_d, t2 - t1)
         figures += [best_q / x.numel(), best_d / x.numel()]
+        plans.append(plan)
+        bufs.append(buf)
     dist.barrier()  # every rank sustains at once, as in training
     rounds, start = 0, time.perf_counter()
     while True:

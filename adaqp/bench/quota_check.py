@@ -29,8 +29,8 @@ from pathlib import Path
 
 from adaqp.bench import SIGNAL_CONFIG
 from adaqp.bench.cluster import read_run
-from adaqp.bench.emulate import Budget, EmulatedCluster, cgroups, host_links
-from adaqp.bench.emulate.cgroups import CgroupTree, HostGroup, find_cgroups
+from adaqp.bench.emulate import Budget, EmulatedCluster, host_links
+from adaqp.bench.emulate.cgroups import CFS_PERIOD_US, CgroupTree, HostGroup, find_cgroups
 
 CPUSET_ROOT = Path("/sys/fs/cgroup/cpuset")
 """Where cgroup v1 mounts the cpuset controller (the groups go under this process's own)."""
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--period-us",
         type=int,
-        default=cgroups.CFS_PERIOD_US,
+        default=CFS_PERIOD_US,
         help="CFS period of the quota arm in microseconds (the cluster's is 10000)",
     )
     parser.add_argument(

@@ -142,16 +142,18 @@ class BitWidthPlanner:
         """Profiles the links (and for the host model the hosts) of every rank (collective)."""
         world = self.world
         p = world.world_size
-        if self.cost_kind.plans_by_pair:
-            self.link_model = profile_links(world)
-        else:  # only to choose between the uniform width and float32: a quick profile
-            self.link_model = profile_links(world, CHECK_SIZES, repeats=1)
+        # Planning by pair needs the full profile; choosing between the uniform width and
+        # float32 (the uniform scheme), a quick one.
+        full = self.cost_kind.plans_by_pair
+        self.link_model = (
+            profile_links(world) if full else profile_links(world, CHECK_SIZES, repeats=1)
+        )
         if self.cost_kind.profiles_hosts:
             # Every width the wire carries: the first cycle's (the uniform width) is
             # priced too, allowed or not.
             quant, dequant, scale = time_quantization(SUPPORTED_BITS, 64, self.device)
             nics = host_model(self.link_model, self.hosts, quant, dequant, cpu_scale=scale)
-            fabric = profile_fabric(nics, repeats=3 if self.cost_kind.plans_by_pair else 1)
+            fabric = profile_fabric(nics, repeats=3 if full else 1)
             self.host_model = dataclasses.replace(nics, fabric_Bps=fabric)
             if world.is_main:
                 logger.info(
