@@ -55,7 +55,8 @@ about half a core's rate."""
 PROFILE_SIZES = (4_096, 1_048_576, 4_194_304)
 """Bytes per probe transfer when profiling links. The large probes exceed the burst a
 shaped link lets through at line rate (the emulated cluster's token bucket holds 256 KB),
-so the fitted bandwidth is the sustained rate that a whole exchange sees."""
+so the fitted bandwidth is the sustained rate that a whole exchange sees. The planner
+probes each size once (``repeats`` is for callers that want the fastest of several)."""
 
 CHECK_SIZES = (4_096, 1_048_576)
 """Probe sizes (one repeat each) when the profile only decides between the uniform width
@@ -63,8 +64,8 @@ and float32 (the uniform scheme). The answer turns where float32's bytes cost wh
 quantizing costs, about 1 GB/s at the 3-4.5 ns per value measured sustained under the
 emulated cluster's budgets; a rate read 1.3 times high (a 1 MB probe on a link whose
 first 256 KB pass at line rate) moves it only for links within that factor of it. The
-profile of 4 hosts, one behind a 75 Mbit/s link, took 2 s instead of 14 (with the
-quantizer's timing and the fabric probe)."""
+profile of 4 hosts, one behind a 75 Mbit/s link, took 2 s where three repeats of
+``PROFILE_SIZES`` took 14 (with the quantizer's timing and the fabric probe)."""
 
 
 def profile_links(

@@ -12,8 +12,8 @@ import math
 import torch
 
 from adaqp.exchange.planner import BitWidthPlanner
-from adaqp.exchange.policy import ExchangePolicy, Pending, substate
-from adaqp.exchange.transport import BitPlan, ExchangeKey, HaloTransport
+from adaqp.exchange.policy import ExchangePolicy, substate
+from adaqp.exchange.transport import BitPlan, ExchangeKey, HaloTransport, PendingExchange
 
 
 class AdaptivePolicy(ExchangePolicy):
@@ -31,10 +31,16 @@ class AdaptivePolicy(ExchangePolicy):
     def plan(self, key: ExchangeKey, out_rows: int, in_rows: int, dim: int) -> BitPlan:
         return self.planner.plan(key, out_rows, in_rows, dim)
 
-    def start(self, key: ExchangeKey, rows_RD: torch.Tensor) -> Pending:
-        if self._training and self.planner.tracing:
-            self.planner.trace(key, rows_RD)
-        return super().start(key, rows_RD)
+    def _launch(
+        self, key: ExchangeKey, rows_RD: torch.Tensor, ranges: bool = False
+    ) -> PendingExchange:
+        """A training exchange, traced where the planner traces: from the rows' minima and
+        maxima that the quantizer takes anyway where it can, else in a pass of its own."""
+        traced = self.planner.tracing
+        handle = super()._launch(key, rows_RD, ranges or traced)
+        if traced:
+            self.planner.trace(key, rows_RD, handle.squared_ranges)
+        return handle
 
     def end_epoch(
         self,

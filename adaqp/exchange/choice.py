@@ -208,9 +208,7 @@ class ChoicePolicy(AdaptivePolicy):
         self._measure_drift(key, rows_RD)
         if self._epoch == 1:  # onebit's first epoch, measured for the first choice
             return self.stale.start(key, rows_RD)
-        if self.planner.tracing:
-            self.planner.trace(key, rows_RD)
-        pending = ExchangePolicy.start(self, key, rows_RD)
+        pending = ExchangePolicy.start(self, key, rows_RD)  # traced in its launch
         self._last_fresh[key] = pending.handle
         return pending
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from adaqp.bits import FULL_PRECISION_BITS
@@ -83,21 +84,44 @@ def encode(
     has_full: bool,
     kernels: str | None,
     keys: RowKeys | None = None,
-) -> None:
+    squared_out: torch.Tensor | None = None,
+) -> bool:
     """Fills uint8 ``out`` (``sum(layout.segment_bytes)`` bytes) with ``rows_RD``'s segments;
     ``has_full``: whether any row of the plan travels at full precision. ``keys``: one per
     row of ``rows_RD`` (``adaqp/quant/draws.py``), which the draws then come from on either
-    path (None: fresh ones, ``adaqp.quant.draws.fresh_keys``)."""
+    path (None: fresh ones, ``adaqp.quant.draws.fresh_keys``). ``squared_out`` (float64
+    ``[R]``): where the quantizer takes every row's minimum and maximum in its one call, it
+    is filled with the rows' squared ranges from them (the planner's trace, without a pass
+    of its own: :func:`squared_ranges_of`). Returns whether it was."""
     if _one_call(has_full, kernels, rows_RD.device):
         rows = rows_RD if rows_RD.dtype == torch.float32 else rows_RD.to(torch.float32)
         quant_kernels.quantize_segments(rows, layout.compiled, out, keys)
-        return
+        if squared_out is None:
+            return False
+        squared_ranges_of(out, layout, squared_out)
+        return True
     seg_keys = [None] * len(layout.counts) if keys is None else keys.split(layout.counts)
     seg_keys = [k for k, count in zip(seg_keys, layout.counts, strict=True) if count]
     for (seg_rows, seg_bits, seg_out), k in zip(
         layout.segments(rows_RD, out), seg_keys, strict=True
     ):
         encode_segment(seg_rows, seg_bits, seg_out, has_full, kernels, k)
+    return False
+
+
+def squared_ranges_of(buf: torch.Tensor, layout: MessageLayout, out_R: torch.Tensor) -> None:
+    """Fills float64 ``out_R`` with each row's ``(max - min)²`` as a message of quantized
+    rows carries them (every segment opens with its rows' minima, then maxima, in float32):
+    the difference in float32, squared in float64, bit for bit what
+    ``adaqp.quant.kernels.squared_ranges`` takes from the rows themselves."""
+    payload, squared = buf.numpy(), out_R.numpy()
+    starts, rows_per = layout.compiled.starts, layout.compiled.rows
+    first = 0
+    for start, rows in zip(starts.tolist(), rows_per.tolist(), strict=True):
+        meta = payload[start : start + 8 * rows].copy().view(np.float32)
+        span = (meta[rows:] - meta[:rows]).astype(np.float64)
+        np.multiply(span, span, out=squared[first : first + rows])
+        first += rows
 
 
 def decode(

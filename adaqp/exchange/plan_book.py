@@ -11,7 +11,10 @@ Per message v the variance weight is ``w_v = s_v · D · E[(M_v - m_v)²] / 4``:
   receivers to senders, since only the receiver holds the coefficients), or 1 for
   gradients (the owner adds them unscaled);
 - the squared range ``(M_v - m_v)²`` is traced on the sender during each assignment
-  cycle (:meth:`PlanBook.trace`) and averaged over the epochs traced.
+  cycle (:meth:`PlanBook.trace`) and averaged over the epochs traced. Where the compiled
+  quantizer sends the rows in one call it takes every row's minimum and maximum anyway,
+  and the trace reads them from it; elsewhere (float32 rows in the plan, the torch path)
+  the trace takes a pass of its own, the same bits.
 
 Rank 0 solves every traced exchange and broadcasts all per-message widths in one flat
 uint8 buffer: exchanges in sorted order, then channels ``(src, dst)`` in row-major order
@@ -83,12 +86,16 @@ class PlanBook:
             plan = self.plans[key] = BitPlan.uniform(first(), out_rows, in_rows, self.device)
         return plan
 
-    def trace(self, key: ExchangeKey, rows_RD: torch.Tensor) -> None:
-        """Accumulates the squared row ranges of one outgoing block (``squared_ranges``:
-        one compiled pass, bit for bit ``amax - amin``)."""
+    def trace(
+        self, key: ExchangeKey, rows_RD: torch.Tensor, squared: torch.Tensor | None = None
+    ) -> None:
+        """Accumulates the squared row ranges of one outgoing block: ``squared`` where the
+        quantizer took them from the rows it quantized (``HaloTransport.start``), else
+        ``squared_ranges`` (one compiled pass, bit for bit the same ``amax - amin``)."""
         if rows_RD.shape[1] == 0:
             return
-        squared = squared_ranges(rows_RD, self.kernels).cpu()
+        if squared is None:
+            squared = squared_ranges(rows_RD, self.kernels).cpu()
         entry = self.traces.get(key)
         if entry is None:
             self.traces[key] = [squared, 1, rows_RD.shape[1]]

@@ -128,10 +128,14 @@ class ExchangePolicy:
         handle = self._launch(key, rows_RD)
         return _Counted(handle, self._counters, self.counts_fresh_reads)
 
-    def _launch(self, key: ExchangeKey, rows_RD: torch.Tensor) -> PendingExchange:
+    def _launch(
+        self, key: ExchangeKey, rows_RD: torch.Tensor, ranges: bool = False
+    ) -> PendingExchange:
+        """Starts a training exchange at its plan; ``ranges``: the handle carries the sent
+        rows' squared ranges where the quantizer reads them (``HaloTransport.start``)."""
         out_counts, in_counts = self.transport.counts(key)
         plan = self.plan(key, sum(out_counts), sum(in_counts), rows_RD.shape[1])
-        handle = self.transport.start(rows_RD, key, plan)
+        handle = self.transport.start(rows_RD, key, plan, ranges)
         self._counters.record_launch(handle)
         return handle
 

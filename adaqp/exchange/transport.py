@@ -103,7 +103,9 @@ class PendingExchange:
     """Handle of one exchange in flight; ``wait()`` returns the received rows [R_in, D].
 
     Read-only figures: ``bytes_sent`` and ``bits_histogram`` (known at launch),
-    ``quant_s`` and ``launch_s`` (time to quantize and to launch), and once waited
+    ``quant_s`` and ``launch_s`` (time to quantize and to launch), ``squared_ranges``
+    (float64 ``[R_out]``: each sent row's ``(max - min)²`` where it was asked for and the
+    quantizer took the rows' minima and maxima, else None), and once waited
     ``wait_s`` (blocked in ``wait``), ``exchange_s`` (payload ready to landing) and
     ``dequant_s``. ``arrived_at`` and ``done_at`` date, on the wall clock that ranks
     compare, when this rank reached the exchange (before quantizing) and when its
@@ -122,8 +124,10 @@ class PendingExchange:
         quant_s: float = 0.0,
         launch_s: float = 0.0,
         decode: Callable[..., torch.Tensor] | None = None,
+        squared_ranges: torch.Tensor | None = None,
     ):
         self._transport = transport
+        self.squared_ranges = squared_ranges
         self._key = key
         self._work = work
         self._recv = recv
@@ -316,9 +320,14 @@ class HaloTransport:
         return self.recv_counts, self.send_counts
 
     def start(
-        self, rows_RD: torch.Tensor, key: ExchangeKey, plan: BitPlan | None = None
+        self,
+        rows_RD: torch.Tensor,
+        key: ExchangeKey,
+        plan: BitPlan | None = None,
+        ranges: bool = False,
     ) -> PendingExchange:
-        """Sends ``rows_RD`` (peer segments in rank order) and returns the handle."""
+        """Sends ``rows_RD`` (peer segments in rank order) and returns the handle; with
+        ``ranges``, the handle's ``squared_ranges`` where the quantizer reads them."""
         out_counts, in_counts = self.counts(key)
         if rows_RD.shape[0] != sum(out_counts):
             raise ValueError(
@@ -347,7 +356,9 @@ class HaloTransport:
         sent, received = plan.layouts(dim, out_counts, in_counts, sources)
         send = torch.empty(sum(sent.segment_bytes), dtype=torch.uint8, device=rows_RD.device)
         keys = self.draw_keys(key, rows_RD.shape[0])
-        message.encode(rows_RD, sent, send, plan.has_full, self.kernels, keys)
+        squared = torch.empty(rows_RD.shape[0], dtype=torch.float64) if ranges else None
+        if not message.encode(rows_RD, sent, send, plan.has_full, self.kernels, keys, squared):
+            squared = None
         # The exchange clock starts once the payload is ready: quantization is counted
         # apart and is not communication that compute could hide.
         quantized = time.perf_counter()
@@ -369,6 +380,7 @@ class HaloTransport:
             quant_s=quantized - began,
             launch_s=time.perf_counter() - quantized,
             decode=decode,
+            squared_ranges=squared,
         )
 
     def _launch(self, recv, send, in_splits, out_splits, key: ExchangeKey):
@@ -388,7 +400,11 @@ class NoCommTransport(HaloTransport):
     time is the lower bound that a perfectly hidden exchange could reach."""
 
     def start(
-        self, rows_RD: torch.Tensor, key: ExchangeKey, plan: BitPlan | None = None
+        self,
+        rows_RD: torch.Tensor,
+        key: ExchangeKey,
+        plan: BitPlan | None = None,
+        ranges: bool = False,
     ) -> PendingExchange:
         _, in_counts = self.counts(key)
         recv = rows_RD.new_zeros((sum(in_counts), rows_RD.shape[1]))

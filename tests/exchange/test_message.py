@@ -10,6 +10,7 @@ import torch
 from adaqp.bits import SUPPORTED_BITS
 from adaqp.exchange import message
 from adaqp.exchange.message import BitPlan, MessageLayout
+from adaqp.quant import kernels as K
 from adaqp.quant.draws import Draw, RowKeys, draw_key
 from adaqp.quant.mixed import blend_
 from adaqp.quant.pack import unpack
@@ -204,3 +205,37 @@ def test_a_nodes_row_is_rounded_alike_in_any_message(kernels: str, has_full: boo
         decoded.append(torch.empty_like(out).index_copy_(0, torch.from_numpy(perm), out))
     assert torch.equal(decoded[0], decoded[1])
     assert not torch.equal(decoded[0], x)  # quantized: the comparison can fail
+
+
+@pytest.mark.parametrize("dim", [1, 9, 67])
+def test_the_one_call_hands_the_planner_its_trace_bit_for_bit(dim: int):
+    """The quantizer takes every row's minimum and maximum anyway: from them the one call
+    fills the rows' squared ranges, which the planner's trace would otherwise take in a
+    pass of its own (``squared_ranges``), the same bits, repeated rows and a constant and
+    negative row among them. Where rows go segment by segment it fills nothing."""
+    sources = torch.tensor([0, 1, 2, 3, 4, 5, 3, 1, 0, 9, 2, 7, 6, 8, 1])  # repeats
+    h = torch.randn(10, dim, generator=_gen(dim)) * 1e3
+    h[6], h[8] = 2.5, -h[8].abs()
+    x = h.index_select(0, sources)
+    widths = _widths(len(sources), dim + 1)
+    layout = MessageLayout(widths, COUNTS, dim, sources)
+    buf = torch.empty(sum(layout.segment_bytes), dtype=torch.uint8)
+    squared = torch.full((len(sources),), -1.0, dtype=torch.float64)
+    keys = RowKeys.of(4, count=len(sources))
+    assert message.encode(x, layout, buf, False, "compiled", keys, squared)
+    reference = K.squared_ranges(x, "torch")
+    torch.testing.assert_close(squared, reference, rtol=0, atol=0)
+    assert squared[12] == 0  # the constant row
+    # The buffer is the one it would be without the ranges.
+    plain = torch.empty_like(buf)
+    message.encode(x, layout, plain, False, "compiled", keys)
+    assert torch.equal(plain, buf)
+    # Float32 rows in the plan, or the torch path: segment by segment, nothing filled.
+    untouched = torch.full_like(squared, -1.0)
+    full = widths.clone()
+    full[::4] = 32
+    full_layout = MessageLayout(full, COUNTS, dim, sources)
+    out = torch.empty(sum(full_layout.segment_bytes), dtype=torch.uint8)
+    assert not message.encode(x, full_layout, out, True, "compiled", squared_out=untouched)
+    assert not message.encode(x, layout, buf, False, "torch", squared_out=untouched)
+    assert (untouched == -1).all()

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from adaqp.assign import CHECK_SIZES, HostModel, LinkModel, cost_model_kind
+from adaqp.assign import CHECK_SIZES, PROFILE_SIZES, HostModel, LinkModel, cost_model_kind
 from adaqp.config import ConfigError, QuantConfig, load_config
 from adaqp.data import load_dataset
 from adaqp.exchange import planner as planner_module
@@ -47,7 +47,9 @@ def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, sc
     )
     profiles, limits = [], []
     profile = planner_module.profile_links
-    planner_module.profile_links = lambda world: profiles.append(1) or profile(world)
+    planner_module.profile_links = lambda world, *a, **kw: (
+        profiles.append(1) or profile(world, *a, **kw)
+    )
     solve = planner_module.solve_exchange
     planner_module.solve_exchange = lambda *a, **kw: (
         limits.append(kw["time_limit_s"]) or solve(*a, **kw)
@@ -156,8 +158,9 @@ def test_a_uniform_plan_is_float32_where_the_host_model_predicts_it_faster(
 
 
 def _pinned_uniform_worker(rank, world_size, init_method, part_dir, overrides):
-    """A default (uniform) adaqp run whose start-up profile is pinned: links of 1 GB/s and
-    (de)quantization at 1 µs per value, so that float32 is predicted faster."""
+    """An adaqp run (uniform unless ``overrides`` say otherwise) whose start-up profile is
+    pinned: links of 1 GB/s and (de)quantization at 1 µs per value, so that float32 is
+    predicted faster."""
 
     probes = []
 
@@ -186,18 +189,25 @@ def _pinned_uniform_worker(rank, world_size, init_method, part_dir, overrides):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize(("overrides", "bits"), [([], 32.0), (["quant.full_precision=never"], 1.0)])
+@pytest.mark.parametrize(
+    ("overrides", "bits", "probes"),
+    [
+        # Profiled briefly where the answer is asked for: one repeat of the two quick probes.
+        ([], 32.0, [[list(CHECK_SIZES), 1]]),
+        (["quant.full_precision=never"], 1.0, []),
+        # The solver's profile: every probe size, once each (13 s less than three repeats
+        # with a 75 Mbit/s host, before the first epoch).
+        (["quant.scheme=adaptive"], 32.0, [[list(PROFILE_SIZES), 1]]),
+    ],
+)
 def test_the_default_adaqp_sends_float32_where_the_profile_says_it_is_faster(
-    cora, tmp_path, overrides, bits
+    cora, tmp_path, overrides, bits, probes
 ):
     parts = tmp_path / "parts"
     make_partition(cora, parts, num_parts=2, spec=load_config(None, []).data.spec())
     results = run_workers(_pinned_uniform_worker, 2, tmp_path, str(parts), overrides)
     assert [float(r["avg_bits"]) for r in results] == [bits, bits]
-    # Profiled only where the answer is asked for, and then briefly: one repeat of the
-    # quick probes, not the solver's full profile.
-    quick = [[list(CHECK_SIZES), 1]] if not overrides else []
-    assert [json.loads(str(r["probes"])) for r in results] == [quick, quick]
+    assert [json.loads(str(r["probes"])) for r in results] == [probes, probes]
 
 
 def test_the_first_cycle_traces_at_the_uniform_width():
