@@ -92,13 +92,15 @@ def encode(
     path (None: fresh ones, ``adaqp.quant.draws.fresh_keys``). ``squared_out`` (float64
     ``[R]``): where the quantizer takes every row's minimum and maximum in its one call, it
     is filled with the rows' squared ranges from them (the planner's trace, without a pass
-    of its own: :func:`squared_ranges_of`). Returns whether it was."""
+    of its own), the difference in float32 and squared in float64, bit for bit what
+    ``adaqp.quant.kernels.squared_ranges`` takes from the rows. Returns whether it was."""
     if _one_call(has_full, kernels, rows_RD.device):
         rows = rows_RD if rows_RD.dtype == torch.float32 else rows_RD.to(torch.float32)
-        quant_kernels.quantize_segments(rows, layout.compiled, out, keys)
+        mins, maxs = quant_kernels.quantize_segments(rows, layout.compiled, out, keys)
         if squared_out is None:
             return False
-        squared_ranges_of(out, layout, squared_out)
+        span = (maxs - mins).astype(np.float64)
+        np.multiply(span, span, out=squared_out.numpy())
         return True
     seg_keys = [None] * len(layout.counts) if keys is None else keys.split(layout.counts)
     seg_keys = [k for k, count in zip(seg_keys, layout.counts, strict=True) if count]
@@ -107,21 +109,6 @@ def encode(
     ):
         encode_segment(seg_rows, seg_bits, seg_out, has_full, kernels, k)
     return False
-
-
-def squared_ranges_of(buf: torch.Tensor, layout: MessageLayout, out_R: torch.Tensor) -> None:
-    """Fills float64 ``out_R`` with each row's ``(max - min)²`` as a message of quantized
-    rows carries them (every segment opens with its rows' minima, then maxima, in float32):
-    the difference in float32, squared in float64, bit for bit what
-    ``adaqp.quant.kernels.squared_ranges`` takes from the rows themselves."""
-    payload, squared = buf.numpy(), out_R.numpy()
-    starts, rows_per = layout.compiled.starts, layout.compiled.rows
-    first = 0
-    for start, rows in zip(starts.tolist(), rows_per.tolist(), strict=True):
-        meta = payload[start : start + 8 * rows].copy().view(np.float32)
-        span = (meta[rows:] - meta[:rows]).astype(np.float64)
-        np.multiply(span, span, out=squared[first : first + rows])
-        first += rows
 
 
 def decode(

@@ -148,8 +148,7 @@ class BitWidthPlanner:
         # fitted to the measured exchanges absorbs a probe's noise, and three repeats
         # of the 4 MB probe cost 13 s more on a 75 Mbit/s link, paid before training.
         started = time.perf_counter()
-        full = self.cost_kind.plans_by_pair
-        sizes = PROFILE_SIZES if full else CHECK_SIZES
+        sizes = PROFILE_SIZES if self.cost_kind.plans_by_pair else CHECK_SIZES
         self.link_model = profile_links(world, sizes, repeats=1)
         if self.cost_kind.profiles_hosts:
             # Every width the wire carries: the first cycle's (the uniform width) is

@@ -328,15 +328,16 @@ def _check_message(layout: SegmentLayout, buf: Tensor, rows_RD: Tensor) -> None:
 
 def quantize_segments(
     x_RD: Tensor, layout: SegmentLayout, out: Tensor, keys: RowKeys | None = None
-) -> Tensor:
+) -> tuple[np.ndarray, np.ndarray]:
     """Every segment of a message quantized into uint8 ``out`` in one call, one base key for
-    the whole message: each segment is then a :func:`quantize_mixed` buffer of its rows."""
+    the whole message: each segment is then a :func:`quantize_mixed` buffer of its rows.
+    Returns the rows' float32 ``(mins, maxs)``, as the segments carry them."""
     _check_message(layout, out, x_RD)
     payload = numpy_view(out)
     args = (x_RD, layout.widths, layout.offsets, payload, keys, layout.first)
     mins, maxs = _encode(*args)
     compiled_module().copy_metadata(payload, layout.starts, layout.rows, mins, maxs, True)
-    return out
+    return mins, maxs
 
 
 def dequantize_segments(
