@@ -32,3 +32,9 @@ def uniform_bits(model: str) -> int:
     one seed (uniform 1 and 2 bits were not run there; on Cora every width is within 0.2
     points of Vanilla: docs/gat.md)."""
     return {"gcn": 1, "sage": 2, "gat": 4}[model]
+
+
+def bits_text(avg_bits: float) -> str:
+    """``32 bits``, ``1 bit``, ``2.35 bits``: a whole width without decimals."""
+    text = f"{avg_bits:.0f}" if avg_bits == round(avg_bits) else f"{avg_bits:.2f}"
+    return f"{text} bit{'' if text == '1' else 's'}"

@@ -36,6 +36,7 @@ try:
 except ModuleNotFoundError:  # numpy, which the config's dataset defaults import
     require(PROG)
     raise
+from adaqp.bits import bits_text  # noqa: E402 - after the check above
 from adaqp.stop import request_stop, stop_requested  # noqa: E402 - after the check above
 
 logger = logging.getLogger("adaqp.train")
@@ -152,24 +153,17 @@ def format_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def _bits(avg_bits: float) -> str:
-    """``32 bits``, ``1 bit``, ``2.35 bits``: a whole width without decimals."""
-    text = f"{avg_bits:.0f}" if avg_bits == round(avg_bits) else f"{avg_bits:.2f}"
-    return f"{text} bit{'' if text == '1' else 's'}"
-
-
 def result_line(summary, out: Path) -> str:
     """The line a finished run prints (rank 0): with its figures, the precision of its
     halo messages (32 bits for float32) and, for the stale modes, the staleness bound."""
     accuracy = f"test acc {summary.test_acc_at_best_val:.4f}"
     if summary.mode == "nocomm":
         accuracy += " (nocomm: not meaningful)"
-    bits = ", no exchange" if summary.mode == "nocomm" else f", {_bits(summary.avg_bits)}"
+    bits = ", no exchange" if summary.mode == "nocomm" else f", {bits_text(summary.avg_bits)}"
     if summary.mode in QUANTIZED_MODES and summary.avg_bits >= 32:
-        bits += (
-            " (full precision: the links are faster than quantizing; "
-            'quant.full_precision = "never" quantizes regardless)'
-        )
+        one_host = len(set(getattr(summary, "host_of_rank", []))) <= 1
+        why = "every message stays within one host" if one_host else "the start-up profile"
+        bits += f' (float32: {why}; quant.full_precision = "never" quantizes)'
     if summary.mode in STALE_MODES:
         bits += f", staleness bound {summary.staleness_bound}"
     return (

@@ -23,10 +23,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-QUANTIZED = ("quant.scheme=adaptive", "quant.cost_model=shared")
+QUANTIZED = ("quant.scheme=adaptive", "quant.cost_model=shared", "quant.full_precision=never")
 """Overrides for tests of the quantized exchange path with the solver choosing widths (the
-default scheme is uniform, 1 bit for GCN): the default cost model (host) may predict float32 no
-slower over loopback and send it; ``shared`` quantizes on any network."""
+default scheme is uniform, 1 bit for GCN): by default every rank of one machine sends
+float32 (``quant.full_precision = "auto"``: they share a host), and the default cost model
+(host) prices from a profile of the machine's load; ``never`` and ``shared`` quantize
+every message and plan alike on any machine."""
 
 _PRELOAD = [
     "torch",

@@ -28,6 +28,8 @@ QUANT_CHANGES = [
     "quant.kernels=torch",
     "quant.time_limit_s=3",
     "quant.profile_every=2",
+    "quant.full_precision=never",
+    "quant.full_precision=profile",
 ]
 STALENESS_CHANGES = [
     "staleness.bound=2",

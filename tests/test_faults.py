@@ -193,6 +193,41 @@ def test_stopped_worker_ends_the_run_after_the_timeout_naming_it(tmp_path):
         assert epoch == step, output[-4000:]
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_run_killed_for_memory_ends_failed_saying_so(tmp_path):
+    """Rank 0 killed with SIGKILL (as the kernel's out-of-memory killer kills) cannot
+    record its end: the launcher does, instead of leaving status.json "running"."""
+    out, parts = tmp_path / "run", tmp_path / "parts"
+    cmd = [sys.executable, "-m", "adaqp.launcher", *CONFIG[:2], "--epochs", "100000"]
+    cmd += ["--out", str(out)]
+    for item in (f"partition.dir={parts}", "metrics.progress=false", "checkpoint.every=0"):
+        cmd += ["--set", item]
+    env = {k: v for k, v in ENV.items() if k not in ("RESTARTS", "NNODES")}
+    env.update(NPROC="2", TORCH_ELASTIC_SHUTDOWN_TIMEOUT="5")
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        metrics, deadline = out / "metrics.jsonl", time.monotonic() + 240
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the run never started training"
+            time.sleep(0.2)
+        victim = worker_pid(out, 0)
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, stderr[-3000:]
+    assert "rank 0 ended with signal SIGKILL" in stderr, stderr[-3000:]
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "failed", status
+    assert status["error"] == "rank 0 was killed (SIGKILL), likely out of memory"
+    assert status["pid"] == victim and status["recorded_by"] == "launcher"
+
+
 def _citeseer_worker(rank, world_size, init_method, part_dir: str):
     from adaqp.config import load_config
     from adaqp.graph.local import LocalGraph

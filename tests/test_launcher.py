@@ -20,7 +20,9 @@ from adaqp.config import MODES
 from adaqp.launcher import Launch, UsageError, main, parse
 from adaqp.launcher import args as launcher_args
 from adaqp.launcher.output import OutputFilter, Stream, exit_code, read_codes
-from adaqp.launcher.run import _silent_failure
+from adaqp.launcher.run import _silent_failure, record_end
+from adaqp.run.placement import read_status
+from adaqp.run.rundir import RunDir
 from adaqp.runtime import usable_cores
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -248,8 +250,10 @@ def test_help_lists_every_option_and_answers_without_torch():
 def test_the_launcher_imports_only_the_standard_library():
     """And adaqp.deps (which says what is missing where torch is), adaqp.cores (the
     workers' share of the cores) and adaqp.handoff (the variables it sets for the
-    workers), themselves stdlib only."""
+    workers), themselves stdlib only; once torchrun has ended, adaqp.run.rundir (which
+    records a killed run's end), whose import loads no third-party package."""
     stdlib_only = ("adaqp.deps", "adaqp.cores", "adaqp.handoff")
+    once_ended = ("adaqp.run.rundir",)
     for path in [
         *(ROOT / "adaqp" / "launcher").glob("*.py"),
         *(ROOT / "adaqp" / f"{name.partition('.')[2]}.py" for name in stdlib_only),
@@ -260,8 +264,12 @@ def test_the_launcher_imports_only_the_standard_library():
                 names = [node.module or ""]
             for name in names:
                 top = name.partition(".")[0]
-                ours = name.startswith("adaqp.launcher") or name in stdlib_only
+                ours = name.startswith("adaqp.launcher") or name in stdlib_only + once_ended
                 assert top in sys.stdlib_module_names or ours, (path, name)
+    code = "import sys, adaqp.launcher, adaqp.run.rundir\n"
+    code += "print(sorted(m for m in sys.modules if m.partition('.')[0] in ('torch', 'numpy')))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert loaded.stdout.strip() == "[]", loaded
 
 
 def test_train_sh_help_and_a_missing_config_stop_before_torchrun(tmp_path):
@@ -419,6 +427,65 @@ def test_codes_are_read_and_silent_failures_explained(tmp_path):
     # Rank 0 stopped by torchrun (130) before it printed rank 1's config error.
     assert "rank 1 ended with exit code 2" in _silent_failure(OutputFilter(), {0: 130, 1: 2}, 1)
     assert "torchrun ended with exit code 1" in _silent_failure(OutputFilter(), {}, 1)
+
+
+# How a run ended whose rank 0 could not say so.
+
+
+def _lost_run(tmp_path: Path, monkeypatch) -> tuple[Path, Path, dict]:
+    """A started run whose rank 0 ended without recording it (status "running", the lock
+    free); returns (the launcher's folder, the run's, its status)."""
+    status_dir = tmp_path / "status"
+    status_dir.mkdir()
+    monkeypatch.setenv("ADAQP_STATUS_DIR", str(status_dir))  # rank 0 names its run there
+    out = tmp_path / "run"
+    run = RunDir.claim(out, job="job-a")
+    # While rank 0 lives (its lock held), the launcher changes nothing.
+    assert record_end(status_dir, [(0, -signal.SIGKILL)], 1, False) is None
+    run.close()
+    return status_dir, out, read_status(out)
+
+
+def test_a_run_whose_rank_0_was_killed_ends_failed_naming_the_signal(tmp_path, monkeypatch):
+    status_dir, out, running = _lost_run(tmp_path, monkeypatch)
+    assert running["status"] == "running"
+    assert record_end(status_dir, [(0, -signal.SIGKILL)], 1, False) == out.resolve()
+    status = read_status(out)
+    assert status["status"] == "failed"
+    assert status["error"] == "rank 0 was killed (SIGKILL), likely out of memory"
+    assert status["recorded_by"] == "launcher"
+    assert {k: status[k] for k in running if k not in ("status", "updated_at")} == {
+        k: v for k, v in running.items() if k not in ("status", "updated_at")
+    }  # every field kept: the job, rank 0's pid and host, the start
+
+
+def test_the_launcher_records_only_what_rank_0_could_not(tmp_path, monkeypatch):
+    status_dir, out, _ = _lost_run(tmp_path, monkeypatch)
+
+    def rank_0_ends(exc: BaseException | None) -> None:
+        run = RunDir.claim(out, overwrite=True)
+        run.end(exc)
+        run.close()
+
+    # No report of a signal (--debug leaves torchrun's report unread): still not running.
+    record_end(status_dir, [], 1, False)
+    assert read_status(out)["error"] == "rank 0 ended without recording how (torchrun: exit code 1)"
+    # A run rank 0 recorded as failed or complete keeps its own account.
+    for exc, status in ((RuntimeError("a peer died"), "failed"), (None, "complete")):
+        rank_0_ends(exc)
+        assert record_end(status_dir, [(1, -signal.SIGKILL)], 1, False) is None
+        assert read_status(out)["status"] == status and "recorded_by" not in read_status(out)
+    # torchrun stopped rank 0 (interrupted) after rank 1 was killed: failed, naming it.
+    rank_0_ends(KeyboardInterrupt("SIGTERM"))
+    record_end(status_dir, [(1, -signal.SIGKILL), (0, -signal.SIGTERM)], 1, False)
+    assert read_status(out)["error"] == "rank 1 was killed (SIGKILL), likely out of memory"
+    # After Ctrl-C, a run rank 0 could not mark is interrupted; any other signal is named.
+    RunDir.claim(out, overwrite=True).close()
+    record_end(status_dir, [(0, -signal.SIGKILL)], 1, True)
+    assert read_status(out)["status"] == "interrupted"
+    RunDir.claim(out, overwrite=True).close()
+    record_end(status_dir, [(0, -signal.SIGSEGV)], 1, False)
+    assert read_status(out)["error"] == "rank 0 was ended by signal SIGSEGV"
 
 
 # The launcher around a stand-in for torchrun.

@@ -109,10 +109,13 @@ def test_result_line_names_the_folder_and_marks_nocomm_accuracy():
 def test_result_line_of_a_quantized_mode_shows_its_bits_and_says_when_they_are_32():
     for mode in ("adaqp", "adaqp-q"):
         line = result_line(_summary(mode, avg_bits=2.345), Path("o"))
-        assert "/epoch, 2.35 bits; written" in line and "full precision" not in line, line
+        assert "/epoch, 2.35 bits; written" in line and "float32" not in line, line
     line = result_line(_summary("adaqp", avg_bits=32.0), Path("o"))
-    assert "32 bits (full precision: the links are faster than quantizing" in line
-    assert 'quant.full_precision = "never" quantizes regardless' in line
+    assert "32 bits (float32: every message stays within one host;" in line
+    assert 'quant.full_precision = "never" quantizes)' in line
+    hosts = _summary("adaqp", avg_bits=32.0)
+    hosts.host_of_rank = [0, 1]
+    assert "32 bits (float32: the start-up profile;" in result_line(hosts, Path("o"))
 
 
 @pytest.mark.parametrize(
@@ -186,7 +189,7 @@ def test_default_folders_differ_per_config_file_and_the_start_is_described(tmp_p
         assert f"written to results/runs/{stem}-vanilla-p1" in proc.stdout
         # What trains and how long it will take, before the first results.
         assert "cora: 2708 nodes, 10556 edges, 1433 features, 7 classes" in proc.stderr
-        assert "epoch 3 took" in proc.stderr and "for the 1 epochs left" in proc.stderr
+        assert "epoch 3 took" in proc.stderr and "for the 1 epoch left" in proc.stderr
     for stem in ("first", "second"):
         assert (tmp_path / "results/runs" / f"{stem}-vanilla-p1" / "summary.json").exists()
 

@@ -171,13 +171,14 @@ def _host_fill(p: HostProblem, price: np.ndarray, num_caps: int) -> list[np.ndar
     return [base, *fills]
 
 
-def host_greedy(p: HostProblem, time_limit_s: float, num_caps: int = 32) -> np.ndarray:
+def host_greedy(p: HostProblem, time_limit_s: float | None, num_caps: int = 32) -> np.ndarray:
     """The heuristic of :mod:`adaqp.assign.solve`: the LP relaxation rounded, else capped fills.
 
     Candidates are the uniform assignments and both stages' LP solutions rounded down, to
     nearest and up (up keeps the first stage's within the variance budget); the best wins.
-    Without an LP solution (HiGHS failed within
-    ``time_limit_s``) they are the capped fills of :func:`_host_fill`, priced first by every
+    Without an LP solution (HiGHS failed within ``RELAXATION_MAX_ITER`` iterations, or
+    within ``time_limit_s`` where one is given: the MILP's fallback) they are the capped
+    fills of :func:`_host_fill`, priced first by every
     resource second alike, then by where the best so far sets ``T`` (:func:`_host_prices`).
     """
     candidates = [np.full(p.w.size, k, np.int64) for k in range(p.bits.size)]
@@ -286,7 +287,12 @@ def host_milp(p: HostProblem, time_limit_s: float) -> tuple[np.ndarray | None, s
     return two_stages(p, _host_stage, time_limit_s)
 
 
-def _host_relaxation(p: HostProblem, time_limit_s: float) -> list[np.ndarray] | None:
+RELAXATION_MAX_ITER = 100_000
+"""Simplex iterations of each LP relaxation in the greedy: a bound that does not depend on
+the machine's speed or load, so that the greedy's plan does not either."""
+
+
+def _host_relaxation(p: HostProblem, time_limit_s: float | None) -> list[np.ndarray] | None:
     """The LP relaxations' ``y`` ``[G, K-1]`` in ``[0, 1]`` of both stages, the second
     capped at the first's relaxed ``T`` or the window, whichever is later (and ``SLACK`` of
     the tolerance, as :func:`~adaqp.assign.problem.two_stages`); None if HiGHS fails."""
@@ -300,7 +306,8 @@ def _host_relaxation(p: HostProblem, time_limit_s: float) -> list[np.ndarray] | 
             b_ub=ub,
             bounds=np.column_stack([lower, upper]),
             method="highs",
-            options={"time_limit": float(time_limit_s) / 2},
+            options={"maxiter": RELAXATION_MAX_ITER}
+            | ({} if time_limit_s is None else {"time_limit": float(time_limit_s) / 2}),
         )
         if res.status != 0:
             return None

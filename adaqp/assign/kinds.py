@@ -6,18 +6,21 @@ priced at all. :func:`cost_model_kind` is the only place that reads either for i
 the adaptive policy's report and :func:`~adaqp.assign.solve.solve_assignment` ask the
 :class:`CostModelKind` they get:
 
-* ``none`` (the random scheme; the uniform scheme under another model or with
-  ``quant.full_precision = "never"``): nothing is profiled, solved, calibrated or reported
-  by pair.
-* :data:`UNIFORM_HOST` (the uniform scheme under the host model, the default): the links
-  and hosts are profiled only to choose, per exchange, between the uniform width and
-  float32 (float32 where it is predicted no slower: links faster than quantizing).
+* ``none`` (the random scheme; the uniform scheme unless ``quant.full_precision =
+  "profile"``, the default among them): nothing is profiled, solved or calibrated.
+* :data:`UNIFORM_HOST` (the uniform scheme under the host model with
+  ``quant.full_precision = "profile"``): the links and hosts are profiled only to
+  choose, per exchange, between the uniform width and float32 (float32 where it is
+  predicted no slower: links faster than quantizing).
 * ``shared`` and ``sender``: the per-pair link profile, with the channels that share a
   link (all of them; each sender's) merged into one, solved under the link model.
 * ``link``: every pair its own link; the slowest channel sets the time.
 * ``host``: the hosts profiled as well ((de)quantization cost, the fabric's rate) and
   exchanges solved under the :class:`~adaqp.assign.costmodels.HostModel`, with full
-  precision one of the widths (unless ``quant.full_precision = "never"``).
+  precision one of the widths under ``quant.full_precision = "profile"``.
+
+Under ``quant.full_precision = "auto"`` (the default) which pairs send float32 is not a
+cost model's: the planner sends float32 between ranks of one host and plans the rest.
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ class CostModelKind:
         merge: how channels that share a link are merged before solving: ``"shared"``
             (all into one), ``"sender"`` (each sender's into one) or None (not merged).
         full_precision: under the host model, whether float32 is one of the widths
-            (``quant.full_precision``: ``"auto"``).
+            (``quant.full_precision = "profile"``).
     """
 
     name: str
@@ -184,28 +187,28 @@ KINDS = {
 """Every kind the adaptive scheme plans with, by name (and ``none``)."""
 
 UNIFORM_HOST = CostModelKind("host", plans_by_pair=False, by_host=True)
-"""The uniform scheme under the host model: the links and hosts are profiled, and each
-exchange is sent at the uniform width or, where the model predicts it no slower, as
-float32; nothing is solved, calibrated or reported by pair."""
+"""The uniform scheme under the host model with ``quant.full_precision = "profile"``: the
+links and hosts are profiled, and each exchange is sent at the uniform width or, where
+the model predicts it no slower, as float32; nothing is solved or calibrated."""
 
 
 def cost_model_kind(config: QuantConfig) -> CostModelKind:
     """The kind a run's quant section plans with.
 
-    The adaptive scheme: ``quant.cost_model``'s, without float32 among the widths where
-    ``quant.full_precision = "never"``. The uniform scheme: :data:`UNIFORM_HOST` under the
-    host model with ``quant.full_precision = "auto"`` (a fast network gets float32 rows,
-    as the solver would give it), else ``none``: every message at the width. The random
-    scheme (benchmark-only): ``none``."""
+    The adaptive scheme: ``quant.cost_model``'s, with float32 among the host model's
+    widths only where ``quant.full_precision = "profile"``. The uniform scheme:
+    :data:`UNIFORM_HOST` under the host model with ``quant.full_precision = "profile"``
+    (a profile then picks float32 where it predicts it no slower), else ``none``: no
+    stopwatch decides anything. The random scheme (benchmark-only): ``none``."""
     if config.cost_model == "none" or config.cost_model not in KINDS:
         raise ValueError(f"unknown cost model {config.cost_model!r}")
-    auto = config.full_precision == "auto"
+    profile = config.full_precision == "profile"
     if config.scheme == "uniform":
-        return UNIFORM_HOST if config.cost_model == "host" and auto else KINDS["none"]
+        return UNIFORM_HOST if config.cost_model == "host" and profile else KINDS["none"]
     if config.scheme != "adaptive":
         return KINDS["none"]
     kind = KINDS[config.cost_model]
-    return kind if auto or not kind.by_host else dataclasses.replace(kind, full_precision=False)
+    return kind if profile or not kind.by_host else dataclasses.replace(kind, full_precision=False)
 
 
 def kind_of(model: CostModel) -> CostModelKind:

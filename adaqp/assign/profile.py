@@ -1,23 +1,25 @@
 """Profiling the running cluster (collective): what the cost models are built from.
 
 Links: :func:`profile_links` times ping-pongs between every ordered pair of ranks (probe
-sizes ``PROFILE_SIZES``) and fits each pair's alpha and beta: the
-:class:`~adaqp.assign.costmodels.LinkModel`.
+sizes ``PROFILE_SIZES``), disjoint pairs at once in round-robin rounds, and fits each
+pair's alpha and beta: the :class:`~adaqp.assign.costmodels.LinkModel`.
 
 Hosts for the ``host`` cost model: which rank runs where, how fast each host's network
 link is, and what (de)quantization costs per value.
 
 The host of a rank is torchrun's node (``GROUP_RANK``: one agent per host, also in an
 emulated cluster whose namespaces share one hostname), else its hostname. Link rates come
-from the per-pair profile (``profile_links``, each pair timed alone): a host's
+from the per-pair profile (``profile_links``, no rank in two pairs at once): a host's
 send rate is the median over pairs leaving it, its receive rate the median over pairs
 entering it, and copies between two ranks of one host run at the median of those pairs.
-(De)quantization is timed on every rank at once (:func:`time_quantization`): in bursts,
-the fastest of a few, for each width's cost per value, and sustained for
-``SUSTAIN_S``, long enough for a host's CPU quota to throttle it (several of the emulated
-cluster's 10 ms periods) and for ranks that share cores to share them. The fastest rank's
-burst figures are the costs per width; each rank's sustained time over them is its CPU
-scale, so that a message costs its sender and its receiver the CPU their hosts have.
+Every tensor a probe sends lives on the backend's device (NCCL refuses CPU tensors),
+and every timing waits for the device's queued work. (De)quantization is timed on every
+rank at once (:func:`time_quantization`): in bursts, the fastest of a few, for each
+width's cost per value, and sustained for ``SUSTAIN_S``, long enough for a host's CPU
+quota to throttle it (several of the emulated cluster's 10 ms periods) and for ranks
+that share cores to share them. The fastest rank's burst figures are the costs per
+width; each rank's sustained time over them is its CPU scale, so that a message costs
+its sender and its receiver the CPU their hosts have.
 
 Pairs timed alone do not show what the network carries when every host sends at once: a
 switch whose backplane (or uplinks) carry less than the sum of its ports, or hosts whose
@@ -68,36 +70,43 @@ profile of 4 hosts, one behind a 75 Mbit/s link, took 2 s where three repeats of
 ``PROFILE_SIZES`` took 14 (with the quantizer's timing and the fabric probe)."""
 
 
+def round_robin(world_size: int) -> list[list[tuple[int, int]]]:
+    """Rounds of disjoint rank pairs in which every pair meets once (the circle method):
+    P - 1 rounds of P / 2 pairs for even P, P rounds with one rank idle in each for odd P."""
+    if world_size < 2:
+        return []
+    n = world_size + world_size % 2  # an odd count gets a rank P that sits out
+    order = list(range(n))
+    rounds = []
+    for _ in range(n - 1):
+        pairs = [(order[i], order[n - 1 - i]) for i in range(n // 2)]
+        rounds.append([(min(a, b), max(a, b)) for a, b in pairs if max(a, b) < world_size])
+        order = [order[0], order[-1], *order[1:-1]]
+    return rounds
+
+
 def profile_links(
     world: World, sizes: tuple[int, ...] = PROFILE_SIZES, repeats: int = 3
 ) -> LinkModel:
     """Times ping-pongs between every ordered pair of ranks and fits alpha/beta per pair.
 
-    Each pair runs alone (the others proceed to their own pairs), so the figures are
-    per-link, not shared. A fit that fails (timings too noisy to grow with size, as on an
-    idle loopback) falls back to alpha = fastest probe and beta from the largest probe.
-    """
-    p = world.world_size
+    The pairs meet in :func:`round_robin`'s rounds: the pairs of a round are disjoint and
+    run at once, each timing both its directions in turn, so start-up grows with P, not
+    P². A pair shares no rank with another of its round, so the figures are per link as
+    long as links of disjoint pairs do not share a wire (a fabric that does is probed
+    apart: :func:`profile_fabric`). A fit that fails (timings too noisy to grow with size,
+    as on an idle loopback) falls back to alpha = fastest probe and beta from the largest
+    probe. Every tensor lives on ``world.device`` (NCCL takes no CPU tensors)."""
+    p, device = world.world_size, world.device
     alpha, beta = np.zeros((p, p)), np.ones((p, p))
-    reply = torch.zeros(1, dtype=torch.uint8)
-    for src in range(p):
-        for dst in range(p):
-            if src == dst or world.rank not in (src, dst):
-                continue
-            times = []
-            for size in sizes:
-                payload = torch.zeros(size, dtype=torch.uint8)
-                best = float("inf")
-                for _ in range(repeats):
-                    if world.rank == src:
-                        t0 = time.perf_counter()
-                        dist.send(payload, dst)
-                        dist.recv(reply, dst)
-                        best = min(best, time.perf_counter() - t0)
-                    else:
-                        dist.recv(payload, src)
-                        dist.send(reply, src)
-                times.append(best)
+    reply = torch.zeros(1, dtype=torch.uint8, device=device)
+    payloads = [torch.zeros(size, dtype=torch.uint8, device=device) for size in sizes]
+    for pairs in round_robin(p):
+        pair = next((pair for pair in pairs if world.rank in pair), None)
+        if pair is None:
+            continue  # this rank sits this round out (odd P)
+        for src, dst in (pair, pair[::-1]):
+            times = [_ping_pong(world, src, dst, payload, reply, repeats) for payload in payloads]
             if world.rank == src:
                 try:
                     alpha[src, dst], beta[src, dst] = fit_alpha_beta(sizes, times)
@@ -106,19 +115,43 @@ def profile_links(
                     beta[src, dst] = sizes[-1] / max(times[-1], 1e-9)
     # Each sender measured its own links: summing the matrices shares them with everyone.
     mine = ~np.eye(p, dtype=bool) & (np.arange(p)[:, None] == world.rank)
-    packed = torch.tensor(np.stack([np.where(mine, alpha, 0.0), np.where(mine, beta, 0.0)]))
-    dist.all_reduce(packed)
-    alpha, beta = packed[0].numpy(), packed[1].numpy()
+    packed = np.stack([np.where(mine, alpha, 0.0), np.where(mine, beta, 0.0)])
+    packed_t = torch.tensor(packed, dtype=torch.float64, device=device)
+    dist.all_reduce(packed_t)
+    alpha, beta = packed_t.cpu().numpy()
     np.fill_diagonal(beta, 1.0)
     return LinkModel(alpha, beta)
 
 
-def host_of_rank(world_size: int) -> np.ndarray:
-    """int64 [P]: a host index per rank, in order of first appearance (collective)."""
+def _ping_pong(
+    world: World, src: int, dst: int, payload: torch.Tensor, reply: torch.Tensor, repeats: int
+) -> float:
+    """Seconds for ``payload`` from src to dst and one byte back (the fastest of
+    ``repeats``; src's figure, the other's is meaningless); a no-op elsewhere."""
+    best = math.inf
+    for _ in range(repeats):
+        if world.rank == src:
+            world.synchronize()  # device work queued before does not count
+            t0 = time.perf_counter()
+            dist.send(payload, dst)
+            dist.recv(reply, dst)
+            world.synchronize()
+            best = min(best, time.perf_counter() - t0)
+        elif world.rank == dst:
+            dist.recv(payload, src)
+            dist.send(reply, src)
+    return best
+
+
+def host_of_rank(world: World) -> np.ndarray:
+    """int64 [P]: a host index per rank, in order of first appearance (collective).
+
+    A rank's host is torchrun's node (``GROUP_RANK``: one agent per host, also in an
+    emulated cluster whose namespaces share one hostname), else its hostname."""
     node = os.environ.get("GROUP_RANK")
     name = f"node-{node}" if node is not None else socket.gethostname()
-    mine = torch.tensor([zlib.crc32(name.encode())], dtype=torch.int64)
-    every = [torch.zeros_like(mine) for _ in range(world_size)]
+    mine = torch.tensor([zlib.crc32(name.encode())], dtype=torch.int64, device=world.device)
+    every = [torch.zeros_like(mine) for _ in range(world.world_size)]
     dist.all_gather(every, mine)
     return hosts_from_names([int(t.item()) for t in every])
 
@@ -185,21 +218,24 @@ def fabric_rate(model: HostModel, volume: np.ndarray, seconds: float) -> float:
     return total / (seconds - model.alpha_s)
 
 
-def profile_fabric(model: HostModel, repeats: int = 3) -> float:
+def profile_fabric(model: HostModel, world: World, repeats: int = 3) -> float:
     """Times ``fabric_probe`` as one all-to-all (fastest of ``repeats``, slowest rank)
-    and returns ``fabric_rate`` (collective; the same on every rank)."""
+    and returns ``fabric_rate`` (collective; the same on every rank; tensors on
+    ``world.device``)."""
     volume = fabric_probe(model.host_of_rank, model.beta_out_Bps, model.beta_in_Bps)
-    rank = dist.get_rank()
-    send = torch.zeros(int(volume[rank].sum()), dtype=torch.uint8)
-    recv = torch.empty(int(volume[:, rank].sum()), dtype=torch.uint8)
+    rank, device = world.rank, world.device
+    send = torch.zeros(int(volume[rank].sum()), dtype=torch.uint8, device=device)
+    recv = torch.empty(int(volume[:, rank].sum()), dtype=torch.uint8, device=device)
     best = math.inf
     for _ in range(repeats):
         dist.barrier()
+        world.synchronize()
         start = time.perf_counter()
         dist.all_to_all_single(recv, send, volume[:, rank].tolist(), volume[rank].tolist())
-        took = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        world.synchronize()
+        took = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
         dist.all_reduce(took, op=dist.ReduceOp.MAX)
-        best = min(best, float(took))
+        best = min(best, float(took.item()))
     return fabric_rate(model, volume, best)
 
 
@@ -246,7 +282,7 @@ def host_model(
 def time_quantization(
     widths: tuple[int, ...],
     dim: int,
-    device,
+    world: World,
     rows: int = 2048,
     repeats: int = 3,
     sustain_s: float = SUSTAIN_S,
@@ -256,7 +292,10 @@ def time_quantization(
     Returns seconds per value to quantize and to dequantize at each width, the fastest
     rank's (each the fastest of ``repeats`` bursts), and float64 ``[P]``: each rank's
     sustained time, (de)quantizing every width in turn for ``sustain_s``, over the time
-    those figures give for the same work (at least 1)."""
+    those figures give for the same work (at least 1). The rows live on
+    ``world.device``, and every timing waits for the device's work (``synchronize``),
+    so that an asynchronous device is timed at its work, not at its launches."""
+    device, clock = world.device, _Stopwatch(world)
     generator = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(rows, dim, generator=generator, device=device)
     plans, bufs, figures = [], [], []
@@ -264,33 +303,47 @@ def time_quantization(
     for bits in widths:
         plan = torch.full((rows,), bits, dtype=torch.int8, device=device)
         buf = torch.empty(mixed_buffer_bytes(plan, dim), dtype=torch.uint8, device=device)
-        best_q = best_d = float("inf")
+        best_q = best_d = math.inf
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            t0 = clock()
             quantize_mixed(x, plan, out=buf)
-            t1 = time.perf_counter()
+            t1 = clock()
             dequantize_mixed(buf, plan, dim, out=out)
-            t2 = time.perf_counter()
+            t2 = clock()
             best_q, best_d = min(best_q, t1 - t0), min(best_d, t2 - t1)
         figures += [best_q / x.numel(), best_d / x.numel()]
         plans.append(plan)
         bufs.append(buf)
     dist.barrier()  # every rank sustains at once, as in training
-    rounds, start = 0, time.perf_counter()
+    rounds, start = 0, clock()
     while True:
         for plan, buf in zip(plans, bufs, strict=True):
             quantize_mixed(x, plan, out=buf)
             dequantize_mixed(buf, plan, dim, out=out)
         rounds += 1
-        sustained = time.perf_counter() - start
+        sustained = clock() - start
         if sustained >= sustain_s:
             break
-    mine = torch.tensor([*figures, sustained / (rounds * x.numel())], dtype=torch.float64)
-    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    mine = torch.tensor(
+        [*figures, sustained / (rounds * x.numel())], dtype=torch.float64, device=device
+    )
+    every = [torch.zeros_like(mine) for _ in range(world.world_size)]
     dist.all_gather(every, mine)
-    table = torch.stack(every).numpy()  # [P, 2W + 1]
+    table = torch.stack(every).cpu().numpy()  # [P, 2W + 1]
     fastest = table[:, :-1].min(axis=0)
     quant = {b: float(fastest[2 * i]) for i, b in enumerate(widths)}
     dequant = {b: float(fastest[2 * i + 1]) for i, b in enumerate(widths)}
     scale = np.maximum(table[:, -1] / fastest.sum(), 1.0)
     return quant, dequant, scale
+
+
+class _Stopwatch:
+    """``perf_counter`` after the device's queued work is done (a sync point on CUDA,
+    free on CPU)."""
+
+    def __init__(self, world: World):
+        self.world = world
+
+    def __call__(self) -> float:
+        self.world.synchronize()
+        return time.perf_counter()

@@ -74,11 +74,17 @@ def add_host_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated emulated host counts, one worker each, e.g. 1,2,4 (default: "
         "none, the --world-sizes and partition parts run instead)",
     )
-    group.add_argument("--cpus-per-host", default="0.5", help="CPU quota of every host, in cores")
     group.add_argument(
-        "--memory-per-host", default="", help="memory limit of every host, e.g. 3g (default: none)"
+        "--cpus-per-host", default="0.5", help="CPU quota of every host, in cores (one value)"
     )
-    group.add_argument("--bandwidth", default="1gbit", help="tc rate of every host's link")
+    group.add_argument(
+        "--memory-per-host",
+        default="",
+        help="memory limit of every host, e.g. 3g, one value (default: none)",
+    )
+    group.add_argument(
+        "--bandwidth", default="1gbit", help="tc rate of every host's link (one value)"
+    )
     group.add_argument(
         "--modes",
         default=HOST_MODES,
@@ -267,18 +273,47 @@ def run_point(args, tree: CgroupTree | None, mode: str, hosts: int) -> dict[str,
     return {"mode": mode, "hosts": hosts, "load_before": load, **run}
 
 
+def check_host_values(args: argparse.Namespace) -> None:
+    """``--cpus-per-host``, ``--memory-per-host`` and ``--bandwidth`` each hold one value
+    that every host of every point gets: the points differ in their host count, so a list
+    of one value per host fits none but one of them.
+
+    Raises:
+        UsageError: a list, or a value that cannot be read.
+    """
+    for flag, value in (
+        ("--cpus-per-host", args.cpus_per_host),
+        ("--memory-per-host", args.memory_per_host),
+        ("--bandwidth", args.bandwidth),
+    ):
+        if "," in value:
+            raise UsageError(
+                f"{flag} {value}: the host sweep gives every host the same value; give one, "
+                "not a list (python -m adaqp.cluster takes one per host)"
+            )
+    try:
+        host_budgets(1, args.cpus_per_host, args.memory_per_host)
+        host_links(1, args.bandwidth)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def run_sweep(args: argparse.Namespace) -> int:
     """The host sweep (``--hosts``): runs, then ``scaling.json``, ``.md`` and ``.png``."""
     modes = chosen_variants("--modes", args.modes, VARIANTS)
-    try:
-        host_budgets(max(args.hosts), args.cpus_per_host, args.memory_per_host)
-        host_links(max(args.hosts), args.bandwidth)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    check_host_values(args)
     try:
         tree = find_cgroups()
     except CgroupError as exc:
         raise UsageError(f"the host sweep needs control groups: {exc}") from None
+    try:
+        return _sweep(args, modes, tree)
+    finally:
+        tree.release()  # v2: this process's group as it was
+
+
+def _sweep(args: argparse.Namespace, modes: list[str], tree: CgroupTree) -> int:
+    """Partitions, the baseline, every point (hosts' groups made under ``tree``), the report."""
     partition_s = {h: _partition(args, h) for h in args.hosts}
     cpus = host_budgets(1, args.cpus_per_host)[0].cpus
     baseline = measure_baseline(tree, cpus, args.timeout)
@@ -290,11 +325,11 @@ def run_sweep(args: argparse.Namespace) -> int:
             results.append(run_point(args, tree, mode, hosts))
         except Exception as exc:  # noqa: BLE001 - reported, the sweep goes on
             failed[f"{mode}-h{hosts}"] = str(exc)
-            print(f"{mode} on {hosts} hosts: failed, {exc}", flush=True)
+            print(f"{mode} on {hosts} host{'s' * (hosts != 1)}: failed, {exc}", flush=True)
             continue
         s = results[-1]["summary"]
         print(
-            f"{mode} on {hosts} hosts: epoch {1e3 * s['epoch_time_s']:.0f} ms, "
+            f"{mode} on {hosts} host{'s' * (hosts != 1)}: epoch {1e3 * s['epoch_time_s']:.0f} ms, "
             f"{s['halo_bytes_per_epoch'] / 1e6:.1f} MB/epoch, peak "
             f"{(_peak(results[-1]['cluster']['hosts']) or 0) / 2**20:.0f} MiB/host, test "
             f"{s['test_acc']:.4f} ({time.perf_counter() - started:.0f}s)",

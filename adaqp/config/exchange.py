@@ -31,7 +31,7 @@ SCHEMES = ("uniform", "adaptive", "random")
 """``quant.scheme``'s values; ``random`` is benchmark-only."""
 COST_MODELS = ("host", "shared", "sender", "link")
 """``quant.cost_model``'s values; all but ``host`` are benchmark-only."""
-FULL_PRECISION_CHOICES = ("auto", "never")
+FULL_PRECISION_CHOICES = ("auto", "never", "profile")
 """``quant.full_precision``'s values."""
 STALE_BITS = (1, 2, 4, 8, 32)  # 32: full precision (PipeGCN's stale exchange)
 LANDINGS = ("newest", "fixed")
@@ -126,12 +126,15 @@ class QuantConfig:
     it between epochs): each exchange's MILP stops at an equal share of what the re-solve
     has left, and keeps the greedy's answer where it has found nothing better."""
     full_precision: str = "auto"
-    """auto (the default): an exchange travels as float32 where the host cost model
-    predicts that no slower than its quantized plan (links faster than quantizing, as over
-    loopback), under either scheme: the uniform scheme checks each exchange at start-up,
-    the adaptive one has float32 among its widths; the result line says so. never: always
-    the planned widths, e.g. to measure a width over a fast network. Under the
-    benchmark-only cost models widths are never replaced."""
+    """Which exchanges of a quantized mode travel as float32 instead of at the planned
+    widths. auto (the default): by topology, the same on every run: messages between
+    workers on one host (torchrun's node, else the hostname) travel as float32, messages
+    between hosts at the planned widths. never: every message at the planned widths,
+    e.g. to measure a width on one machine. profile: a start-up profile of the links
+    and the quantizer decides, per exchange, where float32 is predicted no slower (the
+    adaptive scheme then has float32 among its widths); its figures vary with the
+    machine's load, and so may the numerics. Under the benchmark-only cost models only
+    auto and never apply."""
     cost_model: str = "host"
     """Exchange time model of the adaptive scheme: host (hosts with full-duplex NICs, the
     busiest host's send or receive time, copies within a host, the measured

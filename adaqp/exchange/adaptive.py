@@ -54,12 +54,16 @@ class AdaptivePolicy(ExchangePolicy):
 
     def report(self, solved_at: int) -> dict:
         planner, kind = self.planner, self.planner.cost_kind
-        if not kind.plans_by_pair:
-            return {}  # uniform and random widths: no cost model, nothing planned by pair
         solution = planner.solutions.get(solved_at, {})
-        return {
+        widths = {
             "host_of_rank": planner.hosts.tolist(),
-            "plan_bits_by_pair": solution.get("pair_bits", {}),
+            # The uniform scheme's first plans hold for the whole run.
+            "plan_bits_by_pair": solution.get("pair_bits") or planner.first.pair_bits(),
+        }
+        if not kind.plans_by_pair:
+            return widths  # no cost model: nothing predicted or calibrated
+        return {
+            **widths,
             "predicted_exchange_s_by_tag": dict(sorted(solution.get("predicted_s", {}).items())),
             "calibrated_exchange_s_by_tag": dict(sorted(solution.get("calibrated_s", {}).items())),
             "cost_calibration": dict(solution.get("calibration", {})),

@@ -252,8 +252,10 @@ class ChoicePolicy(AdaptivePolicy):
             [x for k in keys for x in drift_figures(self._sums.get(k) or _no_sums(), cycle)]
             + [sum(self._epoch_s), float(len(self._epoch_s)), float(len(keys))],
             dtype=torch.float64,
+            device=self.stale.device,  # NCCL takes no CPU tensors
         )
         dist.all_reduce(figures)
+        figures = figures.cpu()
         world = self.planner.world
         if int(figures[-1]) != len(keys) * world.world_size:
             raise RuntimeError(f"rank {world.rank}: ranks exchanged different keys")
@@ -275,7 +277,9 @@ class ChoicePolicy(AdaptivePolicy):
         tags = choose(self.drift, self.fresh_wait_s, epoch_s, stale, self.config, epoch == 1)
         # Rank 0's choice is every rank's: ranks that disagreed would send one exchange in
         # two formats.
-        mask = torch.tensor([str(key) in tags for key in keys], dtype=torch.uint8)
+        mask = torch.tensor(
+            [str(key) in tags for key in keys], dtype=torch.uint8, device=self.stale.device
+        )
         dist.broadcast(mask, src=0)
         chosen = {key for key, on in zip(keys, mask.tolist(), strict=True) if on}
         for key in chosen - self.stale_keys:

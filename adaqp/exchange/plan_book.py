@@ -77,13 +77,11 @@ class PlanBook:
     def num_ranks(self) -> int:
         return len(next(iter(self.counts.values())))
 
-    def plan(
-        self, key: ExchangeKey, out_rows: int, in_rows: int, first: Callable[[], int]
-    ) -> BitPlan:
-        """The installed plan of ``key``, else one at ``first()``'s width for every row."""
+    def plan(self, key: ExchangeKey, first: Callable[[], BitPlan]) -> BitPlan:
+        """The installed plan of ``key``, else ``first()``, installed."""
         plan = self.plans.get(key)
         if plan is None:
-            plan = self.plans[key] = BitPlan.uniform(first(), out_rows, in_rows, self.device)
+            plan = self.plans[key] = first()
         return plan
 
     def trace(

@@ -15,10 +15,15 @@ the ranks send their weights to rank 0, which solves every exchange with ``adaqp
 (``adaqp.assign.profile``), and broadcasts all per-message widths in one buffer. Every
 rank installs the same plans before the next epoch, so all ranks switch together. The
 first cycle runs at the run's uniform width (``quant.bits``, unless ``initial_bits`` is
-set) while tracing, so that it costs what the uniform scheme costs. Under the host cost
-model (and ``quant.full_precision = "auto"``) either scheme sends an exchange's uniform
-plan as float32 where that is predicted no slower: the uniform scheme profiles the links
-and hosts for that alone, and traces and solves nothing. Each solve minimises the
+set) while tracing, so that it costs what the uniform scheme costs.
+
+Which pairs send float32 is ``quant.full_precision``'s: under ``auto`` (the default) the
+messages between ranks of one host travel as float32 in every plan, uniform or solved,
+and only the channels between hosts are planned, so the same command gives the same
+numerics on any machine and under any load; ``never`` plans every channel; under
+``profile`` (and the host cost model) either scheme sends an exchange's uniform plan as
+float32 where a start-up profile predicts that no slower, and the adaptive scheme has
+float32 among its widths. Each solve minimises the
 predicted time its exchange's overlap window does not hide within a variance budget
 relative to that uniform width (``adaqp.assign.problem``); the window is estimated from
 the waits measured under the plan that ran (``MeasuredExchanges.window_s``). When to
@@ -54,7 +59,6 @@ from adaqp.assign import (
     HostModel,
     LinkModel,
     cost_model_kind,
-    first_width,
     host_model,
     host_of_rank,
     profile_fabric,
@@ -63,8 +67,9 @@ from adaqp.assign import (
     solve_exchange,
     time_quantization,
 )
-from adaqp.bits import SUPPORTED_BITS
+from adaqp.bits import FULL_PRECISION_BITS, SUPPORTED_BITS
 from adaqp.config import QuantConfig
+from adaqp.exchange.first_plans import FirstPlans
 from adaqp.exchange.plan_book import PlanBook, forward_coefficients
 from adaqp.exchange.resolving import (  # noqa: F401  (importable from here, as before)
     MIN_SOLVE_S,
@@ -104,13 +109,16 @@ class BitWidthPlanner:
         self.world = world
         self.device = graph.device
         p = world.world_size
-        counts = torch.tensor([transport.send_counts, transport.recv_counts], dtype=torch.int64)
+        counts = torch.tensor(
+            [transport.send_counts, transport.recv_counts], dtype=torch.int64, device=self.device
+        )
         gathered = [torch.zeros_like(counts) for _ in range(p)]
         dist.all_gather(gathered, counts)
+        gathered = [g.cpu().numpy() for g in gathered]
         # counts[direction][src][dst]: messages src sends dst in that direction.
         self.counts = {
-            Direction.FORWARD: np.stack([g[0].numpy() for g in gathered]),
-            Direction.BACKWARD: np.stack([g[1].numpy() for g in gathered]),
+            Direction.FORWARD: np.stack([g[0] for g in gathered]),
+            Direction.BACKWARD: np.stack([g[1] for g in gathered]),
         }
         self.book = PlanBook(self.counts, world.rank, self.device, transport.kernels)
         """This rank's plans and traces (``adaqp.exchange.plan_book``)."""
@@ -119,7 +127,12 @@ class BitWidthPlanner:
         and reported."""
         self.link_model: LinkModel | None = None
         self.host_model: HostModel | None = None
-        self.hosts = np.zeros(p, dtype=np.int64)
+        self.hosts = host_of_rank(world)
+        """int64 ``[P]``: the host of each rank (torchrun's node, else the hostname)."""
+        self.first = FirstPlans(config, self.hosts, self.counts, world.rank)
+        """The plans before anything is solved, float32 within a host by default."""
+        """Per exchange, int ``[P, P]``: the width of each pair's messages in its first
+        plan (the uniform scheme's plan for the whole run)."""
         self.forward_coef = None
         self.last_status: dict[str, str] = {}
         self._said_full_precision = False
@@ -135,8 +148,9 @@ class BitWidthPlanner:
         cost model's seconds."""
         if config.scheme == "adaptive":
             self.forward_coef = forward_coefficients(transport, graph, adjacency, self.device)
+        if world.is_main:
+            self.first.say()
         if self.cost_kind.profiles_links:
-            self.hosts = host_of_rank(p)
             self._profile()
 
     def _profile(self) -> None:
@@ -153,9 +167,9 @@ class BitWidthPlanner:
         if self.cost_kind.profiles_hosts:
             # Every width the wire carries: the first cycle's (the uniform width) is
             # priced too, allowed or not.
-            quant, dequant, scale = time_quantization(SUPPORTED_BITS, 64, self.device)
+            quant, dequant, scale = time_quantization(SUPPORTED_BITS, 64, world)
             nics = host_model(self.link_model, self.hosts, quant, dequant, cpu_scale=scale)
-            fabric = profile_fabric(nics, repeats=1)
+            fabric = profile_fabric(nics, world, repeats=1)
             self.host_model = dataclasses.replace(nics, fabric_Bps=fabric)
             if world.is_main:
                 logger.info(
@@ -193,31 +207,22 @@ class BitWidthPlanner:
 
     def plan(self, key: ExchangeKey, out_rows: int, in_rows: int, dim: int) -> BitPlan:
         """The plan of a training exchange of ``dim``-wide rows: the solved one, else the
-        first cycle's fixed width (``_first_width``)."""
-        return self.book.plan(key, out_rows, in_rows, lambda: self._first_width(key, dim))
-
-    def _first_width(self, key: ExchangeKey, dim: int, say: bool = True) -> int:
-        """The uniform width (the adaptive scheme's ``initial_bits`` where set), or under
-        the host model full precision where that is predicted no slower (``first_width``;
-        not with ``quant.full_precision = "never"``)."""
-        cfg = self.config
-        uniform = cfg.scheme == "uniform"
-        initial = cfg.bits if uniform else cfg.initial_bits or cfg.bits
-        if not self.cost_kind.offers_full_precision:
-            return initial
-        width, times = first_width(self.host_model, self.counts[key.direction], dim, initial)
-        if width != initial and say and self.world.is_main:
-            logger.info(
-                "%s: full precision%s, the links being faster than quantizing (%.1f ms "
-                'predicted, %.1f ms at %d bits; quant.full_precision = "never" quantizes '
-                "regardless)",
-                key,
-                "" if uniform else " until the first re-solve",
-                1e3 * times[width],
-                1e3 * times[initial],
-                initial,
+        first cycle's (``_first_widths``)."""
+        plan = self.book.plan(
+            key, lambda: self.first.plan(key, self._first_widths(key, dim), self.device)
+        )
+        if plan.out_bits.numel() != out_rows or plan.in_bits.numel() != in_rows:
+            raise RuntimeError(
+                f"rank {self.world.rank}: {key} sends {out_rows} rows and receives {in_rows}, "
+                f"but its plan has {plan.out_bits.numel()} and {plan.in_bits.numel()}"
             )
-        return width
+        return plan
+
+    def _first_widths(self, key: ExchangeKey, dim: int, say: bool = True) -> np.ndarray:
+        """int8 ``[P, P]``: ``key``'s first widths by pair (``FirstPlans.widths``; the
+        host model's prediction under ``quant.full_precision = "profile"``)."""
+        profile = self.host_model if self.cost_kind.offers_full_precision else None
+        return self.first.widths(key, dim, profile, say)
 
     def trace(
         self, key: ExchangeKey, rows_RD: torch.Tensor, squared: torch.Tensor | None = None
@@ -284,7 +289,7 @@ class BitWidthPlanner:
         one budget; broadcasts the widths and installs them on every rank (collective)."""
         p, rank = self.world.world_size, self.world.rank
         keys = sorted(self.book.traces, key=str)
-        check = torch.tensor([len(keys), -len(keys)], dtype=torch.int64)
+        check = torch.tensor([len(keys), -len(keys)], dtype=torch.int64, device=self.device)
         dist.all_reduce(check, op=dist.ReduceOp.MIN)
         if check[0] != len(keys) or -check[1] != len(keys):
             names = [str(k) for k in keys]
@@ -303,8 +308,8 @@ class BitWidthPlanner:
             counts = self.counts[key.direction]
             weights = torch.from_numpy(self.book.weights(key, self.forward_coef))
             longest = int(counts.sum(1).max())
-            padded = torch.zeros(longest, dtype=torch.float64)
-            padded[: len(weights)] = weights
+            padded = torch.zeros(longest, dtype=torch.float64, device=self.device)
+            padded[: len(weights)] = weights.to(self.device)
             gathered = [torch.zeros_like(padded) for _ in range(p)] if rank == 0 else None
             dist.gather(padded, gathered, dst=0)
             if rank == 0:
@@ -312,24 +317,27 @@ class BitWidthPlanner:
                 ran = self._ran_s(key, before, first)
                 blocks.append(self._solve(key, counts, gathered, epoch, limit, ran, calibration))
         total = sum(int(self.counts[k.direction].sum()) for k in keys)
-        flat = torch.cat(blocks) if rank == 0 else torch.empty(total, dtype=torch.uint8)
         if rank == 0:
+            flat = torch.cat(blocks)
             solution = self.solutions.setdefault(epoch, {})
             solution["pair_bits"] = self.book.pair_bits(keys, flat)
             self.measured.state(solution, calibration)
+            flat = flat.to(self.device)
+        else:
+            flat = torch.empty(total, dtype=torch.uint8, device=self.device)
         dist.broadcast(flat, src=0)
-        self.book.install(keys, flat)
+        self.book.install(keys, flat.cpu())
         self.measured.restart()
 
     def _ran_s(
         self, key: ExchangeKey, before: dict[str, float], first: bool
-    ) -> tuple[int, float | None]:
+    ) -> tuple[np.ndarray | None, float | None]:
         """What ran of exchange ``key`` since the last re-solve, for its window: the first
-        cycle's uniform width (priced when solving), else the last solve's prediction
+        cycle's widths by pair (priced when solving), else the last solve's prediction
         (None after a resume: unknown)."""
         if first:
-            return self._first_width(key, self.book.dim(key), say=False), None
-        return 0, before.get(str(key))
+            return self._first_widths(key, self.book.dim(key), say=False), None
+        return None, before.get(str(key))
 
     def _solve(
         self,
@@ -338,32 +346,41 @@ class BitWidthPlanner:
         gathered: list[torch.Tensor],
         epoch: int,
         time_limit_s: float,
-        ran: tuple[int, float | None],
+        ran: tuple[np.ndarray | None, float | None],
         calibration: dict | None,
     ) -> torch.Tensor:
         """Rank 0: widths of every channel of one exchange, in (src, dst) order.
 
-        ``ran``: the width of the plan that ran where it was uniform (else 0) and its
+        ``ran``: the first cycle's widths by pair where that plan ran (else None) and its
         predicted seconds where known; with this cycle's waits and ``calibration`` they
-        give the exchange's overlap window."""
+        give the exchange's overlap window. Under ``quant.full_precision = "auto"`` the
+        channels within a host are float32 and only the others are solved."""
         p = self.world.world_size
         dim = self.book.dim(key)
-        channels = []
+        every, channels = [], []
         for src in range(p):
             offsets = np.concatenate([[0], np.cumsum(counts[src])])
             for dst in range(p):
                 if src != dst:
-                    weights = gathered[src][offsets[dst] : offsets[dst + 1]].numpy()
-                    channels.append(Channel(src, dst, weights))
+                    weights = gathered[src][offsets[dst] : offsets[dst + 1]].cpu().numpy()
+                    every.append(Channel(src, dst, weights))
+        local = [self.first.is_local(c.src, c.dst) for c in every]
+        channels = [c for c, within in zip(every, local, strict=True) if not within]
+        if not channels:  # every channel within a host: nothing to solve
+            return torch.full((int(counts.sum()),), FULL_PRECISION_BITS, dtype=torch.uint8)
         cfg = self.config
         if cfg.scheme == "random":
             result = random_assignment(channels, dim, cfg.allowed_bits, cfg.seed + epoch)
             widths = result.bits
         else:
-            width, ran_s = ran
-            if width:  # the first cycle's uniform plan: priced here, by this cycle's model
+            first, ran_s = ran
+            if first is not None:  # the first cycle's plan: priced here, by this cycle's model
                 ran_s = self.cost_kind.uniform_time(
-                    channels, dim, self.link_model, self.host_model, width
+                    channels,
+                    dim,
+                    self.link_model,
+                    self.host_model,
+                    int(first[channels[0].src, channels[0].dst]),
                 )
             window = (
                 self.measured.window_s(str(key), ran_s, calibration)
@@ -411,4 +428,9 @@ class BitWidthPlanner:
                 key,
                 cfg.cost_model,
             )
-        return torch.from_numpy(np.concatenate([b.astype(np.uint8) for b in widths]))
+        solved = iter(widths)
+        blocks = [
+            np.full(c.num_messages, FULL_PRECISION_BITS) if within else next(solved)
+            for c, within in zip(every, local, strict=True)
+        ]
+        return torch.from_numpy(np.concatenate([b.astype(np.uint8) for b in blocks]))

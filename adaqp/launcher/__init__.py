@@ -7,8 +7,11 @@ rank writes it to ``$ADAQP_STATUS_DIR/rank-<RANK>.code``): 0 success, 1 a failed
 usage or config error, 130 interrupted. torchrun's own report of a failure (its
 ``ChildFailedError`` traceback and table, its log lines, its ``SignalException`` at
 Ctrl-C) is left out of the output unless ``--debug``; workers' output passes unchanged,
-with an ``error:`` line printed by several ranks shown once. Imports only the standard
-library: ``--help`` answers at once.
+with an ``error:`` line printed by several ranks shown once. Where rank 0 ended before it
+could record how its run ended (killed: the kernel's out-of-memory killer sends SIGKILL),
+the launcher records it in the run's ``status.json``. Imports only the standard library
+(and, once torchrun has ended, ``adaqp.run.rundir``, which loads none): ``--help``
+answers at once.
 
 ``args``: the command line and ``--help``; ``output``: the filter over torchrun's stderr and
 the exit code; ``run``: the torchrun child, its environment and Ctrl-C.

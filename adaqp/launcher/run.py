@@ -102,6 +102,39 @@ def _silent_failure(filter_: OutputFilter, codes: dict[int, int], torchrun_code:
     return f"rank {rank} ended with {describe(code)} without a message{why}; --debug shows more"
 
 
+def ended_by_signal(failures: list[tuple[int, int]]) -> str | None:
+    """How the first rank that torchrun's report shows ended by a signal the launcher did
+    not send ended (``rank 0 was killed (SIGKILL), likely out of memory``), or None.
+    SIGKILL is what the kernel's out-of-memory killer sends, but not only it: "likely"."""
+    for rank, code in failures:
+        if code >= 0 or -code in (signal.SIGTERM, signal.SIGINT):  # torchrun's own stop
+            continue
+        if -code == signal.SIGKILL:
+            return f"rank {rank} was killed (SIGKILL), likely out of memory"
+        return f"rank {rank} was ended by {describe(code)}"
+    return None
+
+
+def record_end(
+    status_dir: Path, failures: list[tuple[int, int]], torchrun_code: int, stopped: bool
+) -> Path | None:
+    """Where rank 0 ended before it could record how its run ended, says so in the run's
+    ``status.json`` (``adaqp.run.rundir.record_lost_end``): "interrupted" after a stop
+    (``stopped``), else "failed", naming the signal that ended a rank where torchrun's
+    report (``failures``) shows one. Returns the run's directory where it changed it."""
+    from adaqp.run.rundir import record_lost_end  # the standard library only, and small
+
+    if stopped:
+        why = "interrupted; rank 0 ended before it could record it"
+        return record_lost_end(status_dir, "interrupted", why)
+    killed = ended_by_signal(failures)
+    if killed is None:
+        why = f"rank 0 ended without recording how (torchrun: {describe(torchrun_code)})"
+        return record_lost_end(status_dir, "failed", why)
+    # A rank stopped by torchrun after another was killed was not interrupted by the user.
+    return record_lost_end(status_dir, "failed", killed, replaces=("running", "interrupted"))
+
+
 def worker_threads(nproc: int) -> int:
     """Threads per worker where the user set none: this host's usable cores shared among
     its ``nproc`` workers (what ``adaqp.runtime.thread_count`` chooses)."""
@@ -193,6 +226,8 @@ def launch(spec: Launch, command: str) -> int:
         for rank, code in filter_.failures:  # ranks that ended without writing a code
             codes.setdefault(rank, code if code > 0 else 1)
         result = exit_code(codes, torchrun_code, bool(stopping))
+        if result != 0:
+            record_end(status_dir, filter_.failures, torchrun_code, bool(stopping))
         leftovers = filter_.leftovers()
         for line in leftovers:
             sys.stderr.write(line)

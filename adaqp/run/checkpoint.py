@@ -148,9 +148,10 @@ def check_fits(
 ) -> None:
     """Refuses a checkpoint that does not fit this run, naming every difference."""
     if manifest["world_size"] != world_size:
+        written = manifest["world_size"]
         raise CheckpointError(
-            f"checkpoint {where} was written by {manifest['world_size']} workers, this run "
-            f"has {world_size}; resume with the same number of workers"
+            f"checkpoint {where} was written by {written} worker{'s' * (written != 1)}, this "
+            f"run has {world_size}; resume with the same number of workers"
         )
     # A key only the checkpoint has is a setting this run does not read (its mode ignores
     # it, Config.fingerprint): it cannot change the trajectory, so it is not compared.
@@ -241,9 +242,10 @@ class Checkpointer:
             sha = write_shard(self.root, epoch, self.world.rank, tensors)
         except OSError as exc:
             error, sha = exc, "0" * 64
-        digest = torch.tensor(list(bytes.fromhex(sha)), dtype=torch.uint8)
+        device = self.world.device  # NCCL takes no CPU tensors
+        digest = torch.tensor(list(bytes.fromhex(sha)), dtype=torch.uint8, device=device)
         gathered = [torch.zeros_like(digest) for _ in range(self.world.world_size)]
-        failed = torch.tensor([float(error is not None)])
+        failed = torch.tensor([float(error is not None)], device=device)
         dist.all_reduce(failed)
         if failed.item():
             # Every rank is done writing: the incomplete step goes, so that a full disk
@@ -271,7 +273,9 @@ class Checkpointer:
 
         epochs = complete_epochs(self.root)
         # Rank 0 picks the checkpoint, so that every rank resumes from the same epoch.
-        choice = torch.tensor([epochs[-1] if epochs else -1], dtype=torch.int64)
+        choice = torch.tensor(
+            [epochs[-1] if epochs else -1], dtype=torch.int64, device=self.world.device
+        )
         dist.broadcast(choice, src=0)
         epoch = int(choice.item())
         error: Exception | None = None
@@ -286,7 +290,7 @@ class Checkpointer:
             result = (epoch, tensors, manifest["history"])
         except CheckpointError as exc:
             error = exc
-        failed = torch.tensor([float(error is not None)])
+        failed = torch.tensor([float(error is not None)], device=self.world.device)
         dist.all_reduce(failed)
         if error is not None:
             raise error

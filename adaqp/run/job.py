@@ -11,12 +11,13 @@ rank then loads only its own part. Rank 0 writes ``status.json``, ``config.json`
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import logging
 import os
 import sys
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,15 @@ from adaqp.graph.local import LocalGraph
 from adaqp.partitioning.format import PartitionError, check_matches, load_part, read_metadata
 from adaqp.run.checkpoint import Checkpointer, CheckpointError
 from adaqp.run.metrics import EpochRecord, RunWriter
-from adaqp.run.placement import Problem, RunDirError, check_writable, version_of, versioned
+from adaqp.run.placement import (
+    SUMMARY_FILE,
+    Problem,
+    RunDirError,
+    check_writable,
+    orphans,
+    version_of,
+    versioned,
+)
 from adaqp.run.preflight import output_dir, partition_dir
 from adaqp.run.rundir import RunDir
 from adaqp.run.summary import RunFacts, Summary
@@ -115,9 +124,25 @@ def claim_output(
             run_dir.close()
         raise
     taken = versioned(out, int(problems[-1].item()))
-    if world.is_main and taken != out:
-        logger.info("%s holds another run: this one goes to %s", out, taken)
+    if run_dir is not None and taken != out and not (run_dir.own or resume):
+        # A restart says where it continues (RunDir.reserve), --resume from which epoch.
+        logger.info("%s", _why_elsewhere(out, taken, overwrite, checkpoint_dir))
     return taken, run_dir
+
+
+def _why_elsewhere(out: Path, taken: Path, overwrite: bool, checkpoint_dir: Path | None) -> str:
+    """Why a run given no output directory went to ``taken``, a version of ``out``."""
+    if overwrite:
+        return f"--overwrite: starting fresh in {taken}, the newest run of {out}"
+    left = orphans(out, taken, checkpoint_dir)
+    if left:
+        folders = ", ".join(str(p) for p in left)
+        return (
+            f"checkpoints of deleted runs are left in {folders}: they are kept, and their "
+            f"runs' names are not reused until those folders are removed; this run goes to "
+            f"{taken}"
+        )
+    return f"{out} holds another run: this one goes to {taken}"
 
 
 def prepare_partition(config: Config, world: World, part_dir: Path) -> dict:
@@ -187,6 +212,13 @@ def run(
         )
         if placed is not None:
             placed.out = out
+        if _agree(world, run_dir is not None and run_dir.finished):
+            # A restart after the run had finished (a worker failed on its way out).
+            summary = _finished_summary(world, out)
+            if run_dir is not None:
+                run_dir.close()
+            shutdown()
+            return summary
         part_dir = partition_dir(config, world.world_size)
         meta = prepare_partition(config, world, part_dir)
         if run_dir is not None:
@@ -208,9 +240,10 @@ def run(
             if world.is_main:
                 redone = _epochs_logged(out) - resumed_from
                 logger.info(
-                    "resuming from the checkpoint at epoch %d (%d epochs to redo)",
+                    "resuming %s from the checkpoint at epoch %d (%s to redo)",
+                    out,
                     resumed_from,
-                    redone,
+                    _count(max(redone, 0), "epoch"),
                 )
         writer = RunWriter(out, enabled=world.is_main, history=history)
         writer.write_config(
@@ -288,11 +321,11 @@ class _Progress:
             # Above the bar: tqdm clears its line, the log line takes it, the bar redraws.
             with self.bar.external_write_mode(file=sys.stderr) if self.bar else nullcontext():
                 logger.info(
-                    "epoch %d took %.2fs: about %s for the %d epochs left",
+                    "epoch %d took %.2fs: about %s for the %s left",
                     record.epoch,
                     record.epoch_time_s,
                     _duration(left * record.epoch_time_s),
-                    left,
+                    _count(left, "epoch"),
                 )
         if self.bar is not None:
             # The validation accuracy first: at 80 columns tqdm cuts the line's end (the
@@ -351,22 +384,41 @@ def _describe(config: Config, meta: dict, world_size: int, out: Path) -> None:
     """The first lines a user sees once the workers are up: what trains, and where to."""
     data = meta["dataset"]
     logger.info(
-        "%s: %d nodes, %d edges, %d features, %d classes; %s, %d layers x %d hidden, "
-        "mode %s, %d workers (edge cut %d); %d epochs, writing to %s",
+        "%s: %s, %s, %s, %s; %s, %s x %d hidden, mode %s, %s (edge cut %d); %s, writing to %s",
         config.data.dataset,
-        data["num_nodes"],
-        data["num_edges"],
-        data["feature_dim"],
-        data["num_classes"],
+        _count(data["num_nodes"], "node"),
+        _count(data["num_edges"], "edge"),
+        _count(data["feature_dim"], "feature"),
+        _count(data["num_classes"], "class", "classes"),
         config.model.name,
-        config.model.layers,
+        _count(config.model.layers, "layer"),
         config.model.hidden,
         config.comm.mode,
-        world_size,
+        _count(world_size, "worker"),
         int(meta.get("edge_cut", 0)),
-        config.train.epochs,
+        _count(config.train.epochs, "epoch"),
         out,
     )
+
+
+def _count(n: int, word: str, plural: str | None = None) -> str:
+    """``1 epoch``, ``2 epochs``: a count with its noun in the right number."""
+    return f"{n} {word if n == 1 else plural or word + 's'}"
+
+
+def _finished_summary(world: World, out: Path) -> Summary:
+    """The summary of the finished run in ``out``, as rank 0 reads it, on every rank."""
+    payload: list[dict | None] = [None]
+    if world.is_main:
+        with suppress(OSError, ValueError):  # unreadable: every rank raises below
+            payload[0] = json.loads((out / SUMMARY_FILE).read_text())
+    dist.broadcast_object_list(payload, src=0)
+    names = {f.name for f in dataclasses.fields(Summary)}
+    try:
+        return Summary(**{k: v for k, v in (payload[0] or {}).items() if k in names})
+    except TypeError:
+        what = f"{out} holds this job's finished run, but its {SUMMARY_FILE} cannot be read"
+        raise RunDirError(Problem.FINISHED, what) from None
 
 
 def _progress_bar(config: Config, world: World, first_epoch: int = 1) -> _Progress | None:

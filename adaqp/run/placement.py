@@ -16,8 +16,13 @@ What a directory holds::
 
 A restarted worker group (torchrun ``--max-restarts``) continues the directory whose
 ``status.json`` names its own job, and nothing else: where its first attempt never
-started a run, it is a new run like any other. The job's identity comes from the
+started a run, it is a new run like any other; where that run had already finished (a
+worker failed on its way out), it is left as it is. The job's identity comes from the
 rendezvous store, which outlives the worker groups (``adaqp.runtime.job_identity``).
+
+Given no ``--out``, a run passes over a version whose folder was deleted while its
+checkpoints under ``checkpoint.dir`` were not (``orphaned``): they are kept, and the
+name is not reused until they are removed.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import json
 import os
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +83,17 @@ class RunDirError(Exception):
         self.problem = problem
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What a run that may take a directory does there."""
+
+    resume_from: Path | None = None
+    """The checkpoint it continues from; None where it starts fresh (or has nothing to do)."""
+    finished: bool = False
+    """The job's own run there had finished before this restart: nothing is left to do,
+    and nothing there may change."""
+
+
 def candidates(
     base: Path,
     *,
@@ -115,13 +132,14 @@ def verdict(
     resume: bool = False,
     own: bool = False,
     locked: bool = False,
-) -> Path | None:
-    """Whether a run may take ``path``: the checkpoint it continues from, or None where
-    it starts fresh (removing what is there, which ``overwrite`` alone allows for a run).
-    Changes nothing.
+) -> Verdict:
+    """Whether a run may take ``path``, and what it does there: continue from a checkpoint,
+    start fresh (removing what is there, which ``overwrite`` alone allows for a run), or,
+    for a restart whose own run there had finished, nothing. Changes nothing.
 
     ``own``: the directory holds this job's own run (a restart continues it, from its
-    newest checkpoint if any, whatever the flags). ``locked``: the caller holds the lock,
+    newest checkpoint if any, whatever the flags; a finished one is kept as it is: the
+    restart followed a failure on the way out). ``locked``: the caller holds the lock,
     so only its own claim can hold it.
 
     Raises:
@@ -134,16 +152,18 @@ def verdict(
         check_writable(path)
         if lock_held(path):
             raise RunDirError(Problem.RUNNING, Problem.RUNNING.describe(path))
+    if own and (path / SUMMARY_FILE).exists():
+        return Verdict(finished=True)
     refuse_foreign_checkpoints(path, checkpoints)
     if own:
-        return find_checkpoint(checkpoints)
+        return Verdict(resume_from=find_checkpoint(checkpoints))
     if resume:
-        return require_checkpoint(path, checkpoints)
+        return Verdict(resume_from=require_checkpoint(path, checkpoints))
     if not overwrite:
         if (path / SUMMARY_FILE).exists():
             raise RunDirError(Problem.FINISHED, Problem.FINISHED.describe(path))
         refuse_unfinished(path, checkpoints)
-    return None
+    return Verdict()
 
 
 def own_directory(base: Path, named: bool, job: str) -> Path | None:
@@ -162,12 +182,37 @@ def versioned(base: Path, version: int) -> Path:
 
 
 def free_versions(base: Path, checkpoint_dir: str | Path | None = None) -> Iterator[Path]:
-    """``base``, ``base-v2``, ... in order, less those that hold a run (``holds_run``);
-    ``checkpoint_dir``: the config's ``checkpoint.dir`` (each version's checkpoints are
-    looked for where that version keeps them)."""
+    """``base``, ``base-v2``, ... in order, less those that hold a run (``holds_run``) and
+    those whose checkpoints under ``checkpoint_dir`` (the config's ``checkpoint.dir``)
+    would refuse a new run there: left by a deleted run (``orphaned``) or another
+    directory's (``refuse_foreign_checkpoints``)."""
     for path in (versioned(base, v) for v in itertools.count(1)):
-        if not holds_run(path, run_checkpoints(path, checkpoint_dir)):
+        checkpoints = run_checkpoints(path, checkpoint_dir)
+        taken = holds_run(path, checkpoints) or orphaned(path, checkpoints)
+        if not (taken or _owned_elsewhere(path, checkpoints)):
             yield path
+
+
+def orphaned(path: Path, checkpoints: Path) -> bool:
+    """Whether ``checkpoints`` hold a complete checkpoint while ``path``, the folder of
+    their run, is gone (deleted with its checkpoints kept under ``checkpoint.dir``). A
+    run given no ``--out`` passes over such a version: nothing removes them unasked."""
+    return not path.exists() and find_checkpoint(checkpoints) is not None
+
+
+def orphans(base: Path, taken: Path, checkpoint_dir: str | Path | None) -> list[Path]:
+    """The checkpoint folders of the versions of ``base`` before ``taken`` that are
+    ``orphaned``: what a run given no ``--out`` passed over besides runs."""
+    if not checkpoint_dir:
+        return []
+    before = (versioned(base, v) for v in range(1, version_of(base, taken)))
+    folders = ((path, run_checkpoints(path, checkpoint_dir)) for path in before)
+    return [checkpoints for path, checkpoints in folders if orphaned(path, checkpoints)]
+
+
+def _owned_elsewhere(path: Path, checkpoints: Path) -> bool:
+    owner = checkpoint_owner(checkpoints)
+    return owner is not None and Path(owner) != path.resolve()
 
 
 def existing_versions(base: Path) -> list[Path]:
@@ -229,9 +274,9 @@ def require_checkpoint(out_dir: Path, checkpoint_dir: Path) -> Path:
 def refuse_foreign_checkpoints(path: Path, checkpoints: Path) -> None:
     """Raises CHECKPOINTS_TAKEN where ``checkpoints`` (under ``checkpoint.dir``) belong to
     the run in another directory: they are never resumed, replaced or removed from here."""
-    owner = checkpoint_owner(checkpoints)
-    if owner is None or Path(owner) == path.resolve():
+    if not _owned_elsewhere(path, checkpoints):
         return
+    owner = checkpoint_owner(checkpoints)
     raise RunDirError(
         Problem.CHECKPOINTS_TAKEN,
         f"{checkpoints} holds the checkpoints of the run in {owner}, not of {path}; choose "

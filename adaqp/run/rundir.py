@@ -18,7 +18,9 @@ the run's own checkpoints); ``resume`` continues from the newest complete checkp
 running run is never joined. A run given no output directory never meets a refusal: where
 its default directory holds a run, it takes the next free ``<dir>-v2``, ``<dir>-v3``, ...
 (``new_version``). A failed or interrupted run says so in ``status.json`` and has no
-``summary.json``; a new run may start over one that trained nothing. Which directory a run
+``summary.json``; a new run may start over one that trained nothing. A run whose rank 0
+was killed (by the kernel's out-of-memory killer, say) cannot say so: the launcher
+records it once the workers have ended (``record_lost_end``). Which directory a run
 takes and every refusal are decided in one place, ``adaqp.run.placement``, which the
 pre-flight check asks too. A claim is two steps, ``reserve`` (the lock and that verdict,
 nothing changed) and ``start`` (old files removed, "running", the job's identity
@@ -40,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from adaqp.atomic import write_json
+from adaqp.handoff import STATUS_DIR_ENV
 from adaqp.run.ckptdir import DEFAULT_DIR, claim_checkpoints, run_checkpoints
 from adaqp.run.placement import (
     JOB_KEY,
@@ -50,6 +53,7 @@ from adaqp.run.placement import (
     Problem,
     RunDirError,
     candidates,
+    lock_held,
     read_status,
     unwritable,
     verdict,
@@ -59,6 +63,9 @@ from adaqp.stop import stop_requested
 logger = logging.getLogger(__name__)
 
 STATUSES = ("running", "complete", "failed", "interrupted")
+RUN_DIR_FILE = "run-dir"
+"""In the launcher's folder (``ADAQP_STATUS_DIR``): the directory rank 0 started its run in,
+for the launcher to record the end of a run whose rank 0 could not (``record_lost_end``)."""
 
 
 class RunDir:
@@ -73,11 +80,16 @@ class RunDir:
         """The checkpoint this run continues from (``resume``); None when starting fresh."""
         self.job: str | None = None
         """The job that claims the directory, recorded in ``status.json`` by ``start``."""
+        self.own = False
+        """A restarted worker group's claim of its own job's run (``reserve``)."""
+        self.finished = False
+        """The job's own run here had finished before this restart: ``start`` changes
+        nothing, and the job has nothing left to do."""
         self._lock_fd: int | None = lock_fd
         self._started_at = _now()
         self._started = False
         self._created = False  # this claim made the directory (removed if never started)
-        self._finished = False
+        self._replaces_finished = False  # a finished run is here (``start`` removes it)
         self._checkpoints = path / DEFAULT_DIR
         self._shared_checkpoints = False  # under checkpoint.dir: marked with their owner
 
@@ -143,9 +155,16 @@ class RunDir:
                 if not (new_version and not own and exc.problem == Problem.RUNNING):
                     raise
                 continue
-            run.job = job
+            run.job, run.own = job, own
             run._shared_checkpoints = bool(checkpoint_dir)
-            if own:
+            if run.finished:
+                logger.info(
+                    "restarted: this job's run in %s had already finished (%s); it is kept "
+                    "as it is and nothing is trained",
+                    path,
+                    SUMMARY_FILE,
+                )
+            elif own:
                 logger.info("restarted: continuing this job's run in %s", path)
             return run
         raise AssertionError("unreachable")
@@ -166,11 +185,12 @@ class RunDir:
         run._created = created
         try:
             _lock(fd, path)
-            run.resume_from = verdict(
+            decided = verdict(
                 path, checkpoints, overwrite=overwrite, resume=resume, own=own, locked=True
             )
+            run.resume_from, run.finished = decided.resume_from, decided.finished
             run._checkpoints = checkpoints
-            run._finished = (path / SUMMARY_FILE).exists()
+            run._replaces_finished = (path / SUMMARY_FILE).exists()
         except BaseException:
             run.close()
             raise
@@ -179,12 +199,15 @@ class RunDir:
     def start(self) -> None:
         """Starts the run in the reserved directory: unless resuming, removes the files of
         the run that was there (its own checkpoints included), then marks it "running",
-        naming the job (a restart of it finds its directory by that)."""
+        naming the job (a restart of it finds its directory by that), and tells the
+        launcher where it is. A restart whose own run had finished changes nothing."""
+        if self.finished:
+            return
         if self.resume_from is None:
             from adaqp.run.checkpoint import remove_all as remove_checkpoints  # loads torch
 
             try:
-                self._clear(self._finished)
+                self._clear(self._replaces_finished)
                 remove_checkpoints(self._checkpoints)
             except OSError as exc:
                 raise unwritable(self.path, "cannot remove the old run's files", exc) from exc
@@ -197,6 +220,7 @@ class RunDir:
         _record_holder(self._lock_fd)
         self._started = True
         self.set_status("running")
+        _tell_launcher(self.path)
 
     def set_status(self, status: str, error: str | None = None) -> None:
         """Replaces ``status.json`` atomically (never half-written)."""
@@ -266,6 +290,46 @@ class RunDir:
         for name in PROJECT_FILES:
             for stale in (self.path / name, self.path / f"{name}.tmp"):
                 stale.unlink(missing_ok=True)
+
+
+def record_lost_end(
+    status_dir: Path, status: str, reason: str, replaces: tuple[str, ...] = ("running",)
+) -> Path | None:
+    """For the launcher, once every worker has ended: records how the run ended whose rank
+    0 could not say so itself (killed, say by the out-of-memory killer).
+
+    The run is the one named in ``status_dir``'s ``RUN_DIR_FILE``. Its ``status.json`` is
+    changed only where it still says one of ``replaces`` and no process holds the run's
+    lock: it then says ``status`` with ``reason`` as its ``error``, keeps every other
+    field (rank 0's pid and host among them) and adds ``"recorded_by": "launcher"``.
+    Returns the run's directory where it changed it, else None; a file it cannot read
+    or write is no error.
+    """
+    try:
+        path = Path((status_dir / RUN_DIR_FILE).read_text().strip())
+    except OSError:
+        return None  # no run started (or rank 0 is on another host)
+    previous = read_status(path)
+    if previous is None or previous.get("status") not in replaces or lock_held(path):
+        return None
+    if status not in STATUSES:
+        raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+    payload = {**previous, "status": status, "error": reason, "updated_at": _now()}
+    payload["recorded_by"] = "launcher"
+    try:
+        write_json(path / STATUS_FILE, payload)
+    except OSError as exc:
+        logger.warning("could not record the run's end in %s: %s", path / STATUS_FILE, exc)
+        return None
+    return path
+
+
+def _tell_launcher(path: Path) -> None:
+    """Names the run's directory to the launcher, where one started this worker."""
+    status_dir = os.environ.get(STATUS_DIR_ENV)
+    if status_dir:
+        with contextlib.suppress(OSError):
+            (Path(status_dir) / RUN_DIR_FILE).write_text(f"{path.resolve()}\n")
 
 
 def _lock(fd: int, path: Path) -> None:

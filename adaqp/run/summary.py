@@ -130,10 +130,12 @@ class Summary:
     threads: int = 0
     """Intra-op threads each worker trained with (torch's and the compiled kernels')."""
     host_of_rank: list[int] = field(default_factory=list)
-    """Adaptive widths: the host index of each rank (torchrun node or hostname)."""
+    """Quantized modes: the host index of each rank (torchrun node or hostname), by which
+    ``quant.full_precision = "auto"`` sends float32 within a host."""
     plan_bits_by_pair: dict[str, float] = field(default_factory=dict)
-    """Adaptive widths: "src->dst" -> mean planned width of the messages src sends dst
-    under the last solve (all exchanges; 32 is full precision)."""
+    """Quantized modes: "src->dst" -> mean planned width of the messages src sends dst
+    (all exchanges; 32 is float32): under the last solve (adaptive widths), else the
+    plans the run began with (the uniform scheme's throughout)."""
     predicted_exchange_s_by_tag: dict[str, float] = field(default_factory=dict)
     """Adaptive widths: per exchange, the cost model's time for the last solve's plan."""
     exchange_span_s_by_tag: dict[str, float] = field(default_factory=dict)

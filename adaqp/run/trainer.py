@@ -190,7 +190,9 @@ class Trainer:
         """Every exchange a training step may run, by metric name."""
 
     def _all_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        tensor = tensor.clone()
+        """The sum over ranks of ``tensor`` (a copy on the backend's device: NCCL refuses
+        CPU tensors)."""
+        tensor = tensor.to(self.world.device, copy=True)
         dist.all_reduce(tensor)
         return tensor
 
@@ -271,6 +273,7 @@ class Trainer:
 
         def all_reduce(tensor: torch.Tensor, how: str) -> torch.Tensor:
             op = dist.ReduceOp.MAX if how == "max" else dist.ReduceOp.SUM
+            tensor = tensor.to(self.world.device)
             dist.all_reduce(tensor, op=op)
             return tensor
 
@@ -401,7 +404,9 @@ class Trainer:
                 # values (a NaN the quantizer met) that its peers never saw.
                 raise self._failure(epoch, exc) from exc
         total_s = time.perf_counter() - started
-        peak = torch.tensor(float(self.world.peak_memory_bytes()), dtype=torch.float64)
+        peak = torch.tensor(
+            float(self.world.peak_memory_bytes()), dtype=torch.float64, device=self.world.device
+        )
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         return Outcome(
             records=records,

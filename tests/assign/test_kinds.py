@@ -43,14 +43,16 @@ def test_merge_and_split_round_trip(shared):
     assert model.num_ranks == 3
 
 
-@pytest.mark.parametrize("full_precision", ["auto", "never"])
+@pytest.mark.parametrize("full_precision", ["auto", "never", "profile"])
 @pytest.mark.parametrize("scheme", ["adaptive", "uniform", "random"])
 @pytest.mark.parametrize("name", ["shared", "sender", "link", "host"])
 def test_the_kind_answers_for_the_scheme_and_the_cost_model(scheme, name, full_precision):
+    """Only "profile" lets a stopwatch choose float32: the default ("auto") profiles
+    nothing under the uniform scheme and keeps float32 out of the solver's widths."""
     config = QuantConfig(scheme=scheme, cost_model=name, full_precision=full_precision)
     kind = cost_model_kind(config)
-    host, auto = name == "host", full_precision == "auto"
-    if scheme == "uniform" and host and auto:
+    host, profile = name == "host", full_precision == "profile"
+    if scheme == "uniform" and host and profile:
         # Profiled only to send float32 where it is predicted no slower; nothing solved.
         assert kind.name == "host" and not kind.plans_by_pair and kind.profiles_links
         assert kind.profiles_hosts and kind.offers_full_precision
@@ -61,7 +63,7 @@ def test_the_kind_answers_for_the_scheme_and_the_cost_model(scheme, name, full_p
         return
     assert kind.name == name and kind.plans_by_pair and kind.profiles_links
     assert kind.profiles_hosts == kind.has_fabric_rate == host
-    assert kind.offers_full_precision == (host and auto)
+    assert kind.offers_full_precision == (host and profile)
     assert kind.merge == {"shared": "shared", "sender": "sender"}.get(name)
     assert kind.solvers is (HOST_SOLVERS if host else LINK_SOLVERS)
 
@@ -76,7 +78,8 @@ def test_kind_of_matches_a_model_object_to_its_solvers():
 @pytest.mark.parametrize("name", ["shared", "sender", "link", "host"])
 def test_solve_exchange_solves_what_the_kind_prices(name):
     """Each kind solves as the planner did before it asked the kind: host with full
-    precision among the widths, link as the channels are, shared and sender merged."""
+    precision among the widths under quant.full_precision = "profile", link as the
+    channels are, shared and sender merged."""
     rng = np.random.default_rng(31)
     channels = [
         Channel(s, d, rng.gamma(0.7, 1.0, int(rng.integers(1, 60))))
@@ -86,7 +89,9 @@ def test_solve_exchange_solves_what_the_kind_prices(name):
     ]
     links = LinkModel(rng.uniform(1e-5, 1e-4, (3, 3)), rng.uniform(1e7, 1e8, (3, 3)))
     hosts = HostModel.uniform([0, 0, 1], 1e-5, 5e7, 1e9, quant_s_per_value=1e-9)
-    kind = cost_model_kind(QuantConfig(scheme="adaptive", cost_model=name))
+    kind = cost_model_kind(
+        QuantConfig(scheme="adaptive", cost_model=name, full_precision="profile")
+    )
     kw = dict(group_size=10, reference_bits=2, window_s=1e-4, method="milp", time_limit_s=5.0)
     result, widths = solve_exchange(kind, channels, 16, links, hosts, bits=(2, 4, 8), **kw)
     if name == "host":
@@ -106,10 +111,11 @@ def test_solve_exchange_solves_what_the_kind_prices(name):
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("full_precision", ["auto", "never"])
-def test_never_keeps_float32_out_of_the_host_models_widths(full_precision):
-    """Fast links and slow quantization: float32 wins where it is a width, and is none
-    under quant.full_precision = "never"."""
+@pytest.mark.parametrize("full_precision", ["auto", "never", "profile"])
+def test_only_profile_puts_float32_among_the_host_models_widths(full_precision):
+    """Fast links and slow quantization: float32 wins where it is a width (under
+    quant.full_precision = "profile"), and is none otherwise (under "auto" the planner,
+    not the solver, sends float32 within a host)."""
     channels = [Channel(s, d, np.ones(50)) for s in range(2) for d in range(2) if s != d]
     links = LinkModel.uniform(2, 1e-5, 1e10)
     hosts = HostModel.uniform([0, 1], 1e-5, 1e10, 1e10, quant_s_per_value=1e-7)
@@ -118,7 +124,7 @@ def test_never_keeps_float32_out_of_the_host_models_widths(full_precision):
     kw = dict(group_size=10, reference_bits=2, window_s=0.0, method="milp", time_limit_s=5.0)
     _, widths = solve_exchange(kind, channels, 16, links, hosts, bits=(1, 2, 4, 8), **kw)
     used = set(np.concatenate(widths).tolist())
-    if full_precision == "auto":
+    if full_precision == "profile":
         assert used == {32}
     else:
         assert used and 32 not in used

@@ -87,14 +87,16 @@ import os, sys
 import torch
 import torch.distributed as dist
 from adaqp.assign.profile import time_quantization
+from adaqp.runtime import World
 
 torch.set_num_threads(1)
 dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=0, world_size=1)
-time_quantization((1, 2, 4, 8), 64, torch.device("cpu"))  # compiled, warm
+world = World(0, 1, 0, 1, torch.device("cpu"), "gloo")
+time_quantization((1, 2, 4, 8), 64, world)  # compiled, warm
 for procs in sys.argv[2:]:  # into the group once started: its imports ran unthrottled
     with open(procs, "w") as f:
         f.write(str(os.getpid()))
-print(float(time_quantization((1, 2, 4, 8), 64, torch.device("cpu"))[2][0]))
+print(float(time_quantization((1, 2, 4, 8), 64, world)[2][0]))
 dist.destroy_process_group()
 """
 
@@ -125,3 +127,18 @@ def test_a_cpu_quota_shows_in_the_sustained_rate(tmp_path):
     finally:
         assert group.remove(timeout_s=10)
     assert held >= 2.5, (held, _cpu_scale(tmp_path, "free", []))
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5, 8, 9])
+def test_round_robin_meets_every_pair_once_in_rounds_of_disjoint_pairs(world_size):
+    """P - 1 rounds of P / 2 pairs (P rounds for odd P): link profiling grows with P."""
+    from adaqp.assign.profile import round_robin
+
+    rounds = round_robin(world_size)
+    met = [pair for pairs in rounds for pair in pairs]
+    everyone = {(a, b) for a in range(world_size) for b in range(a + 1, world_size)}
+    assert sorted(met) == sorted(everyone)  # each pair once, lower rank first
+    for pairs in rounds:
+        ranks = [rank for pair in pairs for rank in pair]
+        assert len(ranks) == len(set(ranks))  # disjoint: they run at once
+    assert len(rounds) == (0 if world_size == 1 else world_size - 1 + world_size % 2)

@@ -12,6 +12,7 @@ import pytest
 
 from adaqp.bench import scaling_hosts
 from adaqp.bench.__main__ import build_parser, main
+from adaqp.bench.emulate.cgroups import CgroupTree
 from tests.bench.emulate.helpers import _namespaces, needs_cgroups, needs_root
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,12 +142,12 @@ def stand_ins(monkeypatch):
     monkeypatch.setattr(scaling_hosts, "run_point", run_point)
     monkeypatch.setattr(scaling_hosts, "_partition", lambda args, hosts: 0.5)
     monkeypatch.setattr(scaling_hosts, "measure_baseline", lambda tree, cpus, t: 300 * MIB)
-    monkeypatch.setattr(scaling_hosts, "find_cgroups", lambda: None)
+    monkeypatch.setattr(scaling_hosts, "find_cgroups", lambda: CgroupTree(2, ()))
     return calls
 
 
 def test_sweep_runs_every_mode_at_every_host_count_and_writes_json_table_and_figure(
-    tmp_path, stand_ins
+    tmp_path, stand_ins, capsys
 ):
     code = main(
         ["scaling", "--hosts", "1,2", "--modes", "vanilla,adaqp", "--out-dir", str(tmp_path)]
@@ -167,6 +168,9 @@ def test_sweep_runs_every_mode_at_every_host_count_and_writes_json_table_and_fig
     assert "| vanilla | 2 | 2000 | 2.00x | 1.00 |" in table
     assert "Failed: adaqp-h2" in table
     assert (tmp_path / "scaling.png").exists() == (find_spec("matplotlib") is not None)
+    out = capsys.readouterr().out
+    assert "vanilla on 1 host: epoch 4000 ms" in out and "vanilla on 2 hosts: epoch" in out
+    assert "adaqp on 2 hosts: failed, host 1 exited with 1" in out
 
 
 def test_sweep_refuses_modes_without_vanilla_or_unknown(tmp_path, stand_ins, capsys):
@@ -199,3 +203,28 @@ def test_tiny_real_sweep_on_cora_measures_and_tears_down(tmp_path, monkeypatch):
     assert points[2]["halo_mb_per_epoch"] > 0 == points[1]["halo_mb_per_epoch"]
     assert points[1]["speedup"] == 1.0 and points[2]["speedup"] > 0
     assert _namespaces(str(os.getpid() % 100000)) == []
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--cpus-per-host", "0.5,0.5"), ("--memory-per-host", "1g,2g"), ("--bandwidth", "1gbit,")],
+)
+def test_sweep_refuses_one_value_per_host_before_any_work(tmp_path, stand_ins, capsys, flag, value):
+    """Its points differ in their host count: a list fits at most one of them (it used to
+    pass the check, then fail after partitioning)."""
+    partitioned = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(scaling_hosts, "_partition", lambda args, hosts: partitioned.append(hosts))
+        with pytest.raises(SystemExit) as exit_info:
+            main(["scaling", "--hosts", "1,2", flag, value, "--out-dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{flag} {value}: the host sweep gives every host the same value" in err, err
+    assert (partitioned, stand_ins) == ([], [])
+
+
+def test_sweep_refuses_a_value_it_cannot_read(tmp_path, stand_ins, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["scaling", "--hosts", "2", "--cpus-per-host", "half", "--out-dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "cpus-per-host: cannot read 'half'" in capsys.readouterr().err

@@ -12,7 +12,8 @@ from adaqp.assign import CHECK_SIZES, PROFILE_SIZES, HostModel, LinkModel, cost_
 from adaqp.config import ConfigError, QuantConfig, load_config
 from adaqp.data import load_dataset
 from adaqp.exchange import planner as planner_module
-from adaqp.exchange.transport import ExchangeKey
+from adaqp.exchange.first_plans import FirstPlans
+from adaqp.exchange.transport import Direction, ExchangeKey
 from adaqp.graph.local import LocalGraph
 from adaqp.partitioning.build import make_partition
 from adaqp.partitioning.format import load_part, read_metadata
@@ -34,6 +35,9 @@ def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, sc
             "comm.mode=adaqp",
             f"quant.scheme={scheme}",
             f"quant.cost_model={cost_model or 'shared'}",
+            # One machine: quantized by the solver's choice, not float32 within the host;
+            # the host model may choose float32 where its profile predicts it faster.
+            f"quant.full_precision={'profile' if cost_model == 'host' else 'never'}",
             "quant.assign_cycle=2",
             # The host model re-profiles before every re-solve but the first.
             f"quant.profile_every={1 if cost_model == 'host' else 0}",
@@ -121,40 +125,77 @@ def test_allowed_widths_without_the_uniform_width_still_train(cora, tmp_path):
         assert widths and widths <= {1, 2, 4, 32}, widths
 
 
-def _planner_of(overrides: list[str]) -> planner_module.BitWidthPlanner:
-    """A planner with only its configuration and cost model: enough for its first width."""
+def _planner_of(
+    overrides: list[str], hosts=(0, 1), counts=((0, 500), (500, 0))
+) -> planner_module.BitWidthPlanner:
+    """A planner with only its configuration, cost model, hosts and counts (the same both
+    ways): enough for its first widths."""
     planner = planner_module.BitWidthPlanner.__new__(planner_module.BitWidthPlanner)
     planner.config = load_config(None, ["comm.mode=adaqp", *overrides]).quant
     planner.cost_kind = cost_model_kind(planner.config)
+    planner.counts = dict.fromkeys(Direction, np.array(counts))
+    planner.first = FirstPlans(planner.config, np.array(hosts), planner.counts)
     return planner
+
+
+PROFILE = "quant.full_precision=profile"
 
 
 @pytest.mark.parametrize(
     ("overrides", "quant_s", "beta_Bps", "expected"),
     [
-        ([], 1e-7, 1e10, 32),  # fast links, slow quantizing: float32
-        ([], 1e-10, 1e7, 1),  # slow links: the uniform width
+        ([PROFILE], 1e-7, 1e10, 32),  # fast links, slow quantizing: float32
+        ([PROFILE], 1e-10, 1e7, 1),  # slow links: the uniform width
+        ([], 1e-7, 1e10, 1),  # the default: between hosts at the width, however fast
         (["quant.full_precision=never"], 1e-7, 1e10, 1),  # a forced width
-        (["quant.cost_model=shared"], 1e-7, 1e10, 1),  # quantizes regardless
-        (["model.name=sage"], 1e-7, 1e10, 32),
-        (["model.name=sage"], 1e-10, 1e7, 2),
-        (["quant.scheme=adaptive"], 1e-7, 1e10, 32),  # its first cycle
+        ([PROFILE, "quant.cost_model=shared"], 1e-7, 1e10, 1),  # quantizes regardless
+        ([PROFILE, "model.name=sage"], 1e-7, 1e10, 32),
+        ([PROFILE, "model.name=sage"], 1e-10, 1e7, 2),
+        ([PROFILE, "quant.scheme=adaptive"], 1e-7, 1e10, 32),  # its first cycle
+        (["quant.scheme=adaptive"], 1e-7, 1e10, 1),
         (["quant.scheme=adaptive", "quant.full_precision=never"], 1e-7, 1e10, 1),
     ],
 )
-def test_a_uniform_plan_is_float32_where_the_host_model_predicts_it_faster(
+def test_a_uniform_plan_is_float32_between_hosts_only_where_a_profile_is_asked_for(
     overrides, quant_s, beta_Bps, expected
 ):
-    """Never slower than Vanilla on one machine: under either scheme a uniform plan is
-    sent as float32 where quantizing costs more than the bytes it saves (the host cost
-    model's prediction from the start-up profile), unless the width is forced."""
+    """Between two hosts a uniform plan (either scheme's) is float32 only under
+    quant.full_precision = "profile", where the host cost model predicts quantizing
+    costs more than the bytes it saves; by default it is the width on any network."""
     key = ExchangeKey.forward(1)
     planner = _planner_of(overrides)
-    planner.counts = {key.direction: np.array([[0, 500], [500, 0]])}
     planner.host_model = HostModel.uniform(
         [0, 1], 1e-5, beta_Bps, beta_Bps, quant_s_per_value=quant_s
     )
-    assert planner._first_width(key, 64, say=False) == expected
+    assert planner._first_widths(key, 64, say=False).tolist() == [[expected] * 2] * 2
+
+
+@pytest.mark.parametrize("scheme", ["uniform", "adaptive"])
+def test_the_default_sends_float32_within_a_host_and_the_width_between_hosts(scheme):
+    """By topology, with no profile: ranks 0 and 1 share a host, rank 2 is alone."""
+    key = ExchangeKey.backward(1)
+    counts = ((0, 3, 4), (5, 0, 0), (1, 2, 0))
+    overrides = [f"quant.scheme={scheme}", "model.name=sage"]
+    planner = _planner_of(overrides, hosts=(0, 0, 1), counts=counts)
+    widths = planner._first_widths(key, 16)
+    assert widths[0, 1] == widths[1, 0] == 32
+    assert widths[0, 2] == widths[2, 0] == widths[1, 2] == widths[2, 1] == 2
+    assert planner.first.pair_bits() == {
+        "0->1": 32.0,
+        "0->2": 2.0,
+        "1->0": 32.0,
+        "2->0": 2.0,
+        "2->1": 2.0,
+    }
+    # Rank 1's side: float32 to and from rank 0, 2 bits from rank 2.
+    plan = planner.first.plan(key, widths, "cpu")
+    plan_1 = FirstPlans(planner.config, np.array([0, 0, 1]), planner.counts, rank=1).plan(
+        key, widths, "cpu"
+    )
+    assert plan.out_bits.tolist() == [32] * 3 + [2] * 4
+    assert plan_1.out_bits.tolist() == [32] * 5 and plan_1.in_bits.tolist() == [32] * 3 + [2] * 2
+    never = _planner_of(["quant.full_precision=never", "model.name=sage"], hosts=(0, 0, 1))
+    assert (never._first_widths(key, 16)[~np.eye(3, dtype=bool)] == 2).all()
 
 
 def _pinned_uniform_worker(rank, world_size, init_method, part_dir, overrides):
@@ -192,15 +233,16 @@ def _pinned_uniform_worker(rank, world_size, init_method, part_dir, overrides):
 @pytest.mark.parametrize(
     ("overrides", "bits", "probes"),
     [
-        # Profiled briefly where the answer is asked for: one repeat of the two quick probes.
-        ([], 32.0, [[list(CHECK_SIZES), 1]]),
+        # Both ranks on this machine: float32 by topology, and nothing profiled.
+        ([], 32.0, []),
         (["quant.full_precision=never"], 1.0, []),
-        # The solver's profile: every probe size, once each (13 s less than three repeats
-        # with a 75 Mbit/s host, before the first epoch).
-        (["quant.scheme=adaptive"], 32.0, [[list(PROFILE_SIZES), 1]]),
+        # Profiled briefly where asked for: one repeat of the two quick probes.
+        ([PROFILE], 32.0, [[list(CHECK_SIZES), 1]]),
+        # The solver's profile: every probe size, once each.
+        (["quant.scheme=adaptive", PROFILE], 32.0, [[list(PROFILE_SIZES), 1]]),
     ],
 )
-def test_the_default_adaqp_sends_float32_where_the_profile_says_it_is_faster(
+def test_the_default_adaqp_sends_float32_within_a_host_and_profiles_only_when_told(
     cora, tmp_path, overrides, bits, probes
 ):
     parts = tmp_path / "parts"
@@ -216,10 +258,14 @@ def test_the_first_cycle_traces_at_the_uniform_width():
     before, 2.5 times the 1-bit epochs' time on the README cluster)."""
     key = ExchangeKey.forward(1)
     adaptive = ["quant.scheme=adaptive", "quant.cost_model=shared"]
-    assert _planner_of(adaptive)._first_width(key, 64) == 1  # GCN's uniform width
-    assert _planner_of([*adaptive, "model.name=sage"])._first_width(key, 64) == 2
-    assert _planner_of([*adaptive, "quant.bits=4"])._first_width(key, 64) == 4
-    assert _planner_of([*adaptive, "quant.initial_bits=8"])._first_width(key, 64) == 8
+
+    def first(overrides):  # between the two hosts
+        return int(_planner_of(overrides)._first_widths(key, 64, say=False)[0, 1])
+
+    assert first(adaptive) == 1  # GCN's uniform width
+    assert first([*adaptive, "model.name=sage"]) == 2
+    assert first([*adaptive, "quant.bits=4"]) == 4
+    assert first([*adaptive, "quant.initial_bits=8"]) == 8
 
 
 def test_the_window_is_what_the_wait_leaves_of_the_plan_that_ran():

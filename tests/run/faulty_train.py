@@ -4,7 +4,8 @@
 
 - ``before-start``: rank 1 dies as the partition is prepared, so that rank 0's claim is
   never started (the output directory it reserved is given up again);
-- ``after-start``: rank 1 dies once the checkpoint of epoch 2 is complete.
+- ``after-start``: rank 1 dies once the checkpoint of epoch 2 is complete;
+- ``at-exit``: rank 1 fails on its way out of a run that finished (exit code 1).
 
 Later attempts (``TORCHELASTIC_RESTART_COUNT`` > 0) run unchanged.
 """
@@ -42,4 +43,7 @@ elif FIRST_ATTEMPT and RANK == 1 and FAULT == "after-start":
     Checkpointer.save = save_then_die
 
 if __name__ == "__main__":
-    train.exit_now(train.main())
+    code = train.main()
+    if FIRST_ATTEMPT and RANK == 1 and FAULT == "at-exit" and code == 0:
+        _die()
+    train.exit_now(code)

@@ -186,7 +186,7 @@ def test_unfitting_or_damaged_checkpoints_are_refused(tmp_path):
 
     with pytest.raises(CheckpointError, match="model.hidden: checkpoint 16, this run 32"):
         check_fits(manifest, 1, {**fingerprint, "model.hidden": 32}, tmp_path)
-    with pytest.raises(CheckpointError, match="written by 1 workers, this run has 2"):
+    with pytest.raises(CheckpointError, match="written by 1 worker, this run has 2"):
         check_fits(manifest, 2, fingerprint, tmp_path)
     newer = {**fingerprint, "quant.first_cycle": 5}  # a setting added after the checkpoint
     with pytest.raises(CheckpointError, match="quant.first_cycle: not in the checkpoint"):

@@ -3,11 +3,14 @@ share a ``checkpoint.dir`` each keep their own checkpoints (adaqp.run.placement)
 
 from __future__ import annotations
 
+import logging
+import shutil
 from pathlib import Path
 
 import pytest
 
 from adaqp.config import load_config
+from adaqp.run import placement
 from adaqp.run.ckptdir import MANIFEST, OWNER_FILE, checkpoint_root
 from adaqp.run.placement import JOB_KEY, Problem, RunDirError, read_status
 from adaqp.run.preflight import Refusal, plan_output
@@ -20,11 +23,19 @@ def _fake_checkpoint(root: Path, epoch: int) -> None:
     (step / MANIFEST).write_text("{}\n")
 
 
-def _run(base: Path, job: str, *, finish: bool, checkpoint_dir: Path | None = None) -> Path:
+def _run(
+    base: Path,
+    job: str,
+    *,
+    finish: bool,
+    checkpoint_dir: Path | None = None,
+    checkpoint: bool = True,
+) -> Path:
     """A run of ``job`` in the first free version of ``base``, with a checkpoint at epoch
-    2, finished (a summary) or failed; returns its directory."""
+    2 (unless not ``checkpoint``), finished (a summary) or failed; returns its directory."""
     run = RunDir.claim(base, new_version=True, job=job, checkpoint_dir=checkpoint_dir)
-    _fake_checkpoint(run._checkpoints, 2)
+    if checkpoint:
+        _fake_checkpoint(run._checkpoints, 2)
     (run.path / "metrics.jsonl").write_text('{"epoch": 1}\n{"epoch": 2}\n')
     if finish:
         (run.path / "summary.json").write_text("{}\n")
@@ -94,6 +105,28 @@ def test_a_restart_with_overwrite_keeps_its_own_progress(tmp_path):
         restart.close()
 
 
+@pytest.mark.parametrize("checkpoint", [True, False], ids=["checkpoint", "no-checkpoint"])
+def test_a_restart_after_its_run_finished_keeps_it_untouched(tmp_path, checkpoint, caplog):
+    """A worker failed on its way out of a finished run, and torchrun restarted the group:
+    the restart finds its own run finished and changes nothing there, whatever the flags
+    (it used to continue from the checkpoint, or start fresh and remove the summary)."""
+    base = tmp_path / "run"
+    own = _run(base, "mine", finish=True, checkpoint=checkpoint)
+    before = _files(own)
+    for flags in ({}, {"overwrite": True}, {"resume": True}):
+        with caplog.at_level(logging.INFO, logger="adaqp.run.rundir"):
+            restart = RunDir.reserve(base, new_version=True, job="mine", restarted=True, **flags)
+        try:
+            restart.start()
+            restart.end()
+        finally:
+            restart.close()
+        assert _files(own) == before, flags
+        assert restart.path == own and restart.finished and restart.resume_from is None
+        assert f"this job's run in {own} had already finished" in caplog.text
+    assert read_status(own)["status"] == "complete"
+
+
 def test_a_restart_never_continues_a_named_directory_of_another_job(tmp_path):
     out = tmp_path / "run"
     _run(out, "other", finish=False)
@@ -137,6 +170,36 @@ def test_repeat_runs_sharing_a_checkpoint_dir_each_keep_their_own(tmp_path, monk
     again.close()
     assert again.path == second and not list((tmp_path / "ckpt" / second.name).glob("epoch-*"))
     assert _files(tmp_path / "ckpt" / first.name) == kept
+
+
+def test_checkpoints_left_by_a_deleted_run_do_not_refuse_a_run_without_out(tmp_path, monkeypatch):
+    """The folder of a run was deleted, its checkpoints under ``checkpoint.dir`` were not:
+    a run given no --out takes the next version (it used to be refused as unfinished),
+    and the checkpoints stay as they were."""
+    monkeypatch.chdir(tmp_path)
+    config = _config(tmp_path)
+    first = plan_output(config, 2)
+    _run(first, "old", finish=True, checkpoint_dir=tmp_path / "ckpt")
+    shutil.rmtree(first)
+    left = tmp_path / "ckpt" / first.name
+    kept = _files(left)
+    second = first.with_name(f"{first.name}-v2")
+    assert plan_output(config, 2) == second
+    run = RunDir.claim(first, new_version=True, checkpoint_dir=config.checkpoint.dir)
+    (second / "summary.json").write_text("{}\n")
+    run.end()
+    run.close()
+    assert run.path == second and _files(left) == kept
+    assert placement.orphans(first, second, config.checkpoint.dir) == [left]
+    from adaqp.run.job import _why_elsewhere  # rank 0's line about it
+
+    said = _why_elsewhere(first, second, False, config.checkpoint.dir)
+    assert f"checkpoints of deleted runs are left in {left}: they are kept" in said
+    assert said.endswith(f"this run goes to {second}") and "holds another run" not in said
+    # Another directory's checkpoints where a version's would go are passed over too.
+    foreign = tmp_path / "elsewhere" / f"{first.name}-v3"
+    RunDir.claim(foreign, checkpoint_dir=config.checkpoint.dir).close()
+    assert plan_output(config, 2) == first.with_name(f"{first.name}-v4")
 
 
 def test_checkpoints_of_another_directory_are_never_taken(tmp_path):

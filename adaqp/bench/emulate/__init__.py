@@ -23,7 +23,9 @@ the hosts; the workers' threads follow it) and ``--memory-per-host`` a memory li
 (default: none). ``cluster.json`` records each host's budget and, after the job, what its
 group used (``cpu_seconds``, ``peak_memory_bytes``) and the job's wall time
 (``elapsed_s``). A host that runs out of memory stops the job at once with one line that
-names the host, its limit and its peak.
+names the host, its limit and its peak (the kernel's count of OOM kills decides, not the
+peak). Each job's logs go to a folder of their own (``results/runs/cluster-logs``, then
+``-v2``, ...).
 
 Every namespace, link and control group is removed on success, failure, timeout, Ctrl-C
 and SIGTERM, also while the hosts are still being built: a namespace is recorded before it
@@ -34,7 +36,8 @@ until it is done. Addresses live only inside the namespaces this package creates
 
 Modules: ``netns`` (the ``ip`` commands, bridge and veth pairs), ``links`` (``LinkSpec``,
 ``host_links`` and tc shaping), ``cgroups`` (``Budget``, ``host_budgets`` and the hosts'
-control groups), ``signals`` (signals held during teardown), ``cluster``
+control groups), ``cgroup_leaf`` (cgroup v2: this process's group emptied into a leaf so
+that its children may use controllers), ``signals`` (signals held during teardown), ``cluster``
 (``EmulatedCluster``: build, run, tear down) and ``cli`` (``main``, the command line).
 """
 

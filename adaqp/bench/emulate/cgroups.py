@@ -7,11 +7,15 @@ directory), or raises ``CgroupError`` saying why it cannot. ``CgroupTree.group(n
 names one host's ``HostGroup``; ``create`` makes it with its limits, ``wrap`` turns a
 command into one that enters the group before it runs (a shell writes its own pid into
 every ``cgroup.procs``, then execs the command: torchrun and every worker it forks are
-inside from their first instruction), ``usage`` reads what the group used and ``remove``
-kills what is left inside and removes the group, bounded in time.
+inside from their first instruction), ``kill`` ends every process inside (torchrun's
+workers run in sessions of their own, out of reach of its process group), ``usage`` reads
+what the group used and ``remove`` kills what is left inside and removes the group, bounded
+in time.
 
 Groups are made inside this process's own group of each hierarchy, not at its root, so
-that limits set above this process (a container's, a session's) still hold.
+that limits set above this process (a container's, a session's) still hold. In v2 that
+group's processes first move into a leaf beside the host groups
+(``adaqp.bench.emulate.cgroup_leaf``); ``CgroupTree.release`` moves them back.
 
 CPU: a CFS quota of ``cpus * CFS_PERIOD_US`` per period of ``CFS_PERIOD_US`` = 10 ms. A
 group that spends its quota early in a period waits, throttled, for the next one; under
@@ -28,6 +32,11 @@ Files read and written::
     CPU used         cpuacct.usage (ns)                 cpu.stat usage_usec
     peak memory      memory.max_usage_in_bytes          memory.peak
     OOM kills        memory.oom_control oom_kill        memory.events oom_kill
+    kill all         SIGKILL to each in cgroup.procs    cgroup.kill (5.14+), else as v1
+
+Out of memory is the kernel's own count of OOM kills, never a peak near the limit: the
+peak counts page cache, which fills any limit. v1's ``memory.failcnt`` is not read: it
+counts every time usage reached the limit, reclaiming page cache included.
 """
 
 from __future__ import annotations
@@ -42,8 +51,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from adaqp.bench.emulate.cgroup_leaf import LEAF, CgroupError, Leaf, enable_controllers
 from adaqp.bench.emulate.links import per_host
-from adaqp.bench.emulate.netns import ClusterError
 from adaqp.cores import usable_cores
 
 logger = logging.getLogger(__name__)
@@ -58,11 +67,6 @@ _MEMORY = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(?:i?b)?")
 _ENTER = (
     'for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 126; shift; done; shift; exec "$@"'
 )
-
-
-class CgroupError(ClusterError):
-    """This machine (or this user) cannot enforce per-host budgets, or a host's group could
-    not be made; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -234,16 +238,38 @@ class HostGroup:
             cpu = usec / 1e6 if usec is not None else None
         return Usage(cpu, int(peak) if peak else None, self.oom_kills())
 
+    def _kill_once(self) -> set[int]:
+        """Sends every process inside SIGKILL (v2: ``cgroup.kill`` where the kernel has
+        it, which also reaches one forked meanwhile); returns those that were there."""
+        pids = self.pids()
+        kill_file = self.dirs[0] / "cgroup.kill"
+        if pids and self.version == 2 and kill_file.exists():
+            with contextlib.suppress(OSError):
+                kill_file.write_text("1")
+                return pids
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return pids
+
+    def kill(self, timeout_s: float = 10.0) -> bool:
+        """Kills every process inside and waits until the kernel lists none (then the
+        counters ``usage`` reads are final), bounded; returns whether none is left."""
+        deadline = time.monotonic() + timeout_s
+        while self._kill_once():
+            if time.monotonic() > deadline:
+                logger.error("processes %s survived SIGKILL in %s", sorted(self.pids()), self.dirs)
+                return False
+            time.sleep(0.02)
+        return True
+
     def remove(self, timeout_s: float = 10.0) -> bool:
         """Kills what is left inside, then removes the directories (a group can only go
         once empty; a dying process may hold it a moment). Idempotent; returns whether
         every directory is gone, logging the ones that are not."""
         deadline = time.monotonic() + timeout_s
         while self.made and time.monotonic() < deadline:
-            pids = self.pids()
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            self._kill_once()
             for d in reversed(self.made):
                 try:
                     d.rmdir()
@@ -263,14 +289,31 @@ class HostGroup:
 @dataclass(frozen=True)
 class CgroupTree:
     """Where host groups are made: ``bases`` are this process's own groups, one per
-    controller (v1: cpu, cpuacct, memory) or one (v2)."""
+    controller (v1: cpu, cpuacct, memory) or one (v2). A context manager: ``release``
+    on leaving."""
 
     version: int
     bases: tuple[Path, ...]
+    leaf: Leaf | None = field(default=None, compare=False)
+    """v2: where the base's processes went for its children to use controllers (None
+    where none had to move)."""
 
     def group(self, name: str) -> HostGroup:
         """Names a group (nothing is made until ``HostGroup.create``)."""
         return HostGroup([base / name for base in self.bases], self.version)
+
+    def release(self) -> None:
+        """Once the host groups are gone, gives the base back as it was (v2: the leaf's
+        processes back, the controllers this process enabled off); idempotent, and also
+        done at exit."""
+        if self.leaf is not None:
+            self.leaf.release()
+
+    def __enter__(self) -> CgroupTree:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 def CgroupV1(cpu: Path, cpuacct: Path, memory: Path) -> CgroupTree:  # noqa: N802
@@ -278,27 +321,27 @@ def CgroupV1(cpu: Path, cpuacct: Path, memory: Path) -> CgroupTree:  # noqa: N80
 
 
 def CgroupV2(base: Path) -> CgroupTree:  # noqa: N802
-    """Enables the cpu and memory controllers for ``base``'s children where they are not.
+    """Enables the cpu and memory controllers for ``base``'s children where they are not,
+    moving ``base``'s own processes into a leaf first where the kernel asks for it
+    (``adaqp.bench.emulate.cgroup_leaf``); the tree's ``release`` undoes that.
 
     Raises:
-        CgroupError: ``base`` does not offer them (not delegated, or it holds processes
-            itself, which v2 forbids for a group whose children use controllers).
+        CgroupError: ``base`` does not offer them (not delegated), or they could not be
+            enabled.
     """
     base = Path(base)
     offered = (_read(base / "cgroup.controllers") or "").split()
     if not {"cpu", "memory"} <= set(offered):
         raise CgroupError(f"{base} offers controllers {offered}, not cpu and memory")
-    enabled = (_read(base / "cgroup.subtree_control") or "").split()
-    missing = [f"+{c}" for c in ("cpu", "memory") if c not in enabled]
-    if missing:
-        _write(base / "cgroup.subtree_control", " ".join(missing))
-    return CgroupTree(2, (base,))
+    return CgroupTree(2, (base,), enable_controllers(base, ("cpu", "memory")))
 
 
 def find_cgroups(mounts: str = "/proc/self/mounts", own: str = "/proc/self/cgroup") -> CgroupTree:
     """This process's groups that host groups can go under: v1 where its ``cpu``,
     ``cpuacct`` and ``memory`` controllers are mounted, else v2 with ``cpu`` and
-    ``memory``.
+    ``memory`` (a process already in an ``adaqp-leaf``, moved there by an earlier cluster,
+    takes the leaf's parent). Release the tree (``with find_cgroups() as tree``) once its
+    host groups are gone.
 
     Raises:
         CgroupError: neither, or this process may not make groups there.
@@ -322,15 +365,16 @@ def find_cgroups(mounts: str = "/proc/self/mounts", own: str = "/proc/self/cgrou
         for c in controllers.split(",") if controllers else [""]:
             paths[c] = path.lstrip("/")
     if all(c in v1 and c in paths for c in ("cpu", "cpuacct", "memory")):
-        tree = CgroupV1(*(v1[c] / paths[c] for c in ("cpu", "cpuacct", "memory")))
+        bases = [v1[c] / paths[c] for c in ("cpu", "cpuacct", "memory")]
     elif v2 is not None and "" in paths:
-        tree = CgroupV2(v2 / paths[""])
+        base = v2 / paths[""]
+        bases = [base.parent if base.name == LEAF else base]
     else:
         raise CgroupError("this machine mounts no cpu and memory control groups (v1 or v2)")
-    for base in tree.bases:
+    for base in bases:
         if not os.access(base, os.W_OK):
             raise CgroupError(f"cannot make control groups under {base}")
-    return tree
+    return CgroupV1(*bases) if len(bases) == 3 else CgroupV2(bases[0])
 
 
 def default_cpus(num_hosts: int) -> str:

@@ -5,11 +5,17 @@ Reads the hosts, the links and the time bound, builds an ``EmulatedCluster`` and
 ``adaqp.train`` on it with every argument after ``--``; exits 0 on success, 1 when the
 cluster or its job failed, 2 on bad arguments or without root, and 130 when a signal
 stopped the run (the hosts are torn down in every case).
+
+Each job's logs go to a folder of their own, as runs do: by default the first of
+``results/runs/cluster-logs``, ``-v2``, ``-v3``, ... that does not exist yet
+(``log_dir_for``); a ``--log-dir`` that holds an earlier job's ``cluster.json`` is refused
+unless ``--overwrite`` is given.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
 import signal
@@ -30,8 +36,12 @@ from adaqp.bench.emulate.cluster import EmulatedCluster
 from adaqp.bench.emulate.links import host_links
 from adaqp.bench.emulate.netns import ClusterError
 from adaqp.deps import require
+from adaqp.run.placement import newest_version, versioned
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_LOG_DIR = Path("results/runs/cluster-logs")
+"""Where a job's logs go without ``--log-dir``: this folder, or its first free ``-v2``, ..."""
 
 
 def _raise_on_sigterm(signum, frame):
@@ -86,9 +96,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-dir",
         type=Path,
-        default=Path("results/runs/cluster-logs"),
+        default=None,
         help="where each host's torchrun output (host<i>.log) and the cluster's description "
-        "(cluster.json) are written",
+        "(cluster.json) are written; one that holds an earlier job's cluster.json is refused "
+        f"(default: {DEFAULT_LOG_DIR}, or its first free -v2, -v3, ...: a folder per job)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into a --log-dir that holds an earlier job's logs (its cluster.json and "
+        "host<i>.log are removed first); without --log-dir, the newest default folder",
     )
     return parser
 
@@ -114,6 +131,38 @@ def budgets_from(args: argparse.Namespace) -> list[Budget]:
     """The hosts' budgets from ``args`` (ValueError on a value that cannot be read)."""
     cpus = default_cpus(args.hosts) if args.cpus_per_host is None else args.cpus_per_host
     return host_budgets(args.hosts, cpus, args.memory_per_host)
+
+
+def log_dir_for(given: Path | None, overwrite: bool = False) -> Path:
+    """The folder this job's logs go to, made here.
+
+    ``given`` (``--log-dir``) as it is, unless it holds an earlier job's ``cluster.json``;
+    else the first of ``DEFAULT_LOG_DIR``, ``-v2``, ... that does not exist yet, claimed by
+    making it (two jobs started together never share one). ``overwrite``: ``given``, or
+    the newest default folder, with the earlier job's ``cluster.json`` and ``host<i>.log``
+    removed (a job on fewer hosts would leave the others' logs beside its own).
+
+    Raises:
+        ValueError: ``given`` holds an earlier job's logs and ``overwrite`` is False.
+    """
+    if given is None and not overwrite:
+        for path in (versioned(DEFAULT_LOG_DIR, v) for v in itertools.count(1)):
+            try:
+                path.mkdir(parents=True)
+            except FileExistsError:
+                continue
+            return path
+    path = given if given is not None else newest_version(DEFAULT_LOG_DIR)
+    if (path / "cluster.json").exists():
+        if not overwrite:
+            raise ValueError(
+                f"--log-dir {path} holds an earlier job's logs (cluster.json): name another "
+                "folder, leave --log-dir out for a fresh one, or add --overwrite"
+            )
+        for old in [path / "cluster.json", *path.glob("host*.log")]:
+            old.unlink(missing_ok=True)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _log_lines(log: Path) -> list[str]:
@@ -148,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     train_args = argv[argv.index("--") + 1 :] if "--" in argv else []
     cluster: EmulatedCluster | None = None
+    cgroups = log_dir = None
     try:
         args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -166,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         try:
+            log_dir = log_dir_for(args.log_dir, args.overwrite)
+        except ValueError as exc:
+            logger.error("%s", exc)
+            return 2
+        try:
             budgets, cgroups = enforce(budgets, cpus_asked=args.cpus_per_host is not None)
         except CgroupError as exc:
             logger.error("%s", exc)
@@ -173,15 +228,15 @@ def main(argv: list[str] | None = None) -> int:
         cluster = EmulatedCluster(
             args.hosts, links[0], links=links, budgets=budgets, cgroups=cgroups
         )
-        logger.info("the job's output goes to %s/host<i>.log (rank 0's: host0.log)", args.log_dir)
+        logger.info("this job's logs go to %s/ (rank 0's output: host0.log)", log_dir)
         with cluster:
-            cluster.launch(args.procs_per_host, train_args, args.log_dir, args.timeout)
-        result = _result_line(args.log_dir / "host0.log")
+            cluster.launch(args.procs_per_host, train_args, log_dir, args.timeout)
+        result = _result_line(log_dir / "host0.log")
         if result:
             print(result, flush=True)
     except ClusterError as exc:
         logger.error("%s", exc)
-        for line in _worker_errors(args.log_dir, args.hosts):
+        for line in _worker_errors(log_dir, args.hosts) if log_dir else []:
             print(line, file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt:
@@ -192,4 +247,6 @@ def main(argv: list[str] | None = None) -> int:
             # Nothing left to do after `with`; a safety net should a signal land between
             # __enter__ returning and the body starting.
             cluster.down()
+        if cgroups is not None:
+            cgroups.release()  # v2: this process's group as it was (after the host groups)
     return 0

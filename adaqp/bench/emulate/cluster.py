@@ -81,10 +81,14 @@ class EmulatedCluster:
         if not self.links:
             self.links = [dataclasses.replace(self.link) for _ in range(self.hosts)]
         elif len(self.links) != self.hosts:
-            raise ValueError(f"links: {len(self.links)} specs for {self.hosts} hosts")
+            raise ValueError(
+                f"links: {len(self.links)} specs for {self.hosts} host{'s' * (self.hosts != 1)}"
+            )
         self.budgets = self.budgets or [Budget() for _ in range(self.hosts)]
         if len(self.budgets) != self.hosts:
-            raise ValueError(f"budgets: {len(self.budgets)} for {self.hosts} hosts")
+            raise ValueError(
+                f"budgets: {len(self.budgets)} for {self.hosts} host{'s' * (self.hosts != 1)}"
+            )
         if self.cgroups is None and any(b.limited for b in self.budgets):
             raise ValueError("budgets need control groups (cgroups)")
         self.tag = self.tag or str(os.getpid() % 100000)
@@ -154,7 +158,9 @@ class EmulatedCluster:
                 spec.latency or "0",
                 spec.loss or "0",
             )
-        logger.info("emulated cluster: %d hosts behind one switch", self.hosts)
+        logger.info(
+            "emulated cluster: %d host%s behind one switch", self.hosts, "s" * (self.hosts != 1)
+        )
 
     def down(self) -> None:
         """Stops every job, removes the hosts' control groups and deletes every namespace
@@ -185,7 +191,11 @@ class EmulatedCluster:
         self.namespaces = []
 
     def _stop_jobs(self) -> None:
-        """Kills the host jobs still running (torchrun and its workers) and reaps them."""
+        """Kills every process of every host and reaps the host jobs: each host's group
+        whole first (torchrun starts its workers in sessions of their own, out of reach of
+        its process group), then torchrun's group (the hosts without groups)."""
+        for group in self._groups:
+            group.kill(_TEARDOWN_S)
         while self._jobs:
             proc, log = self._jobs[-1]
             if proc.poll() is None:
@@ -295,7 +305,7 @@ class EmulatedCluster:
             elapsed = time.monotonic() - started
             with self._guard.hold():
                 self._stop_jobs()
-                # Read once every process is gone: the counters are then final.
+                # Read once every process of every host is gone: the counters are then final.
                 usage: list[Usage | None] | None = [g.usage() for g in self._groups]
                 self._remove_groups()
                 if len(usage) != self.hosts:  # no groups, or not all of them were made
@@ -351,18 +361,17 @@ class EmulatedCluster:
                 raise
             self._jobs.append((proc, log))
 
-    def _out_of_memory(self, codes: list[int | None]) -> str | None:
-        """The one-line report of a host that ran out of memory: the kernel killed one of
-        its processes for the group's limit, or its job failed with the peak at the limit
-        (a worker killed by SIGKILL there, where the kernel counts no OOM kills)."""
+    def _out_of_memory(self) -> str | None:
+        """The one-line report of a host that ran out of memory: by the kernel's own count,
+        its OOM killer killed one of the group's processes for the group's limit. A peak
+        near the limit proves nothing: page cache fills any limit."""
         for i, group in enumerate(self._groups):
             limit = self.budgets[i].memory_bytes
             if not limit:
                 continue
             used = group.usage()
             peak = used.peak_memory_bytes or 0
-            failed = codes[i] not in (None, 0)
-            if used.oom_kills or (failed and peak >= _AT_LIMIT * limit):
+            if used.oom_kills:
                 return (
                     f"host {i} ran out of memory: limit {_mib(limit)}, peak {_mib(peak)} "
                     f"(the kernel killed {used.oom_kills} of its processes); raise "
@@ -378,7 +387,7 @@ class EmulatedCluster:
         failed_at = None
         while True:
             codes = [proc.poll() for proc, _ in self._jobs]
-            oom = self._out_of_memory(codes)
+            oom = self._out_of_memory()
             if oom:
                 raise ClusterError(f"{oom}; see {log_dir}/host<i>.log")
             failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
@@ -399,10 +408,6 @@ class EmulatedCluster:
             if time.monotonic() > deadline:
                 raise ClusterError(f"the job ran past {timeout_s:.0f}s; stopped")
             time.sleep(0.1)
-
-
-_AT_LIMIT = 0.97
-"""A failed host whose peak came this close to its memory limit ran out of memory."""
 
 
 def _mib(num_bytes: int) -> str:

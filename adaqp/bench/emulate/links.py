@@ -108,8 +108,8 @@ def per_host(name: str, text: str, num_hosts: int) -> list[str]:
         return values * num_hosts
     if len(values) != num_hosts:
         raise ValueError(
-            f"{name} has {len(values)} values for {num_hosts} hosts: give one value "
-            "for all hosts or exactly one per host"
+            f"{name} has {len(values)} values for {num_hosts} host{'s' * (num_hosts != 1)}: "
+            "give one value for all hosts or exactly one per host"
         )
     return values
 

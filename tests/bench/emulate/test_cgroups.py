@@ -17,11 +17,13 @@ from adaqp.bench.emulate.cgroups import (
     Budget,
     CgroupError,
     CgroupV2,
+    HostGroup,
     Usage,
     find_cgroups,
     host_budgets,
     parse_memory,
 )
+from tests.bench.emulate.fake_cgroupfs import PID_LIMIT, FakeCgroupV2
 from tests.bench.emulate.helpers import _cgroup_tree, _tag, needs_cgroups
 
 
@@ -182,3 +184,45 @@ def test_remove_kills_what_is_left_inside():
         assert group.remove(timeout_s=10)
     assert sleeper.wait(timeout=10) == -9
     assert not any(d.exists() for d in group.dirs)
+
+
+def _sleeper() -> subprocess.Popen:
+    """A worker as torchrun starts one: in a session of its own."""
+    return subprocess.Popen(["sleep", "60"], start_new_session=True)
+
+
+def test_kill_ends_every_process_of_a_v2_group_through_cgroup_kill(tmp_path, monkeypatch):
+    fake = FakeCgroupV2(tmp_path / "cgroup2", monkeypatch)
+    group = CgroupV2(fake.group("session")).group("aq1-h0")
+    group.create(Budget())
+    workers = [_sleeper(), _sleeper()]
+    try:
+        for w in workers:
+            (group.dirs[0] / "cgroup.procs").write_text(str(w.pid))
+        (group.dirs[0] / "cgroup.procs").write_text(str(PID_LIMIT + 1))  # one that never exits
+        assert group.kill(timeout_s=10)
+        assert [w.wait(timeout=10) for w in workers] == [-9, -9]
+        assert sorted(fake.killed) == sorted([w.pid for w in workers] + [PID_LIMIT + 1])
+        assert group.pids() == set() and group.remove(timeout_s=1)
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait()
+
+
+def test_kill_without_cgroup_kill_signals_each_process_until_none_is_left(tmp_path, monkeypatch):
+    fake = FakeCgroupV2(tmp_path / "cgroup", monkeypatch)
+    # v1, and v2 before Linux 5.14: no cgroup.kill; each process listed gets SIGKILL.
+    group = HostGroup([fake.group(f"{c}/aq1-h0") for c in ("cpu", "cpuacct", "memory")], 1)
+    workers = [_sleeper(), _sleeper()]
+    try:
+        for w, d in zip(workers, group.dirs[1:], strict=True):
+            (d / "cgroup.procs").write_text(str(w.pid))
+        assert group.pids() == {w.pid for w in workers}
+        assert group.kill(timeout_s=10)
+        assert [w.wait(timeout=10) for w in workers] == [-9, -9]
+        assert group.pids() == set() and fake.killed == []
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from adaqp.bench.emulate import main
+from adaqp.bench.emulate.cli import log_dir_for
 from tests.bench.emulate.helpers import (
     ENDLESS,
     _groups,
@@ -264,3 +265,57 @@ def test_cpu_budget_holds_and_running_out_of_memory_fails_clearly(tmp_path):
     assert [h["memory_limit_bytes"] for h in spec["hosts"]] == [None, 200 * 2**20]
     assert spec["hosts"][1]["oom_kills"] >= 1
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == checkpoints
+
+
+def test_each_job_gets_a_fresh_log_folder_and_an_earlier_jobs_is_never_replaced(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    first = log_dir_for(None)
+    assert first == Path("results/runs/cluster-logs") and first.is_dir()
+    for i in range(4):  # a job on 4 hosts
+        (first / f"host{i}.log").write_text(f"host {i}\n")
+    (first / "cluster.json").write_text("{}")
+    assert log_dir_for(None) == Path("results/runs/cluster-logs-v2")
+    assert log_dir_for(None) == Path("results/runs/cluster-logs-v3")
+    assert sorted(p.name for p in first.iterdir()) == [
+        "cluster.json",
+        *(f"host{i}.log" for i in range(4)),
+    ]
+
+    # A named folder: refused while it holds a job's logs, unless --overwrite.
+    with pytest.raises(ValueError, match="holds an earlier job's logs .*--overwrite"):
+        log_dir_for(first)
+    (first / "notes.txt").write_text("mine\n")
+    assert log_dir_for(first, overwrite=True) == first
+    assert sorted(p.name for p in first.iterdir()) == ["notes.txt"]  # no host2/3.log left
+    assert log_dir_for(tmp_path / "new") == tmp_path / "new"
+    assert log_dir_for(first) == first  # holds no cluster.json any more
+    # --overwrite without --log-dir: the newest default folder, as runs' --overwrite.
+    assert log_dir_for(None, overwrite=True) == Path("results/runs/cluster-logs-v3")
+
+
+def test_cli_refuses_a_log_dir_that_holds_a_job_before_building_anything(
+    tmp_path, monkeypatch, caplog
+):
+    from adaqp.bench.emulate import cli
+
+    def untouched(*args, **kwargs):
+        raise AssertionError("the cluster was built")
+
+    monkeypatch.setattr(cli.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(cli, "enforce", untouched)
+    monkeypatch.setattr(cli, "EmulatedCluster", untouched)
+    (tmp_path / "cluster.json").write_text("{}")
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = main(["--hosts", "2", "--log-dir", str(tmp_path), "--", "--epochs", "1"])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert code == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [
+        f"--log-dir {tmp_path} holds an earlier job's logs (cluster.json): name another "
+        "folder, leave --log-dir out for a fresh one, or add --overwrite"
+    ]

@@ -5,12 +5,22 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from adaqp.bench.emulate import ClusterError, EmulatedCluster, LinkSpec, host_links
-from adaqp.bench.emulate.cgroups import Budget, CgroupTree, host_budgets
+from adaqp.bench.emulate import cluster as cluster_module
+from adaqp.bench.emulate.cgroups import (
+    Budget,
+    CgroupTree,
+    CgroupV1,
+    CgroupV2,
+    HostGroup,
+    host_budgets,
+)
 from adaqp.cores import usable_cores
+from tests.bench.emulate.fake_cgroupfs import FakeCgroupV2
 from tests.bench.emulate.helpers import (
     ENDLESS,
     _cgroup_tree,
@@ -150,3 +160,90 @@ def test_timeout_with_budgets_records_usage_and_removes_the_groups(tmp_path):
         assert (host["cpus"], host["memory_limit_bytes"]) == (0.5, 2 * 2**30)
         assert 0 < host["cpu_seconds"] <= 0.55 * spec["elapsed_s"]
         assert host["peak_memory_bytes"] > 0 and host["oom_kills"] == 0
+
+
+def _fake_cluster(tmp_path, monkeypatch, budgets: list[Budget], version=2) -> EmulatedCluster:
+    """A cluster whose hosts' groups go in a fake cgroup hierarchy (v2: the kernel's rules
+    enforced; v1: plain folders); a failed host is reported at once."""
+    if version == 2:
+        tree = CgroupV2(FakeCgroupV2(tmp_path / "cgroup2", monkeypatch).group("session"))
+    else:
+        dirs = [tmp_path / "v1" / c for c in ("cpu", "cpuacct", "memory")]
+        for d in dirs:
+            d.mkdir(parents=True)
+        tree = CgroupV1(*dirs)
+    monkeypatch.setattr(cluster_module, "_GRACE_S", 0.0)
+    return EmulatedCluster(len(budgets), budgets=budgets, cgroups=tree, tag="12345")
+
+
+def _failed_job(cluster: EmulatedCluster, log: Path) -> None:
+    """A host job (torchrun) that has failed."""
+    job = subprocess.Popen(["sh", "-c", "exit 1"], start_new_session=True)
+    cluster._jobs.append((job, open(log, "w")))  # noqa: SIM115 - closed by _stop_jobs
+
+
+def test_usage_is_read_once_every_process_of_a_host_is_gone(tmp_path, monkeypatch):
+    cluster = _fake_cluster(tmp_path, monkeypatch, [Budget(cpus=0.5)])
+    workers = []
+
+    def start_host(i, procs_per_host, train_args, log_dir, spec):
+        # torchrun fails while its worker, in a session of its own, runs on.
+        workers.append(subprocess.Popen(["sleep", "60"], start_new_session=True))
+        (cluster._groups[i].dirs[0] / "cgroup.procs").write_text(str(workers[-1].pid))
+        _failed_job(cluster, log_dir / f"host{i}.log")
+
+    read_with = []
+    usage = HostGroup.usage
+    monkeypatch.setattr(cluster, "_start_host", start_host)
+    monkeypatch.setattr(HostGroup, "usage", lambda g: read_with.append(g.pids()) or usage(g))
+    try:
+        with pytest.raises(ClusterError, match="host 0 exited with 1"):
+            cluster.launch(1, [], tmp_path / "logs", timeout_s=30)
+        assert read_with[-1] == set()  # cluster.json's counters: no process left to add to them
+        assert workers[0].wait(timeout=10) == -9
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait()
+    spec = json.loads((tmp_path / "logs" / "cluster.json").read_text())
+    assert spec["hosts"][0]["cpu_seconds"] == 0.0
+
+
+@pytest.mark.parametrize("oom_kills", [0, 1])
+@pytest.mark.parametrize("version", [1, 2])
+def test_out_of_memory_is_the_kernels_count_not_a_peak_near_the_limit(
+    tmp_path, monkeypatch, version, oom_kills
+):
+    limit = 200 * 2**20
+    cluster = _fake_cluster(tmp_path, monkeypatch, [Budget(memory_bytes=limit)], version)
+    cluster._make_groups()
+    group = cluster._groups[0]
+    peak = str(int(0.98 * limit))  # page cache fills any limit: no sign of a kill
+    if version == 1:
+        memory = group.dirs[2]
+        (memory / "memory.max_usage_in_bytes").write_text(peak)
+        (memory / "memory.oom_control").write_text(
+            f"oom_kill_disable 0\nunder_oom 0\noom_kill {oom_kills}\n"
+        )
+        (memory / "memory.failcnt").write_text("4821")  # reached the limit, reclaimed
+    else:
+        (group.dirs[0] / "memory.peak").write_text(peak)
+        (group.dirs[0] / "memory.events").write_text(f"max 4821\noom 0\noom_kill {oom_kills}\n")
+    _failed_job(cluster, tmp_path / "host0.log")
+    with pytest.raises(ClusterError) as failed:
+        cluster._wait(tmp_path, timeout_s=30)
+    cluster._stop_jobs()  # reaps the job (the groups stay: tmp_path goes)
+    if oom_kills:
+        assert str(failed.value) == (
+            "host 0 ran out of memory: limit 200 MiB, peak 196 MiB (the kernel killed 1 of its "
+            f"processes); raise --memory-per-host; see {tmp_path}/host<i>.log"
+        )
+    else:
+        assert str(failed.value) == f"host 0 exited with 1; see {tmp_path}/host0.log"
+
+
+def test_messages_count_hosts_in_words():
+    with pytest.raises(ValueError, match="2 specs for 1 host$"):
+        EmulatedCluster(1, links=host_links(2, "1gbit"))
+    with pytest.raises(ValueError, match="has 2 values for 1 host:"):
+        host_links(1, "1gbit,2gbit")
