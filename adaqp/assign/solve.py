@@ -133,12 +133,11 @@ def solve_assignment(
     )
     exact, brute, local = solvers.exact, solvers.brute, solvers.polish
 
-    # The greedy and its polish are bounded by iterations, never by the clock, so that a
-    # plan does not depend on the machine's load; only the MILP runs against a deadline.
-    timed = method == "milp"
+    # The greedy and the polish are bounded by iterations, never by the clock, so that
+    # their plans do not depend on the machine's load; only the MILP runs to a deadline.
 
     def greedy(p: LinkProblem | HostProblem) -> np.ndarray:
-        return solvers.greedy(p, time_limit_s if timed else None)
+        return solvers.greedy(p, None)
 
     def better(a: np.ndarray, b: np.ndarray) -> bool:
         return bool(p.better(p.variance(a), p.time(a), p.variance(b), p.time(b)))
@@ -161,9 +160,8 @@ def solve_assignment(
                     k, status = k_greedy, status + "_greedy"
         if better(p.k_reference, k):  # never worse than the reference: it is a candidate
             k, status = p.k_reference, status + "_reference"
-        if polish:  # bounded by its moves; after a MILP also by a short budget
-            deadline = max(start + time_limit_s, time.perf_counter() + 0.05) if timed else math.inf
-            k = local(p, k, deadline)
+        if polish:  # bounded by its moves; a no-op on a true optimum
+            k = local(p, k, math.inf)
         k = sort_full_groups(p, k)
     message_bits = p.message_bits(k)
     exposed, var, t = evaluate_assignment(
