@@ -19,6 +19,7 @@ from adaqp.exchange.transport import BitPlan, ExchangeKey, NoCommTransport, Pend
 from adaqp.graph.local import LocalGraph
 from adaqp.partitioning.build import make_partition
 from adaqp.partitioning.format import load_part, read_metadata
+from adaqp.quant.mixed import blend_
 from adaqp.run.trainer import Trainer
 from adaqp.runtime import init_distributed, shutdown
 from tests.distributed import NullWriter, run_workers
@@ -318,3 +319,54 @@ def test_effective_staleness_is_the_age_of_what_the_average_holds(landing, smoot
     assert [t - r for t, r in enumerate(read, 1)] == pytest.approx(expected, abs=1e-3)
     if smoothing:
         assert effective[-1] == pytest.approx(10.0 if landing == "fixed" else 9.0, abs=0.02)
+
+
+class _QuantizedEpochRows(_EpochRows):
+    """``_EpochRows`` whose rows must be decoded before use, as quantized rows are (into a
+    new tensor, or blended straight into an average); counts the decodes."""
+
+    def __init__(self, landed):
+        super().__init__(landed)
+        self.decodes = 0
+
+    def start(self, rows_RD, key, plan=None, ranges=False) -> PendingExchange:
+        _, in_counts = self.counts(key)
+        shape, value = (sum(in_counts), rows_RD.shape[1]), float(self.epoch)
+
+        def decode(buf, out=None, blend=None):
+            self.decodes += 1
+            rows = torch.full(shape, value)
+            return rows if out is None else blend_(out, rows, blend)
+
+        work = self._Work(self, self.epoch)
+        payload = torch.empty(0, dtype=torch.uint8)
+        return PendingExchange(
+            self, key, work, payload, bytes_sent=0, bits_histogram={}, decode=decode
+        )
+
+
+@pytest.mark.parametrize(
+    ("landing", "delays", "read", "decodes"),
+    [
+        # Epoch 3 reads epoch 2's buffer again (epoch 3's lands late): nothing to decode;
+        # epoch 3's buffer is dropped unread once epoch 4's has landed.
+        ("newest", {1: 0, 2: 0, 3: 1, 4: 0}, [1.0, 1.5, 1.5, 2.75], 3),
+        # Epoch 2 reads epoch 1's buffer again (the one started S = 1 epochs earlier).
+        ("fixed", {1: 0, 2: 0, 3: 0, 4: 0}, [1.0, 1.0, 1.5, 2.25], 3),
+    ],
+)
+def test_a_stale_read_decodes_each_landed_buffer_once(landing, delays, read, decodes):
+    """The bytes of a buffer are decoded once, straight into the moving average, however
+    often a read chooses it: a second decode would cost CPU (and, blended, weigh the
+    buffer twice) by timing alone."""
+    transport = _QuantizedEpochRows(lambda s, t: t >= s + delays[s])
+    policy = StalePolicy(transport, StalenessConfig(smoothing=0.5, landing=landing), "cpu")
+    seen = []
+    for epoch in range(1, len(read) + 1):
+        transport.epoch = epoch
+        policy.begin_epoch(epoch, EpochCounters())
+        with policy.training():
+            seen.append(float(policy.start(ExchangeKey.forward(1), torch.zeros(2, 4)).wait()[0, 0]))
+    policy.close()
+    assert seen == read
+    assert transport.decodes == decodes  # one per buffer read, not one per read (4)

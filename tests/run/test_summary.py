@@ -160,7 +160,7 @@ def test_every_mode_writes_every_summary_and_metrics_field(tmp_path, mode):
     )
     if mode == "adaqp-q":
         overrides += QUANTIZED
-    if mode == "adaqp":  # over loopback the start-up profile may choose float32
+    if mode == "adaqp":  # both ranks share this host: float32 unless told to quantize
         overrides += ("quant.full_precision=never",)
     if mode == "adaqp-s":
         # Every exchange goes stale at the first choice (after epoch 1), whatever its wait:
@@ -184,9 +184,10 @@ def test_every_mode_writes_every_summary_and_metrics_field(tmp_path, mode):
     if mode == "adaqp-q":  # adaptive widths: the planner's report reached the summary
         assert summary["plan_bits_by_pair"], summary
         assert summary["avg_bits"] < 32 and summary["quant_scheme"] == "adaptive"
-    if mode == "adaqp":  # the default scheme: every message at GCN's 1 bit, nothing planned
+    if mode == "adaqp":  # the default scheme: every message at GCN's 1 bit, by pair
         assert summary["avg_bits"] == 1.0 and summary["quant_scheme"] == "uniform"
-        assert summary["plan_bits_by_pair"] == {}
+        assert summary["plan_bits_by_pair"] == {"0->1": 1.0, "1->0": 1.0}
+        assert summary["host_of_rank"] == [0, 0]
     if mode == "adaqp":  # under the default cost model
         config = json.loads((out / "config.json").read_text())
         assert config["quant"]["cost_model"] == "host", config["quant"]
