@@ -43,8 +43,9 @@ logger = logging.getLogger("adaqp.train")
 
 MODE_HELP = {
     "vanilla": "float32, synchronous: the exact baseline",
-    "adaqp-q": "quantized halo messages, all at quant.bits (0: the model's width, 1 for "
-    "gcn); quant.scheme=adaptive: a solver's width per message group",
+    "adaqp-q": "halo messages between hosts quantized, all at quant.bits (0: the model's "
+    "width, 1 for gcn), float32 within a host (quant.full_precision=never: every message); "
+    "quant.scheme=adaptive: a solver's width per message group",
     "adaqp-p": "float32 with central/marginal overlap (exact)",
     "adaqp": "adaqp-q and adaqp-p together",
     "adaqp-s": "adaqp whose planner may also make an exchange stale where that hides a wait",
