@@ -24,13 +24,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from adaqp.config import OVERLAP_MODES, QUANTIZED_MODES, Config
-from adaqp.exchange.adaptive import AdaptivePolicy
-from adaqp.exchange.choice import ChoicePolicy
+from adaqp.config import OVERLAP_MODES, Config
+from adaqp.exchange.by_mode import make_policy
 from adaqp.exchange.counters import EpochCounters
-from adaqp.exchange.planner import BitWidthPlanner
 from adaqp.exchange.policy import ExchangePolicy
-from adaqp.exchange.stale import StalePolicy
 from adaqp.exchange.transport import (
     INPUT_CACHE_KEY,
     ExchangeError,
@@ -38,7 +35,6 @@ from adaqp.exchange.transport import (
     HaloTransport,
     NoCommTransport,
 )
-from adaqp.graph.aggregate import SparseAdjacency
 from adaqp.graph.local import LocalGraph
 from adaqp.model.gnn import GNN
 from adaqp.model.layers import Propagation
@@ -54,28 +50,6 @@ logger = logging.getLogger(__name__)
 
 class TrainingError(RuntimeError):
     """A training step failed (often a dead or stuck peer); names the rank and epoch."""
-
-
-def make_policy(
-    config: Config,
-    transport: HaloTransport,
-    graph: LocalGraph,
-    adjacency: SparseAdjacency,
-    world: World,
-) -> ExchangePolicy:
-    """The exchange policy of ``config.comm.mode``."""
-    mode = config.comm.mode
-    if mode in QUANTIZED_MODES:
-        transport.warm_up()  # the compiled quantizer loads now, not in the first epoch
-        planner = BitWidthPlanner(config.quant, transport, graph, adjacency, world)
-        if mode == "adaqp-s":
-            last = config.model.layers - 1
-            return ChoicePolicy(transport, planner, config.staleness, world.device, last)
-        return AdaptivePolicy(transport, planner)
-    if mode == "onebit":
-        last_layer = config.model.layers - 1
-        return StalePolicy(transport, config.staleness, world.device, last_layer)
-    return ExchangePolicy(transport)
 
 
 class Trainer:
