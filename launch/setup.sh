@@ -3,7 +3,7 @@
 # with --bench, matplotlib for the benchmarks' plots.
 #
 #   bash launch/setup.sh          # runtime only
-#   bash launch/setup.sh --test   # plus pytest, ruff, matplotlib and torch-geometric
+#   bash launch/setup.sh --test   # plus pytest, ruff, matplotlib, kaminpar and torch-geometric
 #   bash launch/setup.sh --bench  # plus matplotlib (the [bench] extra)
 #   bash launch/setup.sh --print-torch-spec   # the torch build it would install, and stop
 #   bash launch/setup.sh --help
@@ -56,7 +56,8 @@ Creates a virtual environment (VENV, default .venv) and installs AdaQP into it, 
 with torch $TORCH_VERSION: the CUDA build where there is an NVIDIA driver, else the CPU build.
 
 options:
-  --test              also the test extras: pytest, ruff, matplotlib, torch-geometric
+  --test              also the test extras: pytest, ruff, matplotlib, kaminpar,
+                      torch-geometric
                       (.[test,pyg]: what the test suite needs)
   --bench             also matplotlib, for the benchmarks' plots (.[bench])
   --print-torch-spec  print the torch requirement it would install, and stop

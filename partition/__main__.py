@@ -53,8 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--method",
         choices=PARTITION_METHODS,
-        help="how nodes are assigned to parts: metis (fewest cut edges, balanced), random or "
-        f"contiguous id ranges (default: the config's partition.method, else {part.method})",
+        help="how nodes are assigned to parts: metis (fewest cut edges, balanced), kaminpar "
+        "(the same aim in a fraction of METIS's memory; objective cut only), random or "
+        "contiguous id ranges (default: the config's "
+        f"partition.method, else {part.method})",
     )
     parser.add_argument(
         "--objective",
@@ -65,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--seed",
         type=int,
-        help=f"METIS / random seed (default: the config's partition.seed, else {part.seed})",
+        help="METIS / KaMinPar / random seed (default: the config's partition.seed, else "
+        f"{part.seed})",
     )
     parser.add_argument(
         "--config",
@@ -115,8 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         meta = ensure_partition(
             config.data, config.partition, args.num_parts, args.out, force=args.force, tool=True
         )
-    except (ConfigError, PartitionError, ValueError, OSError) as exc:
-        # OSError: a dataset that is not on disk and cannot be downloaded.
+    except (ConfigError, PartitionError, ValueError, OSError, ModuleNotFoundError) as exc:
+        # OSError: a dataset that is not on disk and cannot be downloaded;
+        # ModuleNotFoundError: an optional partitioner (kaminpar) that is not installed.
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(_report(args.out, meta))

@@ -18,7 +18,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 from scipy.sparse import coo_matrix
 
-from adaqp.assign.problem import MILP_COST_SCALE, SLACK, HostProblem, two_stages
+from adaqp.assign.problem import MILP_COST_SCALE, POLISH_MOVES, SLACK, HostProblem, two_stages
 
 
 def host_polish(p: HostProblem, k: np.ndarray, deadline: float) -> np.ndarray:
@@ -27,7 +27,7 @@ def host_polish(p: HostProblem, k: np.ndarray, deadline: float) -> np.ndarray:
     k = k.copy()
     groups = np.arange(k.size)
     use, v, anchor = p.use(k), p.variance(k), None
-    for _ in range(4 * k.size * p.bits.size + 10):
+    for _ in range(min(4 * k.size * p.bits.size + 10, POLISH_MOVES)):
         if time.perf_counter() > deadline:
             break
         delta = p.unit - p.unit[groups, k][:, None, :]  # [G, K, R] use change of each move

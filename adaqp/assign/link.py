@@ -16,7 +16,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
-from adaqp.assign.problem import MILP_COST_SCALE, LinkProblem, two_stages
+from adaqp.assign.problem import MILP_COST_SCALE, POLISH_MOVES, LinkProblem, two_stages
 
 
 def link_polish(p: LinkProblem, k: np.ndarray, deadline: float) -> np.ndarray:
@@ -26,7 +26,7 @@ def link_polish(p: LinkProblem, k: np.ndarray, deadline: float) -> np.ndarray:
     nbytes = p.channel_bytes(k)
     beta_g = p.beta[p.chan][:, None]
     v, anchor = p.variance(k), None
-    for _ in range(4 * k.size * p.bits.size + 10):
+    for _ in range(min(4 * k.size * p.bits.size + 10, POLISH_MOVES)):
         if time.perf_counter() > deadline:
             break
         t = np.where(p.nonempty, p.alpha + nbytes / p.beta, 0.0)

@@ -68,6 +68,12 @@ SLACK = 0.5
 ``T``): far enough to find what the objective counts as equal, with room left for what
 HiGHS may exceed a row by (about a tenth of ``REL_TOL``)."""
 
+POLISH_MOVES = 2_000
+"""At most this many single-group moves when polishing a solution (each move prices
+every group's alternatives): a bound on the work, not on the clock, so that a greedy's
+plan is the same on a loaded machine as on an idle one. Strict improvements come first
+and are few; the rest are moves that only save bytes."""
+
 MILP_COST_SCALE = 1e4
 """What the MILPs multiply their objective by. Each stage's objective is O(1) (a time over
 the problem's time scale, a variance over its variance scale); HiGHS stops at an absolute

@@ -133,8 +133,9 @@ def solve_assignment(
     )
     exact, brute, local = solvers.exact, solvers.brute, solvers.polish
 
-    # The greedy and the polish are bounded by iterations, never by the clock, so that
-    # their plans do not depend on the machine's load; only the MILP runs to a deadline.
+    # The greedy and its polish are bounded by iterations, never by the clock, so that
+    # their plans do not depend on the machine's load; only the MILP (and the polish
+    # after it) runs to a deadline.
 
     def greedy(p: LinkProblem | HostProblem) -> np.ndarray:
         return solvers.greedy(p, None)
@@ -160,8 +161,11 @@ def solve_assignment(
                     k, status = k_greedy, status + "_greedy"
         if better(p.k_reference, k):  # never worse than the reference: it is a candidate
             k, status = p.k_reference, status + "_reference"
-        if polish:  # bounded by its moves; a no-op on a true optimum
-            k = local(p, k, math.inf)
+        if polish:  # bounded by its moves (POLISH_MOVES); after the MILP also by its clock
+            timed = method == "milp"
+            k = local(
+                p, k, max(start + time_limit_s, time.perf_counter() + 0.05) if timed else math.inf
+            )
         k = sort_full_groups(p, k)
     message_bits = p.message_bits(k)
     exposed, var, t = evaluate_assignment(

@@ -18,7 +18,7 @@ from adaqp.data import FEATURE_NORMS, SyntheticSpec
 from adaqp.typed_toml import check
 
 MODELS = ("gcn", "sage", "gat")
-PARTITION_METHODS = ("metis", "random", "contiguous")
+PARTITION_METHODS = ("metis", "kaminpar", "random", "contiguous")
 METIS_OBJECTIVES = ("cut", "volume")
 
 
@@ -67,19 +67,26 @@ class DataConfig:
 @dataclass(frozen=True)
 class PartitionConfig:
     method: str = "metis"
-    """How nodes are assigned to parts: metis, random or contiguous."""
+    """How nodes are assigned to parts: metis (pymetis), kaminpar, random or contiguous."""
     dir: str = ""
     """Partition directory; empty means partitions/<dataset>-<method>-p<P>."""
     seed: int = 0
-    """Seed for METIS and the random method."""
+    """Seed for METIS, KaMinPar and the random method."""
     balance_train: bool = True
     """Balance training nodes across parts as well as nodes (METIS multi-constraint)."""
     objective: str = "cut"
-    """METIS objective: cut (edge cut) or volume (communication volume, k-way)."""
+    """METIS objective: cut (edge cut) or volume (communication volume, k-way); kaminpar
+    minimises the edge cut only."""
 
     def __post_init__(self) -> None:
         check_choice(self.method, PARTITION_METHODS, "partition.method")
         check_choice(self.objective, METIS_OBJECTIVES, "partition.objective")
+        check(
+            self.method != "kaminpar" or self.objective == "cut",
+            "partition.objective",
+            f"kaminpar minimises the edge cut only, so it must be cut, not {self.objective!r} "
+            "(or use partition.method = metis)",
+        )
 
 
 @dataclass(frozen=True)

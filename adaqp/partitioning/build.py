@@ -154,9 +154,12 @@ def make_partition(
     seed: int = 0,
     balance_train: bool = True,
     objective: str = "cut",
+    threads: int = 1,
     exclusive: bool = False,
 ) -> dict[str, Any]:
     """Partitions ``graph`` and writes it to ``out_dir``; returns the metadata written.
+
+    ``threads``: KaMinPar's (see ``assign_parts``); not a parameter of the partition.
 
     ``exclusive``: never replace a partition that is there at write time (raises
     ``PartitionExists``, see ``write_partition``).
@@ -175,6 +178,7 @@ def make_partition(
         seed=seed,
         train_mask=graph.train_mask if balance_train else None,
         objective=objective,
+        threads=threads,
     )
     arrays, edge_cut = build_parts(graph, parts)
     entries = [

@@ -1,14 +1,24 @@
-"""Node -> part assignment: METIS (through pymetis), random, or contiguous ranges."""
+"""Node -> part assignment: METIS (through pymetis), KaMinPar, random, or contiguous ranges.
+
+One function per method; building halos from the assignment is ``build``'s job.
+"""
 
 from __future__ import annotations
 
 import logging
+import tempfile
+from pathlib import Path
 
 import numpy as np
 
 from adaqp.config import METIS_OBJECTIVES, PARTITION_METHODS
+from adaqp.deps import extra_fix
 
 logger = logging.getLogger(__name__)
+
+IMBALANCE = 0.03
+"""KaMinPar's allowed imbalance: a part weighs at most (1 + IMBALANCE) x the mean, METIS's
+k-way default (ufactor 30)."""
 
 
 def assign_parts(
@@ -20,18 +30,24 @@ def assign_parts(
     seed: int = 0,
     train_mask: np.ndarray | None = None,
     objective: str = "cut",
+    threads: int = 1,
 ) -> np.ndarray:
     """Assigns every node to one of ``num_parts`` parts.
 
     Args:
         indptr, indices: CSR adjacency (int64 [N+1], [E]); must be symmetric for METIS.
         num_parts: number of parts P.
-        method: ``metis`` (min edge cut, balanced), ``random`` or ``contiguous``.
-        seed: METIS / random seed.
-        train_mask: bool [N]; when given, METIS also balances training nodes per part.
+        method: ``metis`` (min edge cut, balanced), ``kaminpar`` (min edge cut, balanced,
+            in a fraction of METIS's memory), ``random`` or ``contiguous``.
+        seed: METIS / KaMinPar / random seed.
+        train_mask: bool [N]; when given, METIS also balances training nodes per part
+            (two constraints), KaMinPar balances nodes and training nodes together (one
+            weight per node, see ``_kaminpar``).
         objective: METIS's objective: ``cut`` (edge cut; recursive bisection up to 8
             parts, pymetis's default) or ``volume`` (communication volume, i.e. halo
-            rows; k-way, the only scheme where METIS offers it). Other methods ignore it.
+            rows; k-way, the only scheme where METIS offers it). KaMinPar accepts ``cut``
+            only; random and contiguous ignore it.
+        threads: KaMinPar's threads; with 1 a seed gives the same parts every time.
 
     Returns:
         int64 [N] part id of each node.
@@ -43,6 +59,8 @@ def assign_parts(
         )
     if num_parts < 1:
         raise ValueError(f"num_parts must be at least 1, got {num_parts}")
+    if threads < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}")
     if num_parts > num_nodes:
         raise ValueError(f"cannot cut {num_nodes} nodes into {num_parts} parts")
     if num_parts == 1:
@@ -56,6 +74,13 @@ def assign_parts(
         return parts
     if method == "metis":
         return _metis(indptr, indices, num_parts, seed, train_mask, objective)
+    if method == "kaminpar":
+        if objective != "cut":
+            raise ValueError(
+                f"partition.objective: kaminpar minimises the edge cut only, so it must be "
+                f"cut, not {objective!r} (or use partition.method = metis)"
+            )
+        return _kaminpar(indptr, indices, num_parts, seed, train_mask, threads)
     raise ValueError(
         f"unknown partition method {method!r}; choose one of {', '.join(PARTITION_METHODS)}"
     )
@@ -79,11 +104,80 @@ def _metis(indptr, indices, num_parts, seed, train_mask, objective) -> np.ndarra
     result = pymetis.part_graph(
         num_parts, adjacency, vweights=vweights, recursive=recursive, options=options
     )
-    parts = np.asarray(result.vertex_part, dtype=np.int64)
+    return _check_nonempty(np.asarray(result.vertex_part, dtype=np.int64), num_parts, "METIS")
+
+
+def _kaminpar(indptr, indices, num_parts, seed, train_mask, threads) -> np.ndarray:
+    """KaMinPar's default context, imbalance ``IMBALANCE``.
+
+    KaMinPar balances one weight per node, not METIS's two constraints. With a train
+    mask a node weighs 1, a training node 1 + round(N / N_train): nodes and training
+    nodes then count equally in a part's weight, so neither can pile up in one part, but
+    each alone may exceed the bound by more than ``IMBALANCE`` (the sum stays within it).
+
+    Its Python API reads graphs from files only, so the CSR goes to a temporary ParHIP
+    binary file (32-bit ids and offsets where they fit). ``kaminpar.reseed`` sets a
+    process-wide seed; a multi-threaded run may still differ from run to run.
+    """
+    try:
+        import kaminpar
+    except ModuleNotFoundError:
+        fix = extra_fix("kaminpar", "install it with .venv/bin/pip install 'kaminpar>=3.7'")
+        raise ModuleNotFoundError(
+            f"partition.method = kaminpar needs the kaminpar package: {fix}"
+        ) from None
+    weights = None
+    if train_mask is not None and train_mask.any():
+        extra = max(1, round(len(train_mask) / int(train_mask.sum())))
+        weights = 1 + extra * train_mask.astype(np.int64)
+    with tempfile.TemporaryDirectory(prefix="adaqp-kaminpar-") as tmp:
+        path = Path(tmp) / "graph.parhip"
+        write_parhip(path, indptr, indices, weights)
+        graph = kaminpar.load_graph(str(path), kaminpar.GraphFileFormat.PARHIP)
+    kaminpar.reseed(seed)
+    solver = kaminpar.KaMinPar(threads, kaminpar.default_context())
+    parts = np.asarray(solver.compute_partition(graph, num_parts, IMBALANCE), dtype=np.int64)
+    return _check_nonempty(parts, num_parts, "KaMinPar")
+
+
+def write_parhip(
+    path: Path,
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    weights: np.ndarray | None = None,
+    *,
+    wide: bool = False,
+) -> None:
+    """Writes a symmetric CSR graph in the ParHIP binary format KaMinPar reads.
+
+    Layout: a header of three uint64 (version, N, E), then N+1 offsets (bytes from the
+    start of the file to each row's first neighbour), E neighbour ids, and N node weights
+    if given. The version's bits say what is there: 1 no edge weights, 2 no node weights,
+    4 / 8 / 16 32-bit offsets / ids / node weights. Ids go out in chunks, so no full-size
+    copy of ``indices`` is made. ``wide``: 64 bits even where 32 fit.
+    """
+    num_nodes, num_edges = len(indptr) - 1, len(indices)
+    end = 24 + (num_nodes + 1) * 4 + num_edges * 4
+    narrow = not wide and end < 2**32 and (weights is None or int(weights.max()) < 2**31)
+    id_t = np.uint32 if narrow else np.uint64
+    size = np.dtype(id_t).itemsize
+    version = 1 | (0 if weights is not None else 2) | (4 | 8 | 16 if narrow else 0)
+    chunk = 1 << 24
+    with open(path, "wb") as f:
+        np.array([version, num_nodes, num_edges], dtype=np.uint64).tofile(f)
+        base = 24 + (num_nodes + 1) * size
+        (base + indptr.astype(np.uint64) * size).astype(id_t).tofile(f)
+        for start in range(0, num_edges, chunk):
+            indices[start : start + chunk].astype(id_t).tofile(f)
+        if weights is not None:
+            weights.astype(id_t).tofile(f)
+
+
+def _check_nonempty(parts: np.ndarray, num_parts: int, who: str) -> np.ndarray:
     used = np.unique(parts)
     if len(used) != num_parts:
         raise RuntimeError(
-            f"METIS left {num_parts - len(used)} of {num_parts} parts empty; "
+            f"{who} left {num_parts - len(used)} of {num_parts} parts empty; "
             "use fewer parts or another method"
         )
     return parts

@@ -28,7 +28,7 @@ def _spec(graph):
     return {"name": graph.name, "test": True}
 
 
-@pytest.fixture(scope="module", params=["metis", "random", "contiguous"])
+@pytest.fixture(scope="module", params=["metis", "kaminpar", "random", "contiguous"])
 def parted(request, graph, tmp_path_factory):
     out = tmp_path_factory.mktemp(request.param) / "parts"
     meta = make_partition(graph, out, num_parts=4, spec=_spec(graph), method=request.param)
