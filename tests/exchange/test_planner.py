@@ -400,3 +400,47 @@ def test_the_first_solve_comes_after_the_first_cycle():
     assert solved(5, 2, epochs=7) == {2: 0, 4: 1, 6: 2}
     with pytest.raises(ConfigError, match="quant.first_cycle"):
         QuantConfig(first_cycle=0)
+
+
+def _two_host_worker(rank, world_size, init_method, part_dir):
+    """Ranks 0 and 1 on torchrun's node 0, ranks 2 and 3 on node 1 (``GROUP_RANK``, as
+    torchrun sets it on each host), training the default adaqp for 2 epochs."""
+    import os
+
+    os.environ["GROUP_RANK"] = str(rank // 2)
+    base = ["data.dataset=cora", f"partition.dir={part_dir}", "comm.mode=adaqp"]
+    config = load_config(None, [*base, "train.epochs=2", "model.hidden=16"])
+    world = init_distributed(config.comm, init_method, rank, world_size)
+    try:
+        meta = read_metadata(part_dir)
+        graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
+        trainer = Trainer(config, graph, meta, world)
+        summary = trainer.fit(NullWriter())
+        plans = trainer.policy.planner.plans.items()
+        plan = next(p for key, p in plans if key.direction is Direction.FORWARD)
+        return {
+            "pairs": np.array(json.dumps(summary.plan_bits_by_pair)),
+            "hosts": np.array(summary.host_of_rank),
+            "out_bits": plan.out_bits.numpy(),
+            "send_counts": np.array(graph.send_counts),
+        }
+    finally:
+        shutdown()
+
+
+@pytest.mark.distributed
+def test_the_default_sends_float32_within_a_torchrun_node_and_one_bit_between_nodes(cora, tmp_path):
+    parts = tmp_path / "parts"
+    make_partition(cora, parts, num_parts=4, spec=load_config(None, []).data.spec())
+    results = run_workers(_two_host_worker, 4, tmp_path, str(parts))
+    assert results[0]["hosts"].tolist() == [0, 0, 1, 1]
+    pairs = json.loads(str(results[0]["pairs"]))
+    for pair, bits in pairs.items():
+        src, dst = map(int, pair.split("->"))
+        assert bits == (32.0 if src // 2 == dst // 2 else 1.0), pairs
+    assert len(pairs) >= 8  # Cora's parts exchange with every other part
+    for rank, result in enumerate(results):  # what each rank actually sends, peer by peer
+        segments = np.split(result["out_bits"], np.cumsum(result["send_counts"])[:-1])
+        for peer, widths in enumerate(segments):
+            if peer != rank and widths.size:
+                assert set(widths.tolist()) == {32 if peer // 2 == rank // 2 else 1}
