@@ -295,7 +295,7 @@ def time_quantization(
     those figures give for the same work (at least 1). The rows live on
     ``world.device``, and every timing waits for the device's work (``synchronize``),
     so that an asynchronous device is timed at its work, not at its launches."""
-    device, clock = world.device, _Stopwatch(world)
+    device, clock = world.device, _stopwatch(world)
     generator = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(rows, dim, generator=generator, device=device)
     plans, bufs, figures = [], [], []
@@ -337,13 +337,12 @@ def time_quantization(
     return quant, dequant, scale
 
 
-class _Stopwatch:
+def _stopwatch(world: World):
     """``perf_counter`` after the device's queued work is done (a sync point on CUDA,
     free on CPU)."""
 
-    def __init__(self, world: World):
-        self.world = world
-
-    def __call__(self) -> float:
-        self.world.synchronize()
+    def clock() -> float:
+        world.synchronize()
         return time.perf_counter()
+
+    return clock

@@ -131,8 +131,6 @@ class BitWidthPlanner:
         """int64 ``[P]``: the host of each rank (torchrun's node, else the hostname)."""
         self.first = FirstPlans(config, self.hosts, self.counts, world.rank)
         """The plans before anything is solved, float32 within a host by default."""
-        """Per exchange, int ``[P, P]``: the width of each pair's messages in its first
-        plan (the uniform scheme's plan for the whole run)."""
         self.forward_coef = None
         self.last_status: dict[str, str] = {}
         self._said_full_precision = False
@@ -357,7 +355,7 @@ class BitWidthPlanner:
         channels within a host are float32 and only the others are solved."""
         p = self.world.world_size
         dim = self.book.dim(key)
-        every, channels = [], []
+        every = []
         for src in range(p):
             offsets = np.concatenate([[0], np.cumsum(counts[src])])
             for dst in range(p):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -22,6 +23,20 @@ from adaqp.runtime import init_distributed, shutdown
 from tests.distributed import NullWriter, run_workers
 
 RESOLVE_BUDGET_S = 0.4
+
+
+@contextmanager
+def _trained(config, init_method: str, rank: int, world_size: int, part_dir: str):
+    """Yields ``(graph, trainer, summary)`` of this rank's part trained under ``config``;
+    the process group is shut down afterwards."""
+    world = init_distributed(config.comm, init_method, rank, world_size)
+    try:
+        meta = read_metadata(part_dir)
+        graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
+        trainer = Trainer(config, graph, meta, world)
+        yield graph, trainer, trainer.fit(NullWriter())
+    finally:
+        shutdown()
 
 
 def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, scheme: str):
@@ -58,12 +73,7 @@ def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, sc
     planner_module.solve_exchange = lambda *a, **kw: (
         limits.append(kw["time_limit_s"]) or solve(*a, **kw)
     )
-    world = init_distributed(config.comm, init_method, rank, world_size)
-    try:
-        meta = read_metadata(part_dir)
-        graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
-        trainer = Trainer(config, graph, meta, world)
-        summary = trainer.fit(NullWriter())
+    with _trained(config, init_method, rank, world_size, part_dir) as (graph, trainer, summary):
         out = {
             "send_counts": np.array(graph.send_counts),
             "recv_counts": np.array(graph.recv_counts),
@@ -95,8 +105,6 @@ def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, sc
             out[f"{tag}/out"] = plan.out_bits.numpy()
             out[f"{tag}/in"] = plan.in_bits.numpy()
         return out
-    finally:
-        shutdown()
 
 
 def _segments(result, tag: str, side: str) -> list[np.ndarray]:
@@ -219,14 +227,8 @@ def _pinned_uniform_worker(rank, world_size, init_method, part_dir, overrides):
     planner_module.profile_fabric = lambda *args, **kwargs: math.inf
     base = ["data.dataset=cora", f"partition.dir={part_dir}", "comm.mode=adaqp"]
     config = load_config(None, [*base, "train.epochs=2", "model.hidden=16", *overrides])
-    world = init_distributed(config.comm, init_method, rank, world_size)
-    try:
-        meta = read_metadata(part_dir)
-        graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
-        summary = Trainer(config, graph, meta, world).fit(NullWriter())
+    with _trained(config, init_method, rank, world_size, part_dir) as (_, _, summary):
         return {"avg_bits": np.array(summary.avg_bits), "probes": np.array(json.dumps(probes))}
-    finally:
-        shutdown()
 
 
 @pytest.mark.distributed
@@ -410,12 +412,7 @@ def _two_host_worker(rank, world_size, init_method, part_dir):
     os.environ["GROUP_RANK"] = str(rank // 2)
     base = ["data.dataset=cora", f"partition.dir={part_dir}", "comm.mode=adaqp"]
     config = load_config(None, [*base, "train.epochs=2", "model.hidden=16"])
-    world = init_distributed(config.comm, init_method, rank, world_size)
-    try:
-        meta = read_metadata(part_dir)
-        graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
-        trainer = Trainer(config, graph, meta, world)
-        summary = trainer.fit(NullWriter())
+    with _trained(config, init_method, rank, world_size, part_dir) as (graph, trainer, summary):
         plans = trainer.policy.planner.plans.items()
         plan = next(p for key, p in plans if key.direction is Direction.FORWARD)
         return {
@@ -424,8 +421,6 @@ def _two_host_worker(rank, world_size, init_method, part_dir):
             "out_bits": plan.out_bits.numpy(),
             "send_counts": np.array(graph.send_counts),
         }
-    finally:
-        shutdown()
 
 
 @pytest.mark.distributed

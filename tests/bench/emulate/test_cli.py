@@ -69,14 +69,19 @@ def _stop_and_check(proc: subprocess.Popen, sig: int, bound_s: float) -> str:
     return out
 
 
-def test_cli_rejects_a_wrong_count_before_touching_anything(capsys):
+def _main(argv: list[str]):
+    """``main(argv)``, with the signal handlers it installs put back afterwards."""
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with pytest.raises(SystemExit) as exit_info:
-            main(["--hosts", "4", "--bandwidth", "300mbit,75mbit", "--", "--epochs", "1"])
+        return main(argv)
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+
+
+def test_cli_rejects_a_wrong_count_before_touching_anything(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _main(["--hosts", "4", "--bandwidth", "300mbit,75mbit", "--", "--epochs", "1"])
     assert exit_info.value.code == 2
     assert "bandwidth has 2 values for 4 hosts" in capsys.readouterr().err
 
@@ -89,12 +94,7 @@ def test_cli_refuses_a_budget_the_machine_cannot_enforce(monkeypatch, caplog):
 
     monkeypatch.setattr(cgroups, "find_cgroups", missing)
     monkeypatch.setattr("adaqp.bench.emulate.cli.os.geteuid", lambda: 0)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        code = main(["--hosts", "2", "--memory-per-host", "200m", "--", "--epochs", "1"])
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    code = _main(["--hosts", "2", "--memory-per-host", "200m", "--", "--epochs", "1"])
     assert code == 2
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert errors == [
@@ -307,12 +307,7 @@ def test_cli_refuses_a_log_dir_that_holds_a_job_before_building_anything(
     monkeypatch.setattr(cli, "enforce", untouched)
     monkeypatch.setattr(cli, "EmulatedCluster", untouched)
     (tmp_path / "cluster.json").write_text("{}")
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        code = main(["--hosts", "2", "--log-dir", str(tmp_path), "--", "--epochs", "1"])
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    code = _main(["--hosts", "2", "--log-dir", str(tmp_path), "--", "--epochs", "1"])
     assert code == 2
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert errors == [
