@@ -146,6 +146,17 @@ def _report(out: str, meta: dict) -> str:
             f"  part {rank}: {entry['num_inner']} inner, edge cut {part['edge_cut']}, "
             f"halo rows {part['num_halo']}, central {100.0 * part['central_fraction']:.1f}%"
         )
+    stages = meta.get("stages")  # absent from a partition that was reused as it was made
+    if stages:
+        peak = max(s["peak_memory_bytes"] for s in stages)
+        lines.append(
+            "  stages: "
+            + ", ".join(
+                f"{s['name']} {s['seconds']:.1f} s {s['peak_memory_bytes'] / 1e9:.2f} GB"
+                for s in stages
+            )
+            + f"; peak resident {peak / 1e9:.2f} GB"
+        )
     return "\n".join(lines)
 
 

@@ -30,6 +30,7 @@ LAYERS = [
     "adaqp.config",
     "adaqp.data",
     "adaqp.atomic",
+    "adaqp.stages",
     "adaqp.stop",
     "adaqp.cores",
     "adaqp.typed_toml",

@@ -19,6 +19,9 @@ from adaqp.data.graph import GraphData, csr_from_edges
 
 logger = logging.getLogger(__name__)
 
+_BLOCK = 1 << 20
+"""Rows or edges per block where a pass over the graph runs block by block."""
+
 
 @dataclass(frozen=True)
 class SyntheticSpec:
@@ -148,11 +151,14 @@ def generate_synthetic(spec: SyntheticSpec, split_seed: int = 0) -> GraphData:
     def draw(count: int, kinds: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Samples ``count`` edges ``(src, dst, kind)``, [count] each, global ids.
 
-        ``kind`` is 2 * (communities differ) + (classes differ); ``kinds`` forces it.
+        ``kind`` (int8) is 2 * (communities differ) + (classes differ); ``kinds`` forces it.
+        Temporaries are freed or reused as soon as they are spent: at ogbn-products' size
+        one [count] array is 0.5 GB (the values are those of the plain expressions).
         """
         if cum is not None:
             pos = _locate(cum, rng.random(count) * cum[-1])
             src = order[pos.clip(0, n - 1)]
+            del pos
         else:
             src = rng.integers(0, n, size=count, dtype=np.int64)
         target = labels[src]  # target class, then (with communities) target cell
@@ -160,39 +166,60 @@ def generate_synthetic(spec: SyntheticSpec, split_seed: int = 0) -> GraphData:
         shift = rng.integers(1, c, size=int(other.sum()), dtype=np.int64)
         target[other] = (target[other] + shift) % c
         del shift
-        kind = other
+        kind = other.astype(np.int8)
+        del other
         if k:
             target_community = community[src]
             away = rng.random(count) < spec.inter_community if kinds is None else kinds >= 2
             shift = rng.integers(1, k, size=int(away.sum()), dtype=np.int64)
             target_community[away] = (target_community[away] + shift) % k
             del shift
-            target += target_community * c
+            target_community *= c
+            target += target_community
             del target_community
-            kind = 2 * away + other
-        lo, hi = group_ptr[target], group_ptr[target + 1]
+            kind += 2 * away.view(np.int8)
+            del away
+        lo = group_ptr[target]
+        target += 1
+        hi = group_ptr[target]
+        del target
         if cum is not None:
             pos = _locate(cum, cum[lo] + rng.random(count) * (cum[hi] - cum[lo]))
         else:
-            pos = lo + (rng.random(count) * (hi - lo)).astype(np.int64)
+            spread = rng.random(count)
+            hi -= lo  # the group's size, for now
+            spread *= hi
+            pos = spread.astype(np.int64)
+            del spread
+            pos += lo
+            hi += lo
         # Rounding can land one past the group end; clamp into the chosen group.
-        np.clip(pos, lo, hi - 1, out=pos)
-        return src, order[pos], kind
+        hi -= 1
+        np.clip(pos, lo, hi, out=pos)
+        del lo, hi
+        dst = order[pos]
+        del pos
+        return src, dst, kind
 
     if k:
-        src, dst = _draw_distinct(draw, m, n)
+        pairs = _draw_distinct(draw, m, n)
+        homophily, inter = _pair_shares(pairs, n, labels, community)
+        indptr, indices = _symmetric_csr(pairs, n)
+        del pairs
     else:
         src, dst, _ = draw(m, None)
-    homophily = float(np.mean(labels[src] == labels[dst])) if m else 0.0
-    inter = float(np.mean(community[src] != community[dst])) if k and m else 0.0
-    indptr, indices = csr_from_edges(src, dst, n, symmetrize=True)
-    del src, dst
+        homophily = float(np.mean(labels[src] == labels[dst])) if m else 0.0
+        inter = 0.0
+        indptr, indices = csr_from_edges(src, dst, n, symmetrize=True)
+        del src, dst
 
     centres = rng.standard_normal((c, spec.feature_dim))
     centres /= np.linalg.norm(centres, axis=1, keepdims=True)
     features = rng.standard_normal((n, spec.feature_dim), dtype=np.float32)
     features *= np.float32(spec.feature_noise)
-    features += centres.astype(np.float32)[labels]
+    centres = centres.astype(np.float32)
+    for start in range(0, n, _BLOCK):  # bounded scratch: no second [N, F] array
+        features[start : start + _BLOCK] += centres[labels[start : start + _BLOCK]]
 
     perm = np.random.default_rng([spec.seed, split_seed]).permutation(n)
     fractions = np.cumsum([spec.train_fraction, spec.val_fraction, spec.test_fraction])
@@ -232,13 +259,29 @@ def _locate(cum: np.ndarray, x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _edge_keys(src: np.ndarray, dst: np.ndarray, kind: np.ndarray, n: int) -> np.ndarray:
-    """Sorted distinct ``(min * n + max) * 4 + kind`` of the non-loop edges, int64."""
+def _edge_keys(drawn: list[np.ndarray], n: int) -> np.ndarray:
+    """Sorted distinct ``(min * n + max) * 4 + kind`` of the non-loop edges, int64.
+
+    ``drawn``: ``[src, dst, kind]``, emptied here so that the draws are freed as soon as
+    the keys hold them (the caller keeps no reference).
+    """
+    src, dst, kind = drawn
+    drawn.clear()
     keep = src != dst
-    lo, hi = np.minimum(src[keep], dst[keep]), np.maximum(src[keep], dst[keep])
-    keys = (lo * n + hi) * 4 + kind[keep]
+    keys = np.minimum(src, dst)
+    keys *= n
+    keys += np.maximum(src, dst)
+    del src, dst
+    keys *= 4
+    keys += kind
+    del kind
+    if not keep.all():
+        keys = keys[keep]
+    del keep
     keys.sort()  # np.unique's hash path is several times slower on int64 here
-    return keys[np.concatenate([[True], keys[1:] != keys[:-1]])] if keys.size else keys
+    if keys.size and not (keys[1:] > keys[:-1]).all():
+        keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])]
+    return keys
 
 
 def _contains(sorted_keys: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -254,7 +297,7 @@ def _draw_distinct(
     m: int,
     n: int,
     max_rounds: int = 64,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> np.ndarray:
     """Draws ``m`` distinct undirected non-loop edges in the proportions of one draw.
 
     Dropping duplicates alone would remove mostly edges inside small cells and between
@@ -263,13 +306,12 @@ def _draw_distinct(
     duplicate or self-loop is replaced by a new draw forced to the same kind.
 
     Returns:
-        ``(src, dst)``, int64 [m] each with ``src < dst``, global ids in [0, n); fewer
-        edges, with a warning, if ``max_rounds`` redraws do not find enough.
+        int64 [m] sorted pairs ``lo * n + hi`` with ``lo < hi``, global ids in [0, n);
+        fewer, with a warning, if ``max_rounds`` redraws do not find enough.
     """
-    src, dst, kind = draw(m, None)
-    want = np.bincount(kind, minlength=4)
-    keys = _edge_keys(src, dst, kind, n)  # the kind rides in the low two bits
-    del src, dst, kind
+    drawn = list(draw(m, None))
+    want = np.bincount(drawn[2], minlength=4)
+    keys = _edge_keys(drawn, n)  # the kind rides in the low two bits
     have = np.bincount(keys & 3, minlength=4)
     extra = np.zeros(0, dtype=np.int64)  # sorted keys found by redraws, merged at the end
     for _ in range(max_rounds):
@@ -277,8 +319,7 @@ def _draw_distinct(
         if not short.any():
             break
         kind = np.repeat(np.arange(4, dtype=np.int64), short)
-        src, dst, _ = draw(kind.shape[0], kind)
-        new = _edge_keys(src, dst, kind, n)
+        new = _edge_keys(list(draw(kind.shape[0], kind)), n)
         new = new[~_contains(keys, new) & ~_contains(extra, new)]
         have += np.bincount(new & 3, minlength=4)
         extra = np.sort(np.concatenate([extra, new]))
@@ -290,6 +331,46 @@ def _draw_distinct(
             m,
             max_rounds,
         )
-    keys = np.concatenate([keys, extra])
+    if extra.size:
+        keys = np.concatenate([keys, extra])
+        keys.sort()
     keys >>= 2
-    return keys // n, keys % n
+    return keys
+
+
+def _pair_shares(
+    pairs: np.ndarray, n: int, labels: np.ndarray, community: np.ndarray
+) -> tuple[float, float]:
+    """Shares of the pairs (``lo * n + hi``) whose endpoints share a class, and whose
+    endpoints lie in different communities; block by block, in bounded scratch."""
+    same_class = other_community = 0
+    for start in range(0, pairs.shape[0], _BLOCK):
+        lo, hi = np.divmod(pairs[start : start + _BLOCK], n)
+        same_class += int(np.count_nonzero(labels[lo] == labels[hi]))
+        other_community += int(np.count_nonzero(community[lo] != community[hi]))
+    m = max(pairs.shape[0], 1)
+    return same_class / m, other_community / m
+
+
+def _symmetric_csr(pairs: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``csr_from_edges(lo, hi, n, symmetrize=True)`` of distinct sorted loop-free pairs
+    ``lo * n + hi`` (``lo < hi``), built in a third of its memory.
+
+    Row ``u`` of the CSR holds key ``u * n + v`` for each neighbour ``v``: the pairs are
+    already those keys for ``u < v`` in order, their swaps (``hi * n + lo``) the rest, so
+    one sort of the swaps and a merge of two sorted runs (``kind="stable"``) order them
+    all; distinct loop-free pairs leave nothing to drop.
+    """
+    m = pairs.shape[0]
+    keys = np.empty(2 * m, dtype=np.int64)
+    keys[:m] = pairs
+    for start in range(0, m, _BLOCK):
+        lo, hi = np.divmod(pairs[start : start + _BLOCK], n)
+        hi *= n
+        hi += lo
+        keys[m + start : m + start + hi.shape[0]] = hi
+    keys[m:].sort()
+    keys.sort(kind="stable")
+    indptr = np.searchsorted(keys, np.arange(n + 1, dtype=np.int64) * n).astype(np.int64)
+    np.remainder(keys, n if n else 1, out=keys)
+    return indptr, keys

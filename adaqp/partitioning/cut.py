@@ -31,11 +31,13 @@ def assign_parts(
     train_mask: np.ndarray | None = None,
     objective: str = "cut",
     threads: int = 1,
+    scratch: Path | None = None,
 ) -> np.ndarray:
     """Assigns every node to one of ``num_parts`` parts.
 
     Args:
-        indptr, indices: CSR adjacency (int64 [N+1], [E]); must be symmetric for METIS.
+        indptr, indices: CSR adjacency (int64 [N+1]; int32 or int64 [E]); must be symmetric
+            for METIS.
         num_parts: number of parts P.
         method: ``metis`` (min edge cut, balanced), ``kaminpar`` (min edge cut, balanced,
             in a fraction of METIS's memory), ``random`` or ``contiguous``.
@@ -48,6 +50,8 @@ def assign_parts(
             rows; k-way, the only scheme where METIS offers it). KaMinPar accepts ``cut``
             only; random and contiguous ignore it.
         threads: KaMinPar's threads; with 1 a seed gives the same parts every time.
+        scratch: where KaMinPar's input file goes (default: the system's temporary
+            directory, which may be held in memory).
 
     Returns:
         int64 [N] part id of each node.
@@ -80,7 +84,7 @@ def assign_parts(
                 f"partition.objective: kaminpar minimises the edge cut only, so it must be "
                 f"cut, not {objective!r} (or use partition.method = metis)"
             )
-        return _kaminpar(indptr, indices, num_parts, seed, train_mask, threads)
+        return _kaminpar(indptr, indices, num_parts, seed, train_mask, threads, scratch)
     raise ValueError(
         f"unknown partition method {method!r}; choose one of {', '.join(PARTITION_METHODS)}"
     )
@@ -100,14 +104,16 @@ def _metis(indptr, indices, num_parts, seed, train_mask, objective) -> np.ndarra
         vweights = np.stack(
             [np.ones(len(train_mask), dtype=np.int64), train_mask.astype(np.int64)], axis=1
         ).ravel()
-    adjacency = pymetis.CSRAdjacency(indptr.astype(np.int64), indices.astype(np.int64))
+    adjacency = pymetis.CSRAdjacency(
+        indptr.astype(np.int64, copy=False), indices.astype(np.int64, copy=False)
+    )
     result = pymetis.part_graph(
         num_parts, adjacency, vweights=vweights, recursive=recursive, options=options
     )
     return _check_nonempty(np.asarray(result.vertex_part, dtype=np.int64), num_parts, "METIS")
 
 
-def _kaminpar(indptr, indices, num_parts, seed, train_mask, threads) -> np.ndarray:
+def _kaminpar(indptr, indices, num_parts, seed, train_mask, threads, scratch) -> np.ndarray:
     """KaMinPar's default context, imbalance ``IMBALANCE``.
 
     KaMinPar balances one weight per node, not METIS's two constraints. With a train
@@ -130,7 +136,7 @@ def _kaminpar(indptr, indices, num_parts, seed, train_mask, threads) -> np.ndarr
     if train_mask is not None and train_mask.any():
         extra = max(1, round(len(train_mask) / int(train_mask.sum())))
         weights = 1 + extra * train_mask.astype(np.int64)
-    with tempfile.TemporaryDirectory(prefix="adaqp-kaminpar-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="adaqp-kaminpar-", dir=scratch) as tmp:
         path = Path(tmp) / "graph.parhip"
         write_parhip(path, indptr, indices, weights)
         graph = kaminpar.load_graph(str(path), kaminpar.GraphFileFormat.PARHIP)

@@ -20,6 +20,7 @@ import re
 import secrets
 import shutil
 import zipfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -134,12 +135,17 @@ class PartitionExists(PartitionError):
 
 def write_partition(
     out_dir: Path,
-    metadata: dict[str, Any],
-    parts: list[dict[str, np.ndarray]],
+    metadata: dict[str, Any] | Callable[[], dict[str, Any]],
+    parts: Iterable[dict[str, np.ndarray]],
     *,
     exclusive: bool = False,
-):
-    """Writes a whole partition atomically (see the module docstring).
+) -> dict[str, Any]:
+    """Writes a whole partition atomically (see the module docstring); returns the metadata.
+
+    ``parts`` is consumed one part at a time, each written before the next is asked for,
+    so a generator that builds each part on demand keeps one part resident. ``metadata``
+    may be a function, called once every part is written: the metadata can then hold
+    figures gathered while the parts were built.
 
     A new directory is staged as a hidden sibling and renamed into place. An existing
     one (empty, or holding a partition) gets the files staged inside it, on the same
@@ -159,10 +165,6 @@ def write_partition(
     owned = _owned_files(out_dir)
     if exclusive and (out_dir / METADATA_FILE).is_file():
         raise PartitionExists(f"{out_dir} already holds a partition")
-    for rank, arrays in enumerate(parts):
-        missing = set(PART_ARRAYS) - set(arrays)
-        if missing:
-            raise ValueError(f"part {rank} lacks arrays {sorted(missing)}")
     token = f"{os.getpid()}-{secrets.token_hex(4)}"
     if owned is None:
         stage = out_dir.with_name(f".{out_dir.name}.adaqp-tmp-{token}")
@@ -173,11 +175,23 @@ def write_partition(
         stage.parent.mkdir(parents=True, exist_ok=True)
         stage.mkdir()
         created = True
+        written = []
         for rank, arrays in enumerate(parts):
+            missing = set(PART_ARRAYS) - set(arrays)
+            if missing:
+                raise ValueError(f"part {rank} lacks arrays {sorted(missing)}")
             path = stage / part_file(rank)
             write_synced(path, lambda fh, a=arrays: np.savez(fh, **a))
-            metadata["parts"][rank]["file"] = path.name
-            metadata["parts"][rank]["sha256"] = sha256_file(path)
+            del arrays
+            written.append({"file": path.name, "sha256": sha256_file(path)})
+        if callable(metadata):
+            metadata = metadata()
+        if len(metadata["parts"]) != len(written):
+            raise ValueError(
+                f"the metadata lists {len(metadata['parts'])} parts, {len(written)} were written"
+            )
+        for entry, files in zip(metadata["parts"], written, strict=True):
+            entry.update(files)
         metadata[CHECKSUM_KEY] = metadata_checksum(metadata)
         text = json.dumps(metadata, indent=2, sort_keys=True).encode()
         write_synced(stage / METADATA_FILE, lambda fh: fh.write(text))
@@ -191,7 +205,7 @@ def write_partition(
             # directory does not look like a partition. Files we did not write stay.
             for path in owned:
                 path.unlink(missing_ok=True)
-            for rank in range(len(parts)):
+            for rank in range(len(written)):
                 os.replace(stage / part_file(rank), out_dir / part_file(rank))
             fsync_dir(out_dir)
             os.replace(stage / METADATA_FILE, out_dir / METADATA_FILE)
@@ -206,6 +220,7 @@ def write_partition(
     finally:
         if created:
             shutil.rmtree(stage, ignore_errors=True)
+    return metadata
 
 
 # --- reading ------------------------------------------------------------------------
