@@ -3,9 +3,10 @@
 Memory is what users of a full-graph system hit first, so a long step (partitioning a
 graph, say) reports both figures per stage, as it reports time. The peak of one stage is
 the resident set's high-water mark (``VmHWM``) since the stage began: Linux resets the
-mark when ``5`` is written to ``/proc/self/clear_refs``. Where that is not possible (no
-procfs, or another system) the mark is the process's lifetime peak (``ru_maxrss``), which
-a later stage can only repeat, and each stage says so (``peak_since_start``).
+mark when ``5`` is written to ``/proc/self/clear_refs``. Where that is not wanted (see
+``StageLog.reset_peaks``) or not possible (no procfs, or another system) the mark is the
+process's peak so far, which a later stage can only repeat, and each stage says so
+(``peak_since_start``).
 """
 
 from __future__ import annotations
@@ -72,8 +73,15 @@ class Stage:
 
 @dataclass
 class StageLog:
-    """Times stages and records their peak resident memory; logs one line per stage."""
+    """Times stages and records their peak resident memory; logs one line per stage.
 
+    ``reset_peaks``: start each stage's high-water mark afresh. That also resets what
+    ``ru_maxrss`` reports for the process, so only a process whose own peak nobody else
+    reads (``python -m partition``) should; otherwise each stage records the process's
+    peak so far.
+    """
+
+    reset_peaks: bool = False
     stages: list[Stage] = field(default_factory=list)
 
     _open: tuple[str, float, bool] | None = field(default=None, repr=False)
@@ -81,7 +89,7 @@ class StageLog:
     def begin(self, name: str) -> None:
         """Starts the stage ``name`` (ending the open one, if any)."""
         self.end()
-        fresh = reset_peak()
+        fresh = self.reset_peaks and reset_peak()
         self._open = (name, time.perf_counter(), fresh)
 
     def end(self) -> None:

@@ -214,7 +214,7 @@ def ensure_partition(
     if not force and (out_dir / fmt.METADATA_FILE).is_file():
         return _reuse(data, part, num_parts, out_dir, tool)
     fmt.check_target(out_dir)  # before the dataset is loaded: a bad path fails at once
-    log = StageLog()
+    log = StageLog(reset_peaks=tool)  # a training process reports its own lifetime peak
     with log.stage("load"):
         graph = load_dataset(
             data.dataset,
