@@ -1,0 +1,294 @@
+"""Writes any :class:`GraphData` in OGB's raw on-disk layout: a local fixture, labelled
+synthetic, that the ``ogbn-*`` loader reads without network.
+
+``write_ogb_fixture(graph, root)`` writes ``root/ogbn_products/`` (for the default name) as
+OGB's zip unpacks it: ``raw/edge.csv.gz`` (each undirected edge once, as ``src,dst`` with
+``src < dst``), ``raw/node-feat.csv.gz``, ``raw/node-label.csv.gz`` (an empty line for an
+unlabelled node), ``raw/num-node-list.csv.gz``, ``raw/num-edge-list.csv.gz`` and
+``split/<split>/{train,valid,test}.csv.gz``, plus :data:`~adaqp.data.ogb.FIXTURE_MARKER`,
+which says what generated the folder; the loader then records
+``info["source"] = "synthetic-fixture"`` and the marker's provenance.
+
+Loading the folder gives the graph's arrays back exactly: edges are written from the CSR
+row by row, features as the shortest decimal that reads back to the same float32. The
+marker's ``expected_fingerprint`` is the :meth:`GraphData.fingerprint` the loaded graph
+must have (the graph under the dataset's name and number of classes). Edges, features
+and labels are written in blocks, so the writer's scratch stays small beside the graph.
+
+Command line (``--help`` lists the options)::
+
+    python -m adaqp.data.ogb_fixture --config configs/products-scale-sage.toml --root DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import gzip
+import json
+import logging
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from adaqp.data.graph import GraphData
+from adaqp.data.ogb import FIXTURE_MARKER, PROVENANCE_PREFIX, ogb_source
+
+logger = logging.getLogger(__name__)
+
+BLOCK_VALUES = 1 << 22
+"""Values formatted per block: bounds the writer's scratch (about 60 bytes a value)."""
+_FLOAT_WIDTH = 16  # the longest float32 repr, "-1.1754944e-38", has 14 characters
+_INT_WIDTH = 20  # the longest int64, "-9223372036854775808"
+
+
+def _csv_bytes(values: np.ndarray, width: int) -> bytes:
+    """The rows of ``values`` [R, C] as csv text, each value as numpy's shortest repr
+    (a float32 reads back to the same float32), without Python's per-value loop."""
+    text = values.astype(f"S{width}")  # zero-padded fixed-width strings
+    cells = np.zeros((*text.shape, width + 1), dtype=np.uint8)
+    cells[..., :width] = text.view(np.uint8).reshape(*text.shape, width)
+    if cells[..., width - 1].any():
+        raise ValueError(f"a value needs more than {width - 1} characters")
+    cells[..., width] = ord(",")
+    cells[:, -1, width] = ord("\n")
+    return cells[cells != 0].tobytes()
+
+
+def _row_blocks(indptr: np.ndarray, max_entries: int) -> Iterator[tuple[int, int]]:
+    """Row ranges [r0, r1) of about ``max_entries`` CSR entries each, covering all rows."""
+    n = indptr.shape[0] - 1
+    cuts = np.searchsorted(indptr, np.arange(0, indptr[-1], max_entries), side="right") - 1
+    bounds = np.unique(np.concatenate([cuts.clip(0, n), [0, n]]))
+    yield from zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)
+
+
+def _has_mirror(
+    indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray, cols: np.ndarray
+) -> np.ndarray:
+    """bool [K]: whether row ``cols[k]`` holds ``rows[k]`` (a binary search per entry, all
+    entries at once; rows are sorted in a canonical CSR)."""
+    lo, end = indptr[cols], indptr[cols + 1]
+    hi = end.copy()
+    last = max(indices.shape[0] - 1, 0)
+    while True:
+        active = lo < hi
+        if not active.any():
+            break
+        mid = (lo + hi) >> 1
+        right = active & (indices[np.minimum(mid, last)] < rows)
+        lo = np.where(right, mid + 1, lo)
+        hi = np.where(active & ~right, mid, hi)
+    return (lo < end) & (indices[np.minimum(lo, last)] == rows)
+
+
+def _write_edges(graph: GraphData, out, block_values: int) -> int:
+    """Writes each undirected edge once (``u,v`` with ``u < v``, in CSR order) and returns
+    how many; refuses a graph that is not symmetric, which the loader could not give back."""
+    indptr, indices = graph.indptr, graph.indices
+    upper = 0
+    for r0, r1 in _row_blocks(indptr, block_values):
+        e0, e1 = int(indptr[r0]), int(indptr[r1])
+        rows = np.repeat(np.arange(r0, r1, dtype=np.int64), np.diff(indptr[r0 : r1 + 1]))
+        cols = indices[e0:e1]
+        keep = cols > rows
+        rows, cols = rows[keep], cols[keep]
+        missing = np.flatnonzero(~_has_mirror(indptr, indices, rows, cols))
+        if missing.size:
+            u, v = int(rows[missing[0]]), int(cols[missing[0]])
+            raise ValueError(
+                f"the graph is not symmetric (node {v} lists {u}, node {u} does not list "
+                f"{v}); OGB's edge list holds undirected edges: write graph.symmetrized()"
+            )
+        upper += rows.size
+        if rows.size:
+            out.write(_csv_bytes(np.stack([rows, cols], axis=1), _INT_WIDTH))
+    # Each upper entry has its mirror, so equal counts mean every lower entry has one too.
+    if 2 * upper != graph.num_edges:
+        raise ValueError("the graph is not symmetric: write graph.symmetrized()")
+    return upper
+
+
+def _write_rows(values: np.ndarray, out, width: int, block_values: int) -> None:
+    """Writes ``values`` [R, C] as csv in blocks of about ``block_values`` values."""
+    step = max(1, block_values // max(values.shape[1], 1))
+    for r0 in range(0, values.shape[0], step):
+        out.write(_csv_bytes(values[r0 : r0 + step], width))
+
+
+def _labels_bytes(labels: np.ndarray) -> bytes:
+    """One label a line; an unlabelled node (-1) is an empty line, as OGB writes NaN."""
+    text = labels.reshape(-1, 1).astype(f"S{_INT_WIDTH}")
+    text[labels < 0] = b""
+    cells = np.zeros((labels.shape[0], _INT_WIDTH + 1), dtype=np.uint8)
+    cells[:, :_INT_WIDTH] = text.view(np.uint8).reshape(-1, _INT_WIDTH)
+    cells[:, _INT_WIDTH] = ord("\n")
+    return cells[cells != 0].tobytes()
+
+
+@contextlib.contextmanager
+def _gzip_writer(path: Path, compresslevel: int) -> Iterator[gzip.GzipFile]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # mtime 0 and no file name in the header: the same graph gives the same bytes.
+    with open(path, "wb") as raw, gzip.GzipFile("", "wb", compresslevel, raw, mtime=0) as out:
+        yield out
+
+
+def _marker_text(provenance: dict) -> str:
+    return (
+        "This folder is NOT an OGB dataset. It is a synthetic fixture in OGB's raw layout,\n"
+        "written by adaqp.data.ogb_fixture from the graph described on the provenance line,\n"
+        "so that the OGB loader can be run without the dataset. Results on it are results\n"
+        "on that synthetic graph, never on the dataset whose name the folder carries.\n\n"
+        f"{PROVENANCE_PREFIX}{json.dumps(provenance, sort_keys=True)}\n"
+    )
+
+
+def write_ogb_fixture(
+    graph: GraphData,
+    root: str | Path,
+    name: str = "ogbn-products",
+    *,
+    written_by: str = "adaqp.data.ogb_fixture.write_ogb_fixture",
+    compresslevel: int = 1,
+    block_values: int = BLOCK_VALUES,
+) -> Path:
+    """Writes ``graph`` as OGB dataset ``name``'s raw layout under ``root`` (see above).
+
+    The folder is built beside its final place and renamed into it once complete, so the
+    loader, which takes a folder holding every raw file as complete, never reads half a
+    fixture.
+
+    Args:
+        graph: A symmetric, single-label graph with at most ``name``'s number of classes.
+        root: The loader's ``root``; the fixture becomes ``root/<name with _>/``.
+        name: The OGB dataset whose layout, split name and class count are used.
+        written_by: What generated the graph, recorded in the marker.
+        compresslevel: gzip level, 1 (fastest) to 9.
+        block_values: Values formatted at a time.
+
+    Returns:
+        The fixture's folder.
+
+    Raises:
+        ValueError: the graph cannot pass for ``name`` (multilabel, too many classes, not
+            symmetric), or ``name`` is not a supported OGB dataset.
+        FileExistsError: the folder exists; it is never overwritten.
+    """
+    meta, directory, files = ogb_source(name, Path(root))
+    num_classes = int(meta["num classes"])
+    if graph.multilabel:
+        raise ValueError(f"{name} is single-label; a multilabel graph cannot pass for it")
+    if graph.num_classes > num_classes:
+        raise ValueError(f"{name} has {num_classes} classes, the graph {graph.num_classes}")
+    if directory.exists():
+        raise FileExistsError(f"{directory} exists; remove it to write a fixture there")
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}-fixture-", dir=directory.parent))
+    tmp.chmod(0o755)  # mkdtemp's 0o700 would outlive the rename
+    try:
+        paths = {f.split("/")[-1].removesuffix(".csv.gz"): tmp / f for f in files}
+
+        gz = functools.partial(_gzip_writer, compresslevel=compresslevel)
+        with gz(paths["edge"]) as out:
+            num_undirected = _write_edges(graph, out, block_values)
+        with gz(tmp / "raw" / "num-edge-list.csv.gz") as out:
+            out.write(f"{num_undirected}\n".encode())
+        with gz(paths["num-node-list"]) as out:
+            out.write(f"{graph.num_nodes}\n".encode())
+        with gz(paths["node-feat"]) as out:
+            _write_rows(graph.features, out, _FLOAT_WIDTH, block_values)
+        with gz(paths["node-label"]) as out:
+            out.write(_labels_bytes(graph.labels))
+        masks = {"train": graph.train_mask, "valid": graph.val_mask, "test": graph.test_mask}
+        for part, mask in masks.items():
+            with gz(paths[part]) as out:
+                _write_rows(np.flatnonzero(mask).reshape(-1, 1), out, _INT_WIDTH, block_values)
+        as_loaded = dataclasses.replace(graph, name=name, num_classes=num_classes)
+        provenance = {
+            "written_by": written_by,
+            "graph": graph.name,
+            "graph_info": graph.info,
+            "expected_fingerprint": as_loaded.fingerprint(),
+        }
+        (tmp / FIXTURE_MARKER).write_text(_marker_text(provenance))
+        tmp.rename(directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("wrote %s (%d undirected edges) to %s", graph.name, num_undirected, directory)
+    return directory
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m adaqp.data.ogb_fixture",
+        description="Load the graph that --config's [data] names (e.g. the products-scale "
+        "synthetic graph) and write it in OGB's raw layout under ROOT/<name with _>/, marked "
+        f"synthetic ({FIXTURE_MARKER}), so that load_dataset(NAME, root=ROOT) or a run with "
+        "--set data.dataset=NAME --set data.root=ROOT reads it without network. An existing "
+        "folder is never overwritten. Exit codes: 0 written, 2 refused.",
+        epilog="example: python -m adaqp.data.ogb_fixture --config "
+        "configs/products-scale-sage.toml --root /tmp/ogb-fixture, then "
+        'load_dataset("ogbn-products", root="/tmp/ogb-fixture")',
+        allow_abbrev=False,
+    )
+    parser.add_argument("--config", help="TOML file whose [data] names the graph to write")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="config override, repeatable, e.g. data.synthetic.num_nodes=100000",
+    )
+    parser.add_argument("--root", required=True, help="folder the fixture is written under")
+    parser.add_argument(
+        "--name", default="ogbn-products", help="OGB dataset to stand in for (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--compresslevel",
+        type=int,
+        default=1,
+        choices=range(1, 10),
+        metavar="1-9",
+        help="gzip level of the csv.gz files (default: %(default)s, the fastest)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # The command line reads a run config, which sits above the data stage: import it here.
+    from adaqp.config import ConfigError, load_config
+    from adaqp.data.load import load_dataset
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    words = sys.argv[1:] if argv is None else argv
+    command = " ".join(["python -m adaqp.data.ogb_fixture", *words])
+    try:
+        data = load_config(args.config, args.set).data
+        graph = load_dataset(
+            data.dataset,
+            root=data.root,
+            split_seed=data.split_seed,
+            synthetic=data.synthetic if data.dataset == "synthetic" else None,
+            path=data.path or None,
+            feature_norm=data.feature_norm,
+        )
+        write_ogb_fixture(
+            graph, args.root, args.name, written_by=command, compresslevel=args.compresslevel
+        )
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
