@@ -252,11 +252,11 @@ def test_the_launcher_imports_only_the_standard_library():
     workers' share of the cores) and adaqp.handoff (the variables it sets for the
     workers), themselves stdlib only; once torchrun has ended, adaqp.run.rundir (which
     records a killed run's end), whose import loads no third-party package."""
-    stdlib_only = ("adaqp.deps", "adaqp.cores", "adaqp.handoff")
+    stdlib_only = ("adaqp.deps", "adaqp.cores", "adaqp.handoff", "adaqp.memory.limits")
     once_ended = ("adaqp.run.rundir",)
     for path in [
         *(ROOT / "adaqp" / "launcher").glob("*.py"),
-        *(ROOT / "adaqp" / f"{name.partition('.')[2]}.py" for name in stdlib_only),
+        *(ROOT.joinpath(*name.split(".")).with_suffix(".py") for name in stdlib_only),
     ]:
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []

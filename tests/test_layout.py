@@ -18,6 +18,8 @@ LAYERS = [
     "adaqp.launcher",
     "adaqp.bench",
     "adaqp.plot",
+    "adaqp.memory",
+    "adaqp.ogb_fixture",
     "adaqp.train",
     "adaqp.run",
     "adaqp.model",

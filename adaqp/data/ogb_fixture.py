@@ -17,12 +17,11 @@ and labels are written in blocks, so the writer's scratch stays small beside the
 
 Command line (``--help`` lists the options)::
 
-    python -m adaqp.data.ogb_fixture --config configs/products-scale-sage.toml --root DIR
+    python -m adaqp.ogb_fixture --config configs/products-scale-sage.toml --root DIR
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import functools
@@ -30,7 +29,6 @@ import gzip
 import json
 import logging
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -224,71 +222,3 @@ def write_ogb_fixture(
         raise
     logger.info("wrote %s (%d undirected edges) to %s", graph.name, num_undirected, directory)
     return directory
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m adaqp.data.ogb_fixture",
-        description="Load the graph that --config's [data] names (e.g. the products-scale "
-        "synthetic graph) and write it in OGB's raw layout under ROOT/<name with _>/, marked "
-        f"synthetic ({FIXTURE_MARKER}), so that load_dataset(NAME, root=ROOT) or a run with "
-        "--set data.dataset=NAME --set data.root=ROOT reads it without network. An existing "
-        "folder is never overwritten. Exit codes: 0 written, 2 refused.",
-        epilog="example: python -m adaqp.data.ogb_fixture --config "
-        "configs/products-scale-sage.toml --root /tmp/ogb-fixture, then "
-        'load_dataset("ogbn-products", root="/tmp/ogb-fixture")',
-        allow_abbrev=False,
-    )
-    parser.add_argument("--config", help="TOML file whose [data] names the graph to write")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="config override, repeatable, e.g. data.synthetic.num_nodes=100000",
-    )
-    parser.add_argument("--root", required=True, help="folder the fixture is written under")
-    parser.add_argument(
-        "--name", default="ogbn-products", help="OGB dataset to stand in for (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--compresslevel",
-        type=int,
-        default=1,
-        choices=range(1, 10),
-        metavar="1-9",
-        help="gzip level of the csv.gz files (default: %(default)s, the fastest)",
-    )
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    # The command line reads a run config, which sits above the data stage: import it here.
-    from adaqp.config import ConfigError, load_config
-    from adaqp.data.load import load_dataset
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    words = sys.argv[1:] if argv is None else argv
-    command = " ".join(["python -m adaqp.data.ogb_fixture", *words])
-    try:
-        data = load_config(args.config, args.set).data
-        graph = load_dataset(
-            data.dataset,
-            root=data.root,
-            split_seed=data.split_seed,
-            synthetic=data.synthetic if data.dataset == "synthetic" else None,
-            path=data.path or None,
-            feature_norm=data.feature_norm,
-        )
-        write_ogb_fixture(
-            graph, args.root, args.name, written_by=command, compresslevel=args.compresslevel
-        )
-    except (ConfigError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from adaqp.launcher.args import DEFAULT_CONFIG, HELP, MODES, Launch, UsageError, parse
-from adaqp.launcher.run import launch, refused
+from adaqp.launcher.run import launch, memory_refused, refused
 
 __all__ = ["Launch", "UsageError", "entry", "launch", "main", "parse"]
 
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m adaqp.launcher") 
         if not Path(spec.config).is_file():
             what = "is not a file" if Path(spec.config).exists() else "not found"
             raise UsageError(f"config file {spec.config} {what}")
-        problem = refused(spec)
+        problem = refused(spec) or (memory_refused(spec) if spec.memory_check else None)
         if problem is not None:
             raise UsageError(problem)
     except UsageError as exc:

@@ -45,6 +45,9 @@ launcher options (each defaults to an environment variable, then to a fixed valu
   --rdzv-id ID       rendezvous id, the same on every host (RDZV_ID, default adaqp)
   --restarts N       restart a lost worker group up to N times; it resumes from the last
                      checkpoint (RESTARTS, default 0)
+  --no-memory-check  start even where the memory estimate (python -m adaqp.memory) says
+                     this host's workers need more than its memory (its cgroup limit,
+                     else the machine's); by default such a run is refused before it starts
   --debug            show all output (torchrun's own failure report and the tracebacks of
                      expected errors); also passed to the workers
   -h, --help         show this help and exit
@@ -102,6 +105,8 @@ class Launch:
     restarts: int = 0
     debug: bool = False
     help: bool = False
+    memory_check: bool = True
+    """Refuse a run whose predicted memory exceeds this host's (``--no-memory-check``)."""
     train_args: list[str] = field(default_factory=list)
 
     def check(self, python: str = sys.executable) -> list[str]:
@@ -153,6 +158,7 @@ def parse(argv: list[str], environ: dict[str, str] | None = None) -> Launch:
     config: str | None = None
     positional: str | None = None
     debug = help_ = False
+    memory_check = True
     train: list[str] = []
     args = list(argv)
     while args:
@@ -180,6 +186,8 @@ def parse(argv: list[str], environ: dict[str, str] | None = None) -> Launch:
         elif arg == "--debug":
             debug = True
             train.append(arg)
+        elif arg == "--no-memory-check":
+            memory_check = False
         elif flag in TRAIN_VALUE_FLAGS and not eq:
             if not args:
                 raise UsageError(f"{flag} needs a value")
@@ -203,6 +211,7 @@ def parse(argv: list[str], environ: dict[str, str] | None = None) -> Launch:
     given = config is not None
     config = default_config() if config is None else config
     launch = Launch(config=config, config_given=given, debug=debug, help=help_)
+    launch.memory_check = memory_check
     if help_:
         return launch
     launch.nproc = _int(values["nproc"], sources["nproc"], 1)

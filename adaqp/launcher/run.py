@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import shutil
@@ -63,6 +64,44 @@ def refused(spec: Launch) -> str | None:
         if last.startswith(prefix):
             return last[len(prefix) :]
     return None
+
+
+def memory_refused(spec: Launch) -> str | None:
+    """One line refusing the launch if this host's workers are predicted to need more
+    memory than the host has (its cgroup limit, else the machine's), else None. The
+    prediction runs as a child (``python -m adaqp.memory --json``); where it cannot be
+    made, None: the workers judge."""
+    from adaqp.memory.limits import host_limit, over_limit, train_overrides
+
+    limit = host_limit()
+    if limit is None:
+        return None
+    world = spec.nproc * spec.nnodes
+    command = [sys.executable, "-m", "adaqp.memory", "--config", spec.config]
+    command += ["--nproc", str(world), "--json"]
+    for override in train_overrides(spec.train_args):
+        command += ["--set", override]
+    try:
+        proc = subprocess.run(
+            command,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=CHECK_TIMEOUT_S,
+        )
+        peaks = (
+            json.loads(proc.stdout)["peak_memory_bytes_per_worker"]
+            if proc.returncode == 0
+            else None
+        )
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError):
+        return None
+    if not peaks:
+        return None
+    mine = peaks[spec.node_rank * spec.nproc : (spec.node_rank + 1) * spec.nproc]
+    if sum(mine) <= limit.bytes:
+        return None
+    return over_limit("this host", sum(mine), max(mine), len(mine), limit, spec.config, world)
 
 
 def _kill_tree(pid: int) -> None:

@@ -14,7 +14,8 @@ from adaqp.data import GraphData, SyntheticSpec, csr_from_edges, generate_synthe
 from adaqp.data import ogb as ogb_data
 from adaqp.data.graph import GRAPH_ARRAYS
 from adaqp.data.load import check_source
-from adaqp.data.ogb_fixture import main, write_ogb_fixture
+from adaqp.data.ogb_fixture import write_ogb_fixture
+from adaqp.ogb_fixture import main
 
 SPEC = SyntheticSpec(num_nodes=300, num_classes=5, avg_degree=6.0, feature_dim=7, seed=3)
 
@@ -174,7 +175,7 @@ def test_command_line(tmp_path: Path, capsys) -> None:
     loaded = load_dataset("ogbn-products", root=root)
     fixture = loaded.info["synthetic_fixture"]
     assert loaded.num_nodes == 120 and fixture["graph_info"]["params"]["seed"] == 5
-    assert fixture["written_by"].startswith("python -m adaqp.data.ogb_fixture --config")
+    assert fixture["written_by"].startswith("python -m adaqp.ogb_fixture --config")
     assert main(args) == 2 and "exists" in capsys.readouterr().err
     shutil.rmtree(root)
     assert main(["--root", str(root), "--name", "ogbn-mag"]) == 2

@@ -123,7 +123,15 @@ def add_budget_arguments(parser: argparse.ArgumentParser) -> None:
         "--memory-per-host",
         default="",
         help="memory limit of each host, e.g. 3g or 200m,3g, 0 for no limit; a host that "
-        "runs out fails the job (exit 1) (default: none)",
+        "runs out fails the job (exit 1), and a job whose memory estimate (python -m "
+        "adaqp.memory) exceeds a host's limit is refused before it starts (exit 2) "
+        "(default: none)",
+    )
+    parser.add_argument(
+        "--no-memory-check",
+        action="store_true",
+        help="start even where the memory estimate exceeds a host's --memory-per-host "
+        "(default: refuse such a job)",
     )
 
 
@@ -131,6 +139,25 @@ def budgets_from(args: argparse.Namespace) -> list[Budget]:
     """The hosts' budgets from ``args`` (ValueError on a value that cannot be read)."""
     cpus = default_cpus(args.hosts) if args.cpus_per_host is None else args.cpus_per_host
     return host_budgets(args.hosts, cpus, args.memory_per_host)
+
+
+def _memory_refusal(args: argparse.Namespace, budgets: list[Budget], train_args: list[str]):
+    """The refusal of a job whose predicted memory exceeds a host's ``--memory-per-host``
+    (``adaqp.memory.check``), or None; hosts without a limit are not checked."""
+    from adaqp.memory.check import refusal
+    from adaqp.memory.limits import config_in
+    from adaqp.memory.limits import HostLimit
+
+    k = args.procs_per_host
+    hosts = [
+        (range(i * k, (i + 1) * k), HostLimit(b.memory_bytes, "--memory-per-host"))
+        for i, b in enumerate(budgets)
+        if b.memory_bytes
+    ]
+    if not hosts:
+        return None
+    config = config_in(train_args, default="configs/cora-gcn.toml")  # the launcher's default
+    return refusal(config, train_args, args.hosts * k, hosts)
 
 
 def log_dir_for(given: Path | None, overwrite: bool = False) -> Path:
@@ -209,6 +236,11 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             parser.error(str(exc))
         require("python -m adaqp.cluster")  # every host's workers would fail alike
+        if not args.no_memory_check:
+            refused = _memory_refusal(args, budgets, train_args)
+            if refused:
+                logger.error("%s", refused)
+                return 2
         if os.geteuid() != 0:
             logger.error(
                 "the emulated cluster needs root (network namespaces and tc); on a real "

@@ -1,0 +1,82 @@
+"""python -m adaqp.memory, and the refusals the launcher and the emulated cluster give."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import adaqp.memory.limits as limits
+from adaqp.bench.emulate.cli import main as cluster_main
+from adaqp.config import load_config
+from adaqp.launcher import main as launcher_main
+from adaqp.memory.__main__ import main as memory_main
+from adaqp.memory.estimate import RUNTIME_BYTES, predict
+from adaqp.memory.limits import HostLimit
+from adaqp.partitioning.build import ensure_partition
+
+CONFIG = "configs/cora-gcn.toml"
+
+
+@pytest.fixture(scope="module")
+def cora_parts(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("parts") / "cora-p2"
+    config = load_config(CONFIG, [])
+    ensure_partition(config.data, config.partition, 2, out)
+    return out
+
+
+def test_json_gives_every_worker_and_the_largest(cora_parts, capsys) -> None:
+    code = memory_main(
+        ["--config", CONFIG, "--nproc", "2", "--json", "--set", f"partition.dir={cora_parts}"]
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    per_worker = out["peak_memory_bytes_per_worker"]
+    assert len(per_worker) == 2 and out["peak_memory_bytes"] == max(per_worker)
+    assert out["source"] == f"partition {cora_parts}"
+    # The partition's own counts: both parts together hold every Cora node once.
+    assert sum(s["num_inner"] for s in out["shape_per_worker"]) == 2708
+    assert all(terms["runtime"] == RUNTIME_BYTES for terms in out["terms_per_worker"])
+    assert all(sum(t.values()) == p for t, p in zip(out["terms_per_worker"], per_worker))
+
+
+def test_without_a_partition_the_graph_sizes_are_used(tmp_path) -> None:
+    config = load_config(
+        "configs/scaling-synthetic-signal-gcn.toml", [f"partition.dir={tmp_path / 'none'}"]
+    )
+    one, four = predict(config, 1), predict(config, 4, halo_per_inner=0.5)
+    assert one.source.startswith("graph sizes") and one.workers[0].shape.num_halo == 0
+    assert four.workers[0].shape.num_inner == 51500  # 1.03 x 200k / 4
+    assert four.workers[0].shape.num_halo == 25750
+    # Activations scale with the inner rows: a quarter of the rows, about a quarter.
+    ratio = four.workers[0].terms["activations"] / one.workers[0].terms["activations"]
+    assert ratio == pytest.approx(51500 / 200000)
+    wider = predict(load_config("configs/scaling-synthetic-signal-gcn.toml",
+                                [f"partition.dir={tmp_path / 'none'}", "model.hidden=512"]), 1)  # fmt: skip
+    assert wider.peak_memory_bytes > one.peak_memory_bytes
+
+
+def test_bad_arguments_exit_2(capsys) -> None:
+    assert memory_main(["--config", "nope.toml", "--nproc", "2"]) == 2
+    assert "error:" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        memory_main(["--config", CONFIG, "--nproc", "0"])
+    assert stop.value.code == 2
+
+
+def test_the_launcher_refuses_a_run_over_the_hosts_memory(cora_parts, monkeypatch, capsys):
+    monkeypatch.setattr(limits, "host_limit", lambda: HostLimit(100 * 2**20, "a test limit"))
+    args = [CONFIG, "--nproc", "2", "--epochs", "1", "--set", f"partition.dir={cora_parts}"]
+    assert launcher_main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: this host needs ")
+    assert "over its 0.1 GiB (a test limit)" in err[0]
+
+
+def test_the_emulated_cluster_refuses_before_starting_anything(cora_parts, caplog):
+    args = ["--hosts", "2", "--memory-per-host", "100m", "--", "--config", CONFIG]
+    args += ["--set", f"partition.dir={cora_parts}"]
+    assert cluster_main(args) == 2
+    assert "host 0 needs" in caplog.text and "(--memory-per-host)" in caplog.text
