@@ -80,19 +80,26 @@ def _parse_scalar(text: str, kind: Any, key: str) -> Any:
     return parsed
 
 
-def build(cls: type, values: dict[str, Any], prefix: str) -> Any:
+def build(
+    cls: type, values: dict[str, Any], prefix: str, renamed: dict[str, str] | None = None
+) -> Any:
+    """``cls`` filled from ``values`` (a TOML tree), every key checked. ``renamed`` maps a
+    key's old dotted name to its new one: the old name is refused with the new one, never
+    read as it (a value written for the old name may not mean what the new one does)."""
     hints = _field_types(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
         path = f"{prefix}{key}"
         if key not in names:
+            if renamed and path in renamed:
+                raise ConfigError(f"{path}: renamed to {renamed[path]}; write that key instead")
             known = ", ".join(sorted(names))
             raise ConfigError(f"{path}: unknown key (known keys here: {known})")
         kind = hints[key]
         if dataclasses.is_dataclass(kind):
             check(isinstance(value, dict), path, "expected a table of keys")
-            kwargs[key] = build(kind, value, f"{path}.")
+            kwargs[key] = build(kind, value, f"{path}.", renamed)
         else:
             kwargs[key] = _coerce(value, kind, path)
     try:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from adaqp.config import ConfigError, load_config
+from adaqp.config import RENAMED_KEYS, ConfigError, load_config
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.toml"))
 
@@ -172,3 +172,19 @@ def test_bad_files(tmp_path):
     wrong.write_text('[train]\nepochs = "ten"\n')
     with pytest.raises(ConfigError, match=r"train\.epochs: expected an integer"):
         load_config(wrong)
+
+
+def test_a_renamed_key_is_refused_with_its_new_name(tmp_path):
+    old = tmp_path / "old.toml"
+    old.write_text('[comm]\nmode = "adaqp"\n[quant]\nlam = 0.5\n')
+    message = r"^quant\.lam: renamed to quant\.variance_budget; write that key instead$"
+    for path, overrides in ((old, []), (None, ["quant.lam=0.5"])):
+        with pytest.raises(ConfigError, match=message):
+            load_config(path, overrides)
+    assert load_config(None, ["quant.variance_budget=0.5"]).quant.variance_budget == 0.5
+    # Every new name is a key; every old one is refused.
+    for old_key, new_key in RENAMED_KEYS.items():
+        section, name = new_key.split(".")
+        assert hasattr(getattr(load_config(), section), name), new_key
+        with pytest.raises(ConfigError, match="renamed"):
+            load_config(None, [f"{old_key}=1"])

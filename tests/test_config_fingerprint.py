@@ -18,7 +18,7 @@ QUANT_CHANGES = [
     "quant.initial_bits=4",
     "quant.allowed_bits=[2,4]",
     "quant.group_size=7",
-    "quant.lam=0.1",
+    "quant.variance_budget=0.1",
     "quant.assign_cycle=9",
     "quant.first_cycle=3",
     "quant.solver=milp",
@@ -102,4 +102,15 @@ def test_a_vanilla_checkpoint_written_before_a_quant_default_changed_resumes():
     with pytest.raises(CheckpointError, match="quant.bits"):
         check_fits(
             {"world_size": 2, "fingerprint": {**adaqp, "quant.bits": 8}}, 2, adaqp, Path("c")
+        )
+
+
+def test_a_checkpoint_that_names_a_renamed_key_is_compared_under_its_new_name():
+    adaptive = _fingerprint("adaqp", "quant.scheme=adaptive", "quant.variance_budget=0.5")
+    old = dict(adaptive)
+    old["quant.lam"] = old.pop("quant.variance_budget")
+    check_fits({"world_size": 1, "fingerprint": old}, 1, adaptive, Path("ckpt"))
+    with pytest.raises(CheckpointError, match=r"quant\.variance_budget: checkpoint 0\.9"):
+        check_fits(
+            {"world_size": 1, "fingerprint": {**old, "quant.lam": 0.9}}, 1, adaptive, Path("c")
         )

@@ -157,9 +157,9 @@ def test_benchmark_only_settings_are_listed_once_and_left_out_of_the_users_pages
 
 def test_the_key_checks_can_fail():
     _, bench = config_keys()
-    text = "- Sections (`[quant]`): `lam`.\n- `staleness.landing`, `quant.cost_model=shared`."
-    assert documented("quant.lam", text) and not documented("quant.bits", text)
-    assert documented("staleness.landing", text) and not documented("comm.lam", text)
+    text = "- Sections (`[quant]`): `seed`.\n- `staleness.landing`, `quant.cost_model=shared`."
+    assert documented("quant.seed", text) and not documented("quant.bits", text)
+    assert documented("staleness.landing", text) and not documented("comm.seed", text)
     assert benchmark_mentions(text, bench) == ["staleness.landing", "quant.cost_model = shared"]
     assert benchmark_mentions("the cost model `sender` and `time_limit_s`", bench) == [
         "quant.time_limit_s",

@@ -10,8 +10,9 @@ choose, in this order of priority:
 
 1. ``V <= budget * V_u``, where ``V_u`` is the variance of the *reference* plan, every
    message at the uniform width ``u`` the run would otherwise send (``adaqp.bits``,
-   ``uniform_bits``, or ``quant.bits``), and ``budget`` is ``quant.lam`` (1 by default).
-   Where no plan meets it (a budget below what the widest width gives), the least ``V``;
+   ``uniform_bits``, or ``quant.bits``), and ``budget`` is ``quant.variance_budget`` (1 by
+   default). Where no plan meets it (a budget below what the widest width gives), the
+   least ``V``;
 2. the least *exposed* time ``E = max(0, T - W)``: what the window does not hide;
 3. among plans with that ``E``, the least ``V``: time the window hides is spent on bits.
 

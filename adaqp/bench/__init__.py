@@ -92,7 +92,10 @@ adaptive); the default scheme is uniform at the model's width (docs/bit-widths.m
 
 ADAPTIVE_VARIANTS: dict[str, tuple[str, ...]] = {
     "adaqp-adaptive": ADAPTIVE,
-    **{f"adaqp-lam{lam}": (*ADAPTIVE, "--set", f"quant.lam={lam}") for lam in (0.1, 0.9)},
+    **{
+        f"adaqp-budget{budget}": (*ADAPTIVE, "--set", f"quant.variance_budget={budget}")
+        for budget in (0.1, 0.9)
+    },
     "adaqp-bits12": (*ADAPTIVE, "--set", "quant.allowed_bits=[1,2]"),
     "adaqp-adaptive-2b": (
         *ADAPTIVE,
@@ -102,10 +105,9 @@ ADAPTIVE_VARIANTS: dict[str, tuple[str, ...]] = {
         "quant.allowed_bits=[1,2,4,8]",
     ),
 }
-"""The solver: at its default variance budget ``quant.lam`` = 1, the uniform width's
-variance (``adaqp-adaptive``); at budgets of 0.1 and 0.9 of it (``adaqp-lam0.1``,
-``adaqp-lam0.9``: names kept from the earlier weighted objective, where lam traded time
-against variance; docs/cost-models.md#the-objective); and choosing only between 1 and 2
+"""The solver: at its default variance budget ``quant.variance_budget`` = 1, the uniform
+width's variance (``adaqp-adaptive``); at budgets of 0.1 and 0.9 of it (``adaqp-budget0.1``,
+``adaqp-budget0.9``; docs/cost-models.md#the-objective); and choosing only between 1 and 2
 bits (``adaqp-bits12``); and with its budget at 2 bits' variance whatever the model's
 width, choosing among 1, 2, 4 and 8 bits (``adaqp-adaptive-2b``: GAT's default is 4 bits,
 and 2 bits may be the uniform width to beat); not run unless asked for."""

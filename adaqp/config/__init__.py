@@ -78,6 +78,7 @@ __all__ = [
     "OVERLAP_MODES",
     "PARTITION_METHODS",
     "QUANTIZED_MODES",
+    "RENAMED_KEYS",
     "SCHEMES",
     "STALE_BITS",
     "STALE_MODES",
@@ -176,10 +177,16 @@ class Config:
         return flat
 
 
+RENAMED_KEYS: dict[str, str] = {"quant.lam": "quant.variance_budget"}
+"""Keys renamed since a config could name them, old -> new: a file or ``--set`` that names
+the old key is refused with the new one (:func:`load_config`)."""
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Reads a TOML file (optional) and applies ``section.key=value`` overrides.
 
     Raises:
-        ConfigError: a missing file, bad TOML, an unknown key or a value of the wrong type.
+        ConfigError: a missing file, bad TOML, an unknown or renamed key (``RENAMED_KEYS``)
+            or a value of the wrong type.
     """
-    return build(Config, read_tree(path, overrides), "")
+    return build(Config, read_tree(path, overrides), "", RENAMED_KEYS)

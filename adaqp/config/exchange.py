@@ -103,13 +103,12 @@ class QuantConfig:
     8 bits (2, 4 and 8 for gat: adaqp/bits.py, planner_bits)."""
     group_size: int = 100
     """Messages per group that share one width (per channel, sorted by weight)."""
-    lam: float = 1.0
-    """Adaptive scheme: the variance budget, a multiple (> 0) of the variance of every
-    message at ``bits`` (the uniform width). Within it the solver minimises the predicted
-    exchange time the overlap window does not hide, then the variance; at 1 (the default)
-    its plan is predicted no slower and no noisier than the uniform width's, above 1 it
-    may trade variance for time (docs/cost-models.md#the-objective). (Before, ``lam``
-    weighed normalised variance against normalised time in [0, 1].)"""
+    variance_budget: float = 1.0
+    """Adaptive scheme: the variance the widths may add, a multiple (> 0) of the variance of
+    every message at ``bits`` (the uniform width). Within it the solver minimises the
+    predicted exchange time the overlap window does not hide, then the variance; at 1 (the
+    default) its plan is predicted no slower and no noisier than the uniform width's, above
+    1 it may trade variance for time (docs/cost-models.md#the-objective)."""
     assign_cycle: int = 20
     """Re-solve the bit widths every this many epochs (after the first cycle)."""
     first_cycle: int = 5
@@ -186,9 +185,10 @@ class QuantConfig:
         )
         check(self.group_size >= 1, "quant.group_size", "must be at least 1")
         check(
-            0.0 < self.lam < float("inf"),
-            "quant.lam",
-            f"is the variance budget relative to the uniform width: must be > 0, got {self.lam}",
+            0.0 < self.variance_budget < float("inf"),
+            "quant.variance_budget",
+            "is a multiple of the uniform width's variance: must be > 0, got "
+            f"{self.variance_budget}",
         )
         check(self.assign_cycle >= 1, "quant.assign_cycle", "must be at least 1")
         check(self.first_cycle >= 1, "quant.first_cycle", "must be at least 1")

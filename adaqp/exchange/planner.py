@@ -394,7 +394,7 @@ class BitWidthPlanner:
                 bits=cfg.allowed_bits,
                 reference_bits=cfg.bits,
                 group_size=cfg.group_size,
-                budget=cfg.lam,
+                budget=cfg.variance_budget,
                 window_s=window,
                 method=cfg.solver,
                 time_limit_s=time_limit_s,

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from adaqp.atomic import write_atomic
+from adaqp.config import RENAMED_KEYS
 from adaqp.partitioning.format import sha256_file
 from adaqp.quant import kernels as quant_kernels
 from adaqp.run.ckptdir import MANIFEST, checkpoint_root, complete_epochs
@@ -154,8 +155,10 @@ def check_fits(
             f"run has {world_size}; resume with the same number of workers"
         )
     # A key only the checkpoint has is a setting this run does not read (its mode ignores
-    # it, Config.fingerprint): it cannot change the trajectory, so it is not compared.
-    saved = {k: v for k, v in manifest["fingerprint"].items() if k in fingerprint}
+    # it, Config.fingerprint): it cannot change the trajectory, so it is not compared. A
+    # key written under its old name is compared under its new one.
+    written = {RENAMED_KEYS.get(k, k): v for k, v in manifest["fingerprint"].items()}
+    saved = {k: v for k, v in written.items() if k in fingerprint}
     diffs = [
         f"{key}: checkpoint {saved.get(key)!r}, this run {fingerprint.get(key)!r}"
         if key in saved

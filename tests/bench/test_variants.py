@@ -62,11 +62,11 @@ def promised(name: str, model: str) -> dict[str, object]:
         return {
             **adaptive,
             "quant.cost_model": defaults.cost_model,
-            "quant.lam": defaults.lam,
+            "quant.variance_budget": defaults.variance_budget,
             "quant.allowed_bits": planner_bits(model),
         }
-    if m := re.fullmatch(r"adaqp-lam([0-9.]+)", name):
-        return {**adaptive, "quant.lam": float(m[1])}
+    if m := re.fullmatch(r"adaqp-budget([0-9.]+)", name):
+        return {**adaptive, "quant.variance_budget": float(m[1])}
     if name == "adaqp-adaptive-2b":
         return {**adaptive, "quant.bits": 2, "quant.allowed_bits": (1, 2, 4, 8)}
     if name == "adaqp-bits12":
@@ -140,8 +140,10 @@ def test_a_variant_that_runs_something_else_is_caught():
     sneaky = (*UNIFORM_VARIANTS["uniform-2"], "--set", "comm.overlap=off")
     with pytest.raises(AssertionError, match="also changes"):
         check_variant("uniform-2", sneaky, config_file, overrides)
-    with pytest.raises(AssertionError, match="adaqp-lam0.9"):
-        check_variant("adaqp-lam0.9", ADAPTIVE_VARIANTS["adaqp-lam0.1"], config_file, overrides)
+    with pytest.raises(AssertionError, match="adaqp-budget0.9"):
+        check_variant(
+            "adaqp-budget0.9", ADAPTIVE_VARIANTS["adaqp-budget0.1"], config_file, overrides
+        )
 
 
 def test_every_uniform_width_and_nocomm_is_a_variant_of_both_benchmarks():
