@@ -95,9 +95,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="continue the run in --out from its newest checkpoint",
     )
-    existing.add_argument(  # accepted so that old scripts still run; says it is ignored
-        "--replace-finished", action="store_true", help=argparse.SUPPRESS
-    )
     parser.add_argument(
         "--set",
         action="append",
@@ -188,7 +185,7 @@ def resume_command(argv: list[str], out: Path | None = None) -> str:
     else:
         nproc = os.environ.get("LOCAL_WORLD_SIZE", "1")
         words = ["torchrun", "--nproc-per-node", nproc, "-m", "adaqp.train", *argv]
-    kept = [w for w in words if w not in ("--overwrite", "--replace-finished", "--resume")]
+    kept = [w for w in words if w not in ("--overwrite", "--resume")]
     names_out = any(
         w == "--out" or w.startswith("--out=") or "metrics.out=" in w.replace(" ", "") for w in kept
     )
@@ -227,11 +224,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # every rank reads the same config and fails alike
         _report_shared(rank, exc)
         return 2
-    if args.replace_finished and rank == 0:
-        logger.warning(
-            "--replace-finished is ignored: it replaces nothing (a run given no --out whose "
-            "default directory holds a run goes to <dir>-v2, -v3, ...); drop it"
-        )
     from adaqp.run import preflight
 
     world_size = int(os.environ.get("WORLD_SIZE", 1))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import signal
@@ -47,28 +46,13 @@ def test_help_lists_the_modes_and_exit_codes_without_importing_torch():
     for mode in ("vanilla", "adaqp-q", "adaqp-p", "adaqp", "adaqp-s", "onebit", "nocomm"):
         assert f"\n  {mode} " in proc.stdout
     assert "130 interrupted" in proc.stdout
-    assert "--replace-finished" not in proc.stdout  # accepted from old scripts, not offered
     assert time.monotonic() - started < 60
 
 
 def test_flags_exclude_each_other_as_documented():
-    assert parse_args(["--replace-finished"]).replace_finished
-    with pytest.raises(SystemExit):
-        parse_args(["--resume", "--replace-finished"])
+    assert parse_args(["--resume"]).resume and parse_args(["--overwrite"]).overwrite
     with pytest.raises(SystemExit):
         parse_args(["--resume", "--overwrite"])
-
-
-def test_replace_finished_says_it_is_ignored(tmp_path, caplog, monkeypatch):
-    """The flag old scripts pass does nothing, and the run says so (here it is refused
-    for a missing dataset right after, changing nothing)."""
-    monkeypatch.setattr(signal, "signal", lambda *args: None)  # keep pytest's handlers
-    caplog.set_level(logging.WARNING)
-    argv = ["--replace-finished", "--set", "data.dataset=coraa"]
-    argv += ["--out", str(tmp_path / "o"), "--set", f"partition.dir={tmp_path / 'p'}"]
-    assert main(argv) == 2
-    assert "--replace-finished is ignored" in caplog.text
-    assert not (tmp_path / "o").exists() and not (tmp_path / "p").exists()
 
 
 @pytest.mark.parametrize(
@@ -148,7 +132,7 @@ def test_hidden_fraction_stays_within_zero_and_one():
 
 
 def test_resume_command_is_the_users_without_fresh_start_flags(monkeypatch, tmp_path):
-    monkeypatch.setenv("ADAQP_COMMAND", "bash launch/train.sh c.toml --replace-finished --epochs 9")
+    monkeypatch.setenv("ADAQP_COMMAND", "bash launch/train.sh c.toml --overwrite --epochs 9")
     assert resume_command([]) == "bash launch/train.sh c.toml --epochs 9 --resume"
     # A command that named no directory names the one its run took (maybe a -v2).
     run = Path("results/runs/c-vanilla-p4-v2")
@@ -247,16 +231,12 @@ def test_interrupted_run_is_never_deleted_and_the_hint_resumes_it(tmp_path):
     kept = checkpoint_files()
     assert kept
 
-    # The same command again, with or without --replace-finished: refused before the run
-    # starts (a usage error), nothing lost.
-    for extra in ((), ("--replace-finished",)):
-        again = _run([*args, *extra], cwd=tmp_path)
-        assert again.returncode == 2, again.stderr
-        error = [ln for ln in again.stderr.splitlines() if ln.startswith("error:")]
-        assert len(error) == 1 and "unfinished run" in error[0] and "--resume" in error[0]
-        assert (
-            sorted(p.relative_to(out) for p in out.rglob("*") if "checkpoints" in p.parts) == kept
-        )
+    # The same command again: refused before the run starts (a usage error), nothing lost.
+    again = _run(args, cwd=tmp_path)
+    assert again.returncode == 2, again.stderr
+    error = [ln for ln in again.stderr.splitlines() if ln.startswith("error:")]
+    assert len(error) == 1 and "unfinished run" in error[0] and "--resume" in error[0]
+    assert checkpoint_files() == kept
     status = json.loads((out / "status.json").read_text())
     assert status["status"] == "interrupted"
 
