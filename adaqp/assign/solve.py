@@ -88,7 +88,7 @@ def solve_assignment(
     group_size: int = 100,
     budget: float = 1.0,
     window_s: float = 0.0,
-    method: str = "milp",
+    method: str = "greedy",
     time_limit_s: float = 5.0,
     max_combos: int = 1_000_000,
     polish: bool = True,
@@ -110,7 +110,8 @@ def solve_assignment(
         budget: the variance budget, a multiple (> 0) of the reference plan's variance.
         window_s: the exchange's overlap window, in the cost model's seconds (>= 0): time
             within it is hidden, so only ``T`` beyond it counts as exposed.
-        method: ``"milp"``, ``"greedy"`` or ``"brute"``.
+        method: ``"greedy"`` (the default, as ``quant.solver``'s), ``"milp"`` or
+            ``"brute"``.
         time_limit_s: MILP time limit; on expiry the best solution found is used (greedy if none).
         max_combos: brute force refuses larger searches.
         polish: polish MILP/greedy results with local moves (off only to test raw solvers).

@@ -304,7 +304,9 @@ def _with_optima(instances):
     16 s unloaded: a variance budget of half the reference's, no window), at least 2 in 3."""
     instances, out = list(instances), []
     for channels, model, dim, kw, v_budget, t_scale in instances:
-        exact = solve_assignment(channels, dim, model, polish=False, time_limit_s=10, **kw)
+        exact = solve_assignment(
+            channels, dim, model, method="milp", polish=False, time_limit_s=10, **kw
+        )
         if exact.status == "optimal":
             out.append((channels, model, dim, kw, exact, v_budget, t_scale))
     assert 3 * len(out) >= 2 * len(instances)
@@ -501,7 +503,7 @@ def test_host_240_groups_solve(caplog):
     )
     window = 1.5 * uniform_assignment(channels, 128, 2, link_model=model).time_s
     kw = dict(bits=(2, 4, 8, 32), reference_bits=2, window_s=window, group_size=100)
-    exact = solve_assignment(channels, 128, model, time_limit_s=10.0, **kw)
+    exact = solve_assignment(channels, 128, model, method="milp", time_limit_s=10.0, **kw)
     greedy = solve_assignment(channels, 128, model, method="greedy", **kw)
     logger.info(
         "host model, 240 groups: milp %s in %.3f s, greedy %.3f s, gap %.2e",
@@ -519,7 +521,7 @@ def test_host_window_that_hides_everything_and_time_limit():
     rng = np.random.default_rng(26)
     channels = _all_to_all(4, 50, rng)
     model = HostModel.uniform([0, 0, 1, 1], 1e-5, 1e8, 1e10, quant_s_per_value=1e-10)
-    bits, kw = (2, 4, 8, 32), dict(bits=(2, 4, 8, 32), reference_bits=2)
+    bits, kw = (2, 4, 8, 32), dict(bits=(2, 4, 8, 32), reference_bits=2, method="milp")
     # A window longer than float32's exchange hides every plan: only the variance counts.
     res = solve_assignment(channels, 16, model, window_s=10.0, **kw)
     assert res.exposed_s < 1e-15 and all(np.all(b == 32) for b in res.bits)
@@ -566,7 +568,7 @@ def test_unbounded_fabric_changes_nothing(pure, monkeypatch):
             )
         # A finite fabric that never binds has a row of its own in the MILP, to no effect.
         never = dataclasses.replace(default, fabric_Bps=1e6 * default.beta_out_Bps.sum())
-        res = solve_assignment(channels, 64, never, **kw)
+        res = solve_assignment(channels, 64, never, method="milp", **kw)
         assert (res.exposed_s, res.variance) == pytest.approx((x.exposed_s, x.variance))
 
 

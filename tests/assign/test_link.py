@@ -173,7 +173,7 @@ def test_time_limit_is_respected():
     lm = LinkModel(rng.uniform(1e-5, 1e-4, (4, 4)), rng.uniform(1e8, 1e9, (4, 4)))
     kw = dict(group_size=5, reference_bits=2)  # 20k groups: far beyond HiGHS in 0.1 s
     start = time.perf_counter()
-    res = solve_assignment(channels, 64, lm, time_limit_s=0.1, **kw)
+    res = solve_assignment(channels, 64, lm, method="milp", time_limit_s=0.1, **kw)
     wall = time.perf_counter() - start
     assert wall < 0.1 + 1.5 and res.solve_time_s <= wall
     assert res.status.startswith("time_limit") or res.status == "optimal"
@@ -201,7 +201,7 @@ def test_twelve_channels_solve_quickly():
     channels = [Channel(p, q, rng.gamma(0.5, 1.0, 2000)) for p, q in pairs]
     lm = LinkModel(rng.uniform(1e-5, 1e-4, (4, 4)), rng.uniform(1e8, 1e9, (4, 4)))
     window = 1.5 * uniform_assignment(channels, 128, 2, link_model=lm).time_s
-    kw = dict(reference_bits=2, window_s=window, group_size=100, time_limit_s=5.0)
+    kw = dict(reference_bits=2, window_s=window, group_size=100, method="milp", time_limit_s=5.0)
     res = solve_assignment(channels, 128, lm, **kw)
     logger.info("12 x 2000 messages, group 100: %s in %.3f s", res.status, res.solve_time_s)
     assert res.status == "optimal" and res.solve_time_s < 5.0

@@ -64,7 +64,7 @@ def test_single_width_and_width_independent_bytes():
     res = solve_assignment(channels, 64, lm, bits=(4,), reference_bits=4)
     assert all(np.all(b == 4) for b in res.bits) and res.status == "trivial"
     # dim=1: one code byte at any width, so time cannot change and only variance matters.
-    res = solve_assignment(channels, 1, lm, reference_bits=2, group_size=7)
+    res = solve_assignment(channels, 1, lm, reference_bits=2, group_size=7, method="milp")
     assert all(np.all(b == 8) for b in res.bits)
 
 
@@ -95,7 +95,9 @@ def test_heaviest_messages_get_widest_bits():
         for p, q in [(0, 1), (1, 2), (2, 0)]
     ]
     window = uniform_assignment(channels, 64, 4, link_model=lm).time_s
-    res = solve_assignment(channels, 64, lm, group_size=25, reference_bits=2, window_s=window)
+    res = solve_assignment(
+        channels, 64, lm, group_size=25, reference_bits=2, window_s=window, method="milp"
+    )
     for ch, b in zip(channels, res.bits, strict=True):
         by_weight = b[np.argsort(-ch.weights, kind="stable")]
         assert np.all(np.diff(by_weight.astype(int)) <= 0)
@@ -133,7 +135,7 @@ def test_uniform_and_random_schemes():
     # The solver's reported cost, worked out here from the widths it chose: each row
     # carries its packed values and its float32 minimum and step; the slowest link sets
     # the time; a message's variance is its weight over (2^b - 1)^2.
-    res = solve_assignment(channels, dim, lm, reference_bits=2, window_s=window)
+    res = solve_assignment(channels, dim, lm, reference_bits=2, window_s=window, method="milp")
     seconds = [
         lm.alpha_s[c.src, c.dst]
         + sum(packed_row_bytes(dim, int(b)) + 8 for b in bits) / lm.beta_Bps[c.src, c.dst]
