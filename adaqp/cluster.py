@@ -1,6 +1,6 @@
-"""``python -m adaqp.cluster``: the emulated cluster's command line (adaqp/bench/emulate/)."""
+"""``python -m adaqp.cluster``: the emulated cluster's command line (adaqp/emulate/)."""
 
-from adaqp.bench.emulate import main
+from adaqp.emulate import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

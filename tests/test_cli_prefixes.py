@@ -8,7 +8,7 @@ import pytest
 from adaqp import plot, train
 from adaqp.bench.__main__ import BENCHMARKS
 from adaqp.bench.__main__ import build_parser as bench_parser
-from adaqp.bench.emulate.cli import build_parser as cluster_parser
+from adaqp.emulate.cli import build_parser as cluster_parser
 from partition.__main__ import build_parser as partition_parser
 
 

@@ -11,12 +11,14 @@ MAX_LINES = 450
 """No module is past this: one that grows is split by concern, its explanations kept."""
 
 # Packages (and top-level modules) from the entry point down; each may import only those
-# after it in this order. ``bench`` drives the others from outside the training path;
-# ``plot`` reads what runs wrote.
+# after it in this order. ``bench`` drives the others from outside the training path, the
+# emulated cluster (``emulate``, run as ``adaqp.cluster``) among them; ``plot`` reads what
+# runs wrote.
 LAYERS = [
     "adaqp.cluster",
     "adaqp.launcher",
     "adaqp.bench",
+    "adaqp.emulate",
     "adaqp.plot",
     "adaqp.memory",
     "adaqp.ogb_fixture",
@@ -38,6 +40,7 @@ LAYERS = [
     "adaqp.typed_toml",
     "adaqp.bits",
     "adaqp.handoff",
+    "adaqp.helpformat",
     "adaqp.deps",
 ]
 

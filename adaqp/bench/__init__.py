@@ -1,4 +1,5 @@
-"""Benchmarks (``python -m adaqp.bench``) and the emulated cluster (``adaqp.bench.emulate``).
+"""Benchmarks (``python -m adaqp.bench``); the emulated cluster several of them run on is
+:mod:`adaqp.emulate` (``python -m adaqp.cluster``).
 
 Benchmarks write under ``results/local/bench/`` (ignored by git) unless ``--out-dir`` (or
 ``--out``) says otherwise; ``--out-dir results/bench`` updates the committed readings.
@@ -161,19 +162,6 @@ STALENESS_VARIANTS: dict[str, tuple[str, ...]] = {
 }
 """The staleness ablation: ``onebit`` at S = 1 with every compensation off (plain), and
 with one of them on; ``onebit-s1`` is the defaults (not run unless asked for)."""
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows each option's default after its help (not for a default of None, False or an
-    empty list, nor where the help already says "(default ...") and keeps the line breaks
-    of descriptions."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = action.help or ""
-        default = action.default
-        if default is None or default is False or default == [] or "(default" in text:
-            return text
-        return super()._get_help_string(action)
 
 
 def _integers(text: str, what: str, example: str, least: int | None = None) -> list[int]:

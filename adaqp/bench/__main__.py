@@ -14,9 +14,10 @@ import sys
 import textwrap
 from types import ModuleType
 
-from adaqp.bench import HelpFormatter, UsageError
-from adaqp.bench.emulate.netns import ClusterError  # no torch: subprocess alone
+from adaqp.bench import UsageError
 from adaqp.deps import require
+from adaqp.emulate.netns import ClusterError  # no torch: subprocess alone
+from adaqp.helpformat import HelpFormatter
 
 PROG = "python -m adaqp.bench"
 

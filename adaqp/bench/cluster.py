@@ -46,9 +46,9 @@ from adaqp.bench import (
 )
 from adaqp.bench.cluster_plot import plot
 from adaqp.bench.cluster_table import render
-from adaqp.bench.emulate import ClusterError, EmulatedCluster, host_links
-from adaqp.bench.emulate.cgroups import CgroupError, enforce
-from adaqp.bench.emulate.cli import add_budget_arguments, budgets_from
+from adaqp.emulate import ClusterError, EmulatedCluster, host_links
+from adaqp.emulate.cgroups import CgroupError, enforce
+from adaqp.emulate.cli import add_budget_arguments, budgets_from
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Strong scaling on emulated hosts (root): ``bench scaling --hosts 1,2,4``.
 
 One graph, one worker per host, every host under the same CPU (and optionally memory)
-budget on its own shaped link (``adaqp.bench.emulate``): each mode runs at each host count,
+budget on its own shaped link (``adaqp.emulate``): each mode runs at each host count,
 and each point reads its epoch time (median after warm-up, ``summary.json``), its speedup
 over the same mode on the sweep's fewest hosts and the parallel efficiency (speedup over
 the host ratio), the halo bytes per epoch, and each host's peak memory (its control
@@ -46,8 +46,8 @@ from adaqp.bench import (
 )
 from adaqp.bench.cluster import VARIANTS as CLUSTER_VARIANTS
 from adaqp.bench.cluster import read_run
-from adaqp.bench.emulate import Budget, EmulatedCluster, host_budgets, host_links
-from adaqp.bench.emulate.cgroups import CgroupError, CgroupTree, find_cgroups
+from adaqp.emulate import Budget, EmulatedCluster, host_budgets, host_links
+from adaqp.emulate.cgroups import CgroupError, CgroupTree, find_cgroups
 
 logger = logging.getLogger(__name__)
 

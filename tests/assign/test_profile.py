@@ -18,8 +18,8 @@ from adaqp.assign.profile import (
     host_model,
     hosts_from_names,
 )
-from adaqp.bench.emulate.cgroups import Budget
-from tests.bench.emulate.helpers import _cgroup_tree, _tag, needs_cgroups
+from adaqp.emulate.cgroups import Budget
+from tests.emulate.helpers import _cgroup_tree, _tag, needs_cgroups
 
 
 def test_hosts_are_numbered_by_first_appearance():

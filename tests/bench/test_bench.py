@@ -9,7 +9,7 @@ import time
 import pytest
 
 from adaqp.bench import cluster, cluster_table, costmodel, run_order
-from adaqp.bench.emulate import ClusterError
+from adaqp.emulate import ClusterError
 
 
 def _run(epoch_s, wait_s, val_curve, test_acc, nbytes, quant_s=0.0):

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from adaqp.bench import HelpFormatter
 from adaqp.bench.__main__ import BENCHMARKS, build_parser, main
-from adaqp.bench.emulate.cli import build_parser as cluster_parser
+from adaqp.emulate.cli import build_parser as cluster_parser
+from adaqp.helpformat import HelpFormatter
 from partition.__main__ import build_parser as partition_parser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,10 +140,9 @@ def _help_run(module: str, runs: list[list[str]]) -> dict:
     [
         ("adaqp.bench", [["--help"], *([name, "--help"] for name in OURS)]),
         ("adaqp.cluster", [["--help"]]),
-        ("adaqp.bench.emulate", [["--help"]]),
         ("partition", [["--help"]]),
     ],
-    ids=["bench", "cluster", "bench.emulate", "partition"],
+    ids=["bench", "cluster", "partition"],
 )
 def test_help_answers_without_importing_torch(module, runs):
     result = _help_run(module, runs)

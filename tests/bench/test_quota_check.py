@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adaqp.bench.emulate.cgroups import CFS_PERIOD_US, Budget, CgroupV1
 from adaqp.bench.quota_check import PinnedGroup, PinnedTree, arm_budgets
+from adaqp.emulate.cgroups import CFS_PERIOD_US, Budget, CgroupV1
 
 
 def test_pinned_groups_pin_each_host_to_its_own_core_and_are_removed(tmp_path: Path):

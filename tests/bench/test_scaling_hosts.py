@@ -12,8 +12,8 @@ import pytest
 
 from adaqp.bench import scaling_hosts
 from adaqp.bench.__main__ import build_parser, main
-from adaqp.bench.emulate.cgroups import CgroupTree
-from tests.bench.emulate.helpers import _namespaces, needs_cgroups, needs_root
+from adaqp.emulate.cgroups import CgroupTree
+from tests.emulate.helpers import _namespaces, needs_cgroups, needs_root
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 2**20

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import adaqp.memory.limits as limits
-from adaqp.bench.emulate.cli import main as cluster_main
 from adaqp.config import load_config
+from adaqp.emulate.cli import main as cluster_main
 from adaqp.launcher import main as launcher_main
 from adaqp.memory.__main__ import main as memory_main
 from adaqp.memory.estimate import RUNTIME_BYTES, predict

@@ -15,7 +15,7 @@ in time.
 Groups are made inside this process's own group of each hierarchy, not at its root, so
 that limits set above this process (a container's, a session's) still hold. In v2 that
 group's processes first move into a leaf beside the host groups
-(``adaqp.bench.emulate.cgroup_leaf``); ``CgroupTree.release`` moves them back.
+(``adaqp.emulate.cgroup_leaf``); ``CgroupTree.release`` moves them back.
 
 CPU: a CFS quota of ``cpus * CFS_PERIOD_US`` per period of ``CFS_PERIOD_US`` = 10 ms. A
 group that spends its quota early in a period waits, throttled, for the next one; under
@@ -51,9 +51,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from adaqp.bench.emulate.cgroup_leaf import LEAF, CgroupError, Leaf, enable_controllers
-from adaqp.bench.emulate.links import per_host
 from adaqp.cores import usable_cores
+from adaqp.emulate.cgroup_leaf import LEAF, CgroupError, Leaf, enable_controllers
+from adaqp.emulate.hostvalues import per_host
 
 logger = logging.getLogger(__name__)
 
@@ -323,7 +323,7 @@ def CgroupV1(cpu: Path, cpuacct: Path, memory: Path) -> CgroupTree:  # noqa: N80
 def CgroupV2(base: Path) -> CgroupTree:  # noqa: N802
     """Enables the cpu and memory controllers for ``base``'s children where they are not,
     moving ``base``'s own processes into a leaf first where the kernel asks for it
-    (``adaqp.bench.emulate.cgroup_leaf``); the tree's ``release`` undoes that.
+    (``adaqp.emulate.cgroup_leaf``); the tree's ``release`` undoes that.
 
     Raises:
         CgroupError: ``base`` does not offer them (not delegated), or they could not be

@@ -1,5 +1,4 @@
-"""``python -m adaqp.cluster`` (also ``python -m adaqp.bench.emulate``): the emulated
-cluster's command line, ``main``.
+"""``python -m adaqp.cluster``: the emulated cluster's command line, ``main``.
 
 Reads the hosts, the links and the time bound, builds an ``EmulatedCluster`` and runs
 ``adaqp.train`` on it with every argument after ``--``; exits 0 on success, 1 when the
@@ -24,18 +23,18 @@ import textwrap
 import threading
 from pathlib import Path
 
-from adaqp.bench import HelpFormatter
-from adaqp.bench.emulate.cgroups import (
+from adaqp.deps import require
+from adaqp.emulate.cgroups import (
     Budget,
     CgroupError,
     default_cpus,
     enforce,
     host_budgets,
 )
-from adaqp.bench.emulate.cluster import EmulatedCluster
-from adaqp.bench.emulate.links import host_links
-from adaqp.bench.emulate.netns import ClusterError
-from adaqp.deps import require
+from adaqp.emulate.cluster import EmulatedCluster
+from adaqp.emulate.links import host_links
+from adaqp.emulate.netns import ClusterError
+from adaqp.helpformat import HelpFormatter
 from adaqp.run.placement import newest_version, versioned
 
 logger = logging.getLogger(__name__)
@@ -145,8 +144,7 @@ def _memory_refusal(args: argparse.Namespace, budgets: list[Budget], train_args:
     """The refusal of a job whose predicted memory exceeds a host's ``--memory-per-host``
     (``adaqp.memory.check``), or None; hosts without a limit are not checked."""
     from adaqp.memory.check import refusal
-    from adaqp.memory.limits import config_in
-    from adaqp.memory.limits import HostLimit
+    from adaqp.memory.limits import HostLimit, config_in
 
     k = args.procs_per_host
     hosts = [

@@ -5,7 +5,7 @@ named one, and raises ``ClusterError`` when it fails; ``netns_names`` lists the 
 namespaces. ``add_bridge`` makes the switch's bridge and ``join_to_switch`` wires one host
 to it by a veth pair that is born inside the namespaces, never in the machine's own.
 Recording which namespaces exist (for teardown) is the cluster's job
-(``adaqp.bench.emulate.cluster``); shaping the links is ``adaqp.bench.emulate.links``'s.
+(``adaqp.emulate.cluster``); shaping the links is ``adaqp.emulate.links``'s.
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from adaqp.bench.emulate import ClusterError, EmulatedCluster, LinkSpec, host_links
-from adaqp.bench.emulate import cluster as cluster_module
-from adaqp.bench.emulate.cgroups import (
+from adaqp.cores import usable_cores
+from adaqp.emulate import ClusterError, EmulatedCluster, LinkSpec, host_links
+from adaqp.emulate import cluster as cluster_module
+from adaqp.emulate.cgroups import (
     Budget,
     CgroupTree,
     CgroupV1,
@@ -19,9 +20,8 @@ from adaqp.bench.emulate.cgroups import (
     HostGroup,
     host_budgets,
 )
-from adaqp.cores import usable_cores
-from tests.bench.emulate.fake_cgroupfs import FakeCgroupV2
-from tests.bench.emulate.helpers import (
+from tests.emulate.fake_cgroupfs import FakeCgroupV2
+from tests.emulate.helpers import (
     ENDLESS,
     _cgroup_tree,
     _groups,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from adaqp.bench.emulate.cgroups import (
+from adaqp.emulate.cgroups import (
     CFS_PERIOD_US,
     Budget,
     CgroupError,
@@ -23,8 +23,8 @@ from adaqp.bench.emulate.cgroups import (
     host_budgets,
     parse_memory,
 )
-from tests.bench.emulate.fake_cgroupfs import PID_LIMIT, FakeCgroupV2
-from tests.bench.emulate.helpers import _cgroup_tree, _tag, needs_cgroups
+from tests.emulate.fake_cgroupfs import PID_LIMIT, FakeCgroupV2
+from tests.emulate.helpers import _cgroup_tree, _tag, needs_cgroups
 
 
 def test_budgets_one_value_for_all_or_one_per_host():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from adaqp.bench.emulate.netns import run_ip
+from adaqp.emulate.netns import run_ip
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
@@ -45,7 +45,7 @@ def _remove(tag: str) -> None:
             os.kill(int(pid), signal.SIGKILL)
         run_ip("ip", "netns", "del", ns, check=False)
     for path in _groups(tag):
-        from adaqp.bench.emulate.cgroups import HostGroup
+        from adaqp.emulate.cgroups import HostGroup
 
         HostGroup([Path(path)], 2, made=[Path(path)]).remove(timeout_s=5)
 
@@ -56,7 +56,7 @@ def _qdiscs(ns: str, dev: str) -> str:
 
 def _cgroup_tree():
     """This machine's control groups for host budgets, or None where it has none."""
-    from adaqp.bench.emulate.cgroups import CgroupError, find_cgroups
+    from adaqp.emulate.cgroups import CgroupError, find_cgroups
 
     try:
         return find_cgroups()
@@ -65,7 +65,7 @@ def _cgroup_tree():
 
 
 def _cgroup_reason() -> str:
-    from adaqp.bench.emulate.cgroups import CgroupError, find_cgroups
+    from adaqp.emulate.cgroups import CgroupError, find_cgroups
 
     try:
         find_cgroups()

@@ -11,9 +11,9 @@ import subprocess
 
 import pytest
 
-from adaqp.bench.emulate.cgroup_leaf import LEAF
-from adaqp.bench.emulate.cgroups import CFS_PERIOD_US, Budget, CgroupV2, find_cgroups
-from tests.bench.emulate.fake_cgroupfs import PID_LIMIT, FakeCgroupV2
+from adaqp.emulate.cgroup_leaf import LEAF
+from adaqp.emulate.cgroups import CFS_PERIOD_US, Budget, CgroupV2, find_cgroups
+from tests.emulate.fake_cgroupfs import PID_LIMIT, FakeCgroupV2
 
 SHELL = PID_LIMIT + 1  # the user's shell, beside the cluster in its session scope
 
@@ -93,7 +93,7 @@ def test_a_group_without_processes_or_the_root_moves_nothing(fake):
 
 
 def test_find_cgroups_from_inside_a_leaf_takes_its_parent(fake, tmp_path, monkeypatch):
-    monkeypatch.setattr("adaqp.bench.emulate.cgroups.os.geteuid", lambda: 0)
+    monkeypatch.setattr("adaqp.emulate.cgroups.os.geteuid", lambda: 0)
     scope = fake.group("session.scope", [os.getpid(), SHELL])
     mounts, own = tmp_path / "mounts", tmp_path / "cgroup"
     mounts.write_text(f"cgroup2 {fake.root} cgroup2 rw 0 0\n")

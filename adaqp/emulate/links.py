@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from adaqp.bench.emulate.netns import ClusterError, run_ip
+from adaqp.emulate.hostvalues import per_host
+from adaqp.emulate.netns import ClusterError, run_ip
 
 # tc's units (tc/tc_util.c), matched case-insensitively as tc does; "bps" is bytes/s.
 _PREFIXES = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -94,24 +95,6 @@ def host_links(
         for name, text in (("bandwidth", bandwidth), ("latency", latency), ("loss", loss))
     ]
     return [LinkSpec(b, d, s) for b, d, s in zip(*columns, strict=True)]
-
-
-def per_host(name: str, text: str, num_hosts: int) -> list[str]:
-    """Flag ``name``'s value ``text`` for each of ``num_hosts`` hosts: one item for all, or
-    a comma-separated list with exactly one per host (items stripped; "" where left empty).
-
-    Raises:
-        ValueError: a list whose length is neither 1 nor ``num_hosts``.
-    """
-    values = [item.strip() for item in text.split(",")]
-    if len(values) == 1:
-        return values * num_hosts
-    if len(values) != num_hosts:
-        raise ValueError(
-            f"{name} has {len(values)} values for {num_hosts} host{'s' * (num_hosts != 1)}: "
-            "give one value for all hosts or exactly one per host"
-        )
-    return values
 
 
 def shape(ns: str, dev: str, spec: LinkSpec) -> None:

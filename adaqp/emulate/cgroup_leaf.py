@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from adaqp.bench.emulate.netns import ClusterError
+from adaqp.emulate.netns import ClusterError
 
 logger = logging.getLogger(__name__)
 

@@ -34,18 +34,20 @@ job is recorded in the same step that starts it, and teardown holds SIGINT and S
 until it is done. Addresses live only inside the namespaces this package creates
 (``10.213.<n>.0/24``); every run is bounded in time.
 
-Modules: ``netns`` (the ``ip`` commands, bridge and veth pairs), ``links`` (``LinkSpec``,
-``host_links`` and tc shaping), ``cgroups`` (``Budget``, ``host_budgets`` and the hosts'
-control groups), ``cgroup_leaf`` (cgroup v2: this process's group emptied into a leaf so
-that its children may use controllers), ``signals`` (signals held during teardown), ``cluster``
-(``EmulatedCluster``: build, run, tear down) and ``cli`` (``main``, the command line).
+Modules: ``netns`` (the ``ip`` commands, bridge and veth pairs), ``hostvalues`` (a flag's
+value for each host), ``links`` (``LinkSpec``, ``host_links`` and tc shaping), ``cgroups``
+(``Budget``, ``host_budgets`` and the hosts' control groups), ``cgroup_leaf`` (cgroup v2:
+this process's group emptied into a leaf so that its children may use controllers),
+``signals`` (signals held during teardown), ``cluster`` (``EmulatedCluster``: build, run,
+tear down) and ``cli`` (``main``, the command line). A tool beside the trainer, which it
+runs; the benchmarks that need hosts (:mod:`adaqp.bench`) drive it.
 """
 
-from adaqp.bench.emulate.cgroups import Budget, CgroupError, host_budgets
-from adaqp.bench.emulate.cli import main
-from adaqp.bench.emulate.cluster import HOST_ENV, RDZV_PORT, SPEC_ENV, EmulatedCluster
-from adaqp.bench.emulate.links import LinkSpec, host_links
-from adaqp.bench.emulate.netns import ClusterError
+from adaqp.emulate.cgroups import Budget, CgroupError, host_budgets
+from adaqp.emulate.cli import main
+from adaqp.emulate.cluster import HOST_ENV, RDZV_PORT, SPEC_ENV, EmulatedCluster
+from adaqp.emulate.links import LinkSpec, host_links
+from adaqp.emulate.netns import ClusterError
 
 __all__ = [
     "HOST_ENV",

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from adaqp.bench.emulate import ClusterError, EmulatedCluster, LinkSpec, host_links
-from tests.bench.emulate.helpers import _namespaces, _qdiscs, _tag, needs_root
+from adaqp.emulate import ClusterError, EmulatedCluster, LinkSpec, host_links
+from tests.emulate.helpers import _namespaces, _qdiscs, _tag, needs_root
 
 
 def test_host_links_one_value_for_all_or_one_per_host():

@@ -2,12 +2,12 @@
 every one of them, and tears everything down again.
 
 ``up`` records each namespace before making it and joins every host to the switch
-(``adaqp.bench.emulate.netns``) over a shaped link (``adaqp.bench.emulate.links``);
+(``adaqp.emulate.netns``) over a shaped link (``adaqp.emulate.links``);
 ``down`` stops the host jobs, kills what is left inside the namespaces and deletes them.
 Used as a context manager, SIGINT and SIGTERM wait while teardown runs
-(``adaqp.bench.emulate.signals``). ``launch`` writes ``cluster.json`` (``describe``) and
+(``adaqp.emulate.signals``). ``launch`` writes ``cluster.json`` (``describe``) and
 runs ``torchrun -m adaqp.train`` on every host, bounded in time; each host's processes run
-in a control group of its own (``adaqp.bench.emulate.cgroups``) that holds its CPU and
+in a control group of its own (``adaqp.emulate.cgroups``) that holds its CPU and
 memory budget and measures what it used, made for the job and removed after it (and by
 ``down``).
 """
@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from adaqp.bench.emulate.cgroups import Budget, CgroupTree, HostGroup, Usage
-from adaqp.bench.emulate.links import LinkSpec, shape
-from adaqp.bench.emulate.netns import ClusterError, add_bridge, join_to_switch, netns_names, run_ip
-from adaqp.bench.emulate.signals import SignalGuard
 from adaqp.cores import usable_cores
+from adaqp.emulate.cgroups import Budget, CgroupTree, HostGroup, Usage
+from adaqp.emulate.links import LinkSpec, shape
+from adaqp.emulate.netns import ClusterError, add_bridge, join_to_switch, netns_names, run_ip
+from adaqp.emulate.signals import SignalGuard
 
 logger = logging.getLogger(__name__)
 
