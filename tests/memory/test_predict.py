@@ -39,7 +39,8 @@ def test_json_gives_every_worker_and_the_largest(cora_parts, capsys) -> None:
     # The partition's own counts: both parts together hold every Cora node once.
     assert sum(s["num_inner"] for s in out["shape_per_worker"]) == 2708
     assert all(terms["runtime"] == RUNTIME_BYTES for terms in out["terms_per_worker"])
-    assert all(sum(t.values()) == p for t, p in zip(out["terms_per_worker"], per_worker))
+    terms = out["terms_per_worker"]
+    assert all(sum(t.values()) == p for t, p in zip(terms, per_worker, strict=True))
 
 
 def test_without_a_partition_the_graph_sizes_are_used(tmp_path) -> None:
@@ -53,8 +54,8 @@ def test_without_a_partition_the_graph_sizes_are_used(tmp_path) -> None:
     # Activations scale with the inner rows: a quarter of the rows, about a quarter.
     ratio = four.workers[0].terms["activations"] / one.workers[0].terms["activations"]
     assert ratio == pytest.approx(51500 / 200000)
-    wider = predict(load_config("configs/scaling-synthetic-signal-gcn.toml",
-                                [f"partition.dir={tmp_path / 'none'}", "model.hidden=512"]), 1)  # fmt: skip
+    overrides = [f"partition.dir={tmp_path / 'none'}", "model.hidden=512"]
+    wider = predict(load_config("configs/scaling-synthetic-signal-gcn.toml", overrides), 1)
     assert wider.peak_memory_bytes > one.peak_memory_bytes
 
 
