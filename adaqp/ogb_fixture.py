@@ -11,7 +11,6 @@ import logging
 import sys
 
 from adaqp.config import ConfigError, load_config
-from adaqp.data.load import load_dataset
 from adaqp.data.ogb import FIXTURE_MARKER
 from adaqp.data.ogb_fixture import write_ogb_fixture
 
@@ -58,15 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
     command = " ".join(["python -m adaqp.ogb_fixture", *words])
     try:
-        data = load_config(args.config, args.set).data
-        graph = load_dataset(
-            data.dataset,
-            root=data.root,
-            split_seed=data.split_seed,
-            synthetic=data.synthetic if data.dataset == "synthetic" else None,
-            path=data.path or None,
-            feature_norm=data.feature_norm,
-        )
+        graph = load_config(args.config, args.set).data.load()
         write_ogb_fixture(
             graph, args.root, args.name, written_by=command, compresslevel=args.compresslevel
         )

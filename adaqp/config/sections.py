@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adaqp.data import FEATURE_NORMS, SyntheticSpec
+from adaqp.data import FEATURE_NORMS, GraphData, SyntheticSpec, load_dataset
 from adaqp.typed_toml import check
 
 MODELS = ("gcn", "sage", "gat")
@@ -50,6 +50,17 @@ class DataConfig:
             self.dataset != "npz" or bool(self.path),
             "data.path",
             'required when data.dataset = "npz"',
+        )
+
+    def load(self) -> GraphData:
+        """Loads (or generates) the graph this section names (``load_dataset``)."""
+        return load_dataset(
+            self.dataset,
+            root=self.root,
+            split_seed=self.split_seed,
+            synthetic=self.synthetic if self.dataset == "synthetic" else None,
+            path=self.path or None,
+            feature_norm=self.feature_norm,
         )
 
     def spec(self) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from adaqp.config import DataConfig, PartitionConfig
-from adaqp.data import GraphData, load_dataset
+from adaqp.data import GraphData
 from adaqp.partitioning import format as fmt
 from adaqp.partitioning.cut import assign_parts
 from adaqp.partitioning.parts import PartBuilder, part_stats, total_stats
@@ -216,14 +216,7 @@ def ensure_partition(
     fmt.check_target(out_dir)  # before the dataset is loaded: a bad path fails at once
     log = StageLog(reset_peaks=tool)  # a training process reports its own lifetime peak
     with log.stage("load"):
-        graph = load_dataset(
-            data.dataset,
-            root=data.root,
-            split_seed=data.split_seed,
-            synthetic=data.synthetic if data.dataset == "synthetic" else None,
-            path=data.path or None,
-            feature_norm=data.feature_norm,
-        )
+        graph = data.load()
     try:
         with log.stage("take over"):
             source = GraphSource.take(graph, out_dir.absolute().parent)
