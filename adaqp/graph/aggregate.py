@@ -26,7 +26,8 @@ from adaqp.quant.draws import edge_keys
 
 @dataclass(frozen=True)
 class SparseAdjacency:
-    """A constant [N, M] sparse matrix in CSR form together with its [M, N] transpose."""
+    """A constant [N, M] sparse matrix in CSR form together with its [M, N] transpose, int32
+    indices where they fit (:func:`index_dtype`)."""
 
     forward: torch.Tensor
     """CSR tensor [N, M]: row u holds the coefficients of u's in-edges."""
@@ -52,7 +53,7 @@ class SparseAdjacency:
         row_ids: np.ndarray | None = None,
         col_ids: np.ndarray | None = None,
     ) -> SparseAdjacency:
-        """Builds both orientations from CSR arrays (int64 indptr/indices, float32 values);
+        """Builds both orientations from CSR arrays (integer indptr/indices, float32 values);
         ``row_ids``, ``col_ids``: the nodes' global ids (None: their indices)."""
         num_rows, num_cols = shape
         values = np.asarray(values, dtype=np.float32)
@@ -70,11 +71,11 @@ class SparseAdjacency:
         order; ``transpose_order`` lists them in the transpose's order. Computed once."""
         cached = self.__dict__.get("_edges")
         if cached is None:
-            crow = self.forward.crow_indices()
+            crow = self.forward.crow_indices().long()
             rows = torch.repeat_interleave(
                 torch.arange(self.shape[0], device=crow.device), crow.diff()
             )
-            cols = self.forward.col_indices()
+            cols = self.forward.col_indices().long()
             # The transpose's entries sorted by (column, row), as ``from_csr`` orders them.
             order = torch.from_numpy(np.lexsort((rows.cpu().numpy(), cols.cpu().numpy())))
             cached = (rows, cols, order.to(crow.device))
@@ -136,15 +137,24 @@ class SparseAdjacency:
         )
 
 
+def index_dtype(num_entries: int, shape: tuple[int, int]) -> torch.dtype:
+    """int32 where every row pointer and column index fits (half the bytes of int64, and
+    torch's CSR products give the same bits with either), else int64."""
+    fits = max(num_entries, *shape) < 2**31
+    return torch.int32 if fits else torch.int64
+
+
 def csr_tensor(indptr, indices, values, shape, device=None) -> torch.Tensor:
-    """A CSR tensor from arrays or tensors (values keep their dtype), unchecked."""
+    """A CSR tensor from arrays or tensors (values keep their dtype), unchecked; its
+    indices are :func:`index_dtype`'s."""
+    dtype = index_dtype(len(indices), shape)
     # The arrays come from our own validated builders; torch's per-tensor invariant
     # check would cost a pass over every index.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
         return torch.sparse_csr_tensor(
-            torch.as_tensor(indptr, dtype=torch.int64),
-            torch.as_tensor(indices, dtype=torch.int64),
+            torch.as_tensor(indptr, dtype=dtype),
+            torch.as_tensor(indices, dtype=dtype),
             torch.as_tensor(values),
             size=shape,
             device=device,

@@ -19,6 +19,12 @@ from adaqp.partitioning.format import Part
 NORMS = ("gcn", "mean", "gat")
 
 
+def _id_dtype(num_local: int) -> type[np.integer]:
+    """The narrowest of int32 and int64 that holds ``num_local`` local ids: the local CSR is
+    the largest array a worker holds after the activations."""
+    return np.int32 if num_local < 2**31 else np.int64
+
+
 @dataclass
 class LocalGraph:
     """Tensors of one part, reordered central-first, on the compute device."""
@@ -35,7 +41,7 @@ class LocalGraph:
     indptr: np.ndarray
     """int64 [I+1]: CSR of in-edges over local ids (no self-loops)."""
     indices: np.ndarray
-    """int64 [E]: local source ids, inner or halo."""
+    """int32 [E] (int64 from 2**31 local nodes on): local source ids, inner or halo."""
     in_degree: np.ndarray
     """int64 [I + H]: global in-degree of every local node (no self-loop)."""
     features: torch.Tensor
@@ -81,7 +87,7 @@ class LocalGraph:
             global_ids=part.global_ids[new_to_old],
             halo_global_ids=part.halo_global_ids,
             indptr=indptr,
-            indices=new_cols[order],
+            indices=new_cols[order].astype(_id_dtype(num_inner + num_halo)),
             in_degree=np.concatenate([part.in_degree[new_to_old], part.halo_degree]),
             features=tensor(part.features),
             labels=tensor(part.labels),

@@ -75,6 +75,14 @@ class Dropout(nn.Dropout):
         scale = keep_scale(self.p, x.dtype)
         return _MaskedScale.apply(x, keys, self._threshold, scale, self.kernels)
 
+    def replay(self, x: torch.Tensor, keys: RowKeys, in_place: bool = False) -> torch.Tensor:
+        """What a training call with ``keys`` returned for ``x``, drawn again without
+        autograd, whatever the module's mode now: how backward recomputes a dropped-out
+        input instead of keeping it (``adaqp/model/recompute.py``). ``in_place``: written
+        into ``x`` (contiguous), one tensor fewer at a time."""
+        scale = keep_scale(self.p, x.dtype)
+        return masked_scale(x, keys, self._threshold, scale, self.kernels, in_place)
+
     def warm_up(self) -> None:
         """Loads the mask kernel now (before timed steps) if this module will use it on CPU."""
         if self.p > 0 and quant_kernels.use_compiled(self.kernels, "cpu"):

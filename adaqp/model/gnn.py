@@ -5,7 +5,11 @@ CPU), its kernel loaded when the model is built so that no timed epoch compiles 
 are keyed, not drawn from a generator: layer ``l``'s input dropout in epoch ``e`` hashes
 (``seed``, ``e``, ``l``, :class:`~adaqp.quant.draws.Draw`) into a base key and keys each row
 by its node's global id, GAT's attention dropout each edge by its global ids; so every rank
-drops what one process on the whole graph drops."""
+drops what one process on the whole graph drops.
+
+Backward keeps per layer only what it reads (``adaqp/model/recompute.py``): the norm's input
+and the aggregated rows its weights need; the ReLU's mask and each layer's dropped-out input
+are computed again from them, bit for bit."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from torch import nn
 from adaqp.config import ModelConfig
 from adaqp.model.dropout import Dropout
 from adaqp.model.layers import GATConv, GCNConv, SAGEConv
+from adaqp.model.recompute import Observer, SavedTensors, norm_relu, norm_relu_again
 from adaqp.quant.draws import Draw, RowKeys, draw_key
 
 CONVS = {"gcn": GCNConv, "sage": SAGEConv, "gat": GATConv}
@@ -30,6 +35,8 @@ class GNN(nn.Module):
     """``layers`` convolutions: in_dim -> hidden -> ... -> out_dim.
 
     Before every layer: dropout. After every hidden layer: LayerNorm (optional), ReLU.
+    ``observe_saved``: None, or ``observe(layer, tensor)``, called with every tensor a
+    forward pass keeps for backward (measurement and tests).
 
     Args:
         config: architecture.
@@ -85,6 +92,9 @@ class GNN(nn.Module):
                 if isinstance(module, Dropout):
                     module.warm_up()
         self.norm = conv.norm
+        self.aggregates_linearly = conv.aggregates_linearly
+        """Every layer aggregates with the product (``Propagation``'s ``linear``)."""
+        self.observe_saved: Observer | None = None
 
     def forward(
         self,
@@ -104,15 +114,54 @@ class GNN(nn.Module):
                 (a layer's output rows are the inner nodes, the first rows of ``x``); None:
                 the row index (one process on the whole graph, global ids 0..N-1).
         """
-        h = x_ID
-        for layer, conv in enumerate(self.convs):
-            ids = None if row_ids is None else row_ids[: h.shape[0]]
-            keys = None
-            if epoch is not None:
-                base = draw_key(self.seed, epoch, layer, Draw.DROPOUT)
-                keys = RowKeys.of(base, ids, h.shape[0])
-            key = None if epoch is None else draw_key(self.seed, epoch, layer, Draw.ATTENTION)
-            h = conv(self.dropout(h, keys), propagate, layer, key)
-            if layer < len(self.convs) - 1:
-                h = torch.relu(self.norms[layer](h))
+        saved = SavedTensors(self.observe_saved)
+        with saved.hooks():
+            h, before_norm = x_ID, None
+            for layer, conv in enumerate(self.convs):
+                saved.layer = layer
+                ids = None if row_ids is None else row_ids[: h.shape[0]]
+                keys = None
+                if epoch is not None:
+                    base = draw_key(self.seed, epoch, layer, Draw.DROPOUT)
+                    keys = RowKeys.of(base, ids, h.shape[0])
+                key = None if epoch is None else draw_key(self.seed, epoch, layer, Draw.ATTENTION)
+                dropped = self.dropout(h, keys)
+                last = layer == len(self.convs) - 1
+                if last or (before_norm is None and dropped is h):
+                    # Layer 0's input undropped is held anyway; the last layer's is read
+                    # first in backward, beside its gradient: kept, it costs no more at the
+                    # peak than computed again, and no time.
+                    del h
+                    out = conv(dropped, propagate, layer, key)
+                else:
+                    # The layer's input is saved as the way to compute it again.
+                    recipe = self._recipe(layer, before_norm, x_ID, keys, dropped is not h)
+                    del h  # the ReLU's output, once dropped out: nothing keeps it
+                    with saved.recomputed(dropped, recipe):
+                        out = conv(dropped, propagate, layer, key)
+                del dropped
+                if layer < len(self.convs) - 1:
+                    before_norm, h = out, norm_relu(out, self.norms[layer])
+                else:
+                    h = out
         return h
+
+    def _recipe(
+        self,
+        layer: int,
+        before_norm: torch.Tensor | None,
+        x_ID: torch.Tensor,
+        keys: RowKeys | None,
+        drops: bool,
+    ) -> Callable[[], torch.Tensor]:
+        """Layer ``layer``'s input computed again: the dropout (where ``drops``) of
+        ``relu(norm(before_norm))``, the previous layer's, or of ``x_ID`` at layer 0."""
+        source = x_ID.detach() if before_norm is None else before_norm.detach()
+        norm = None if before_norm is None else self.norms[layer - 1]
+
+        def recipe() -> torch.Tensor:
+            h = source if norm is None else norm_relu_again(source, norm)
+            # In place where h is this recipe's own (not the held input x_ID).
+            return self.dropout.replay(h, keys, in_place=norm is not None) if drops else h
+
+        return recipe

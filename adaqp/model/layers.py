@@ -22,9 +22,10 @@ backward sends the halo gradients to their owners and ``_ExchangeStart``'s waits
 them, and autograd, which runs the nodes recorded last first, computes the in-flight
 work's gradients in between. A layer's dense ``transform`` of a linear aggregation (GCN's
 weight, SAGE's neighbour weight) adds to that window: its backward returns only the
-input's gradient, and ``_ExchangeStart``'s backward computes the weight's (one ``[O, D]``
-product over all rows) before it waits, as pipeline schedules split a layer's backward
-into the input's and the weights' gradients. That needs a backward exchange to hide in,
+input's gradient, and ``_ExchangeLand``'s backward, once the halo gradients are sent,
+computes the weight's (one ``[O, D]`` product over all rows) and lets go of the rows it
+read before the inner rows' gradients are made, as pipeline schedules split a layer's
+backward into the input's and the weights' gradients. That needs a backward exchange to hide in,
 and one runs only where the input needs a gradient: layer 0's features do not, so there
 the weights' gradients come from the transform itself and no halo gradient is sent.
 Which rows an exchange resolves to (fresh, quantized, or buffered from an earlier epoch)
@@ -68,16 +69,22 @@ class _InFlight:
         self.policy = policy
         self.layer = layer
         self.pending: Pending | None = None
+        self.num_params = 0
+        """The transform's parameters whose gradients are deferred (weight, bias)."""
         self.deferred: tuple[torch.Tensor, torch.Tensor] | None = None
         """The transform's ``(input, output gradient)``, left by ``_DeferredLinear``."""
+        self.param_grads: tuple[torch.Tensor | None, ...] = ()
 
-    def deferred_grads(self, num_params: int) -> tuple[torch.Tensor | None, ...]:
-        """The transform's weight (and bias) gradients from ``deferred``."""
+    def settle_deferred(self) -> None:
+        """The transform's weight (and bias) gradients from ``deferred``, into
+        ``param_grads``; the ``[I, D]`` and ``[I, O]`` rows they came from are let go."""
         if self.deferred is None:  # no gradient reached the transform
-            return (None,) * num_params
+            self.param_grads = (None,) * self.num_params
+            return
         (x_ID, grad_IO), self.deferred = self.deferred, None
         grad_weight = grad_IO.t().mm(x_ID)
-        return (grad_weight,) if num_params == 1 else (grad_weight, grad_IO.sum(0))
+        bias = (grad_IO.sum(0),) if self.num_params == 2 else ()
+        self.param_grads = (grad_weight, *bias)
 
 
 class _ExchangeStart(torch.autograd.Function):
@@ -86,17 +93,17 @@ class _ExchangeStart(torch.autograd.Function):
     @staticmethod
     def forward(ctx, send_SD: torch.Tensor, flight: _InFlight, *params) -> torch.Tensor:
         """``params``: the transform's weight (and bias) whose gradients are deferred."""
-        ctx.flight, ctx.num_params = flight, len(params)
+        ctx.flight, flight.num_params = flight, len(params)
         key = ExchangeKey.forward(flight.layer)
         flight.pending = flight.policy.start(key, send_SD.detach())
         return send_SD.new_empty(0)
 
     @staticmethod
     def backward(ctx, _grad_ticket: torch.Tensor):
-        # The halo gradients were sent by _ExchangeLand.backward: the transform's weight
-        # gradients are computed while they travel, then the boundary's are collected.
+        # The halo gradients were sent by _ExchangeLand.backward, and the transform's
+        # weight gradients computed while they travel: the boundary's are collected.
         flight = ctx.flight
-        grads = flight.deferred_grads(ctx.num_params)
+        grads, flight.param_grads = flight.param_grads, ()
         grad_SD, flight.pending = flight.pending.wait(), None
         return grad_SD, None, *grads
 
@@ -117,6 +124,10 @@ class _ExchangeLand(torch.autograd.Function):
         flight = ctx.flight
         key = ExchangeKey.backward(flight.layer)
         flight.pending = flight.policy.start(key, grad_HD.contiguous())
+        # While they travel: the transform's weight gradients, first of the work autograd
+        # runs before _ExchangeStart.backward waits, so that its rows are let go before
+        # the inner rows' gradients are made.
+        flight.settle_deferred()
         return grad_HD.new_empty(0), None
 
 
@@ -152,6 +163,10 @@ class Propagation:
         policy: the exchange policy; None for a single worker (no halo).
         overlap: run the aggregation that needs no halo row while the exchange is in flight.
         cached_input: layer 0's input already holds the halo rows ``[I + H, D]``.
+        linear: every call's aggregation is a ``LinearAggregation`` (GCN's, SAGE's). With a
+            policy, the adjacency is then held only as its two column blocks, built here
+            (each entry once, not twice), and the cached layer-0 input is aggregated block
+            by block too; a call with another aggregation is an error.
     """
 
     def __init__(
@@ -161,6 +176,7 @@ class Propagation:
         policy: ExchangePolicy | None,
         overlap: bool = False,
         cached_input: bool = False,
+        linear: bool = False,
     ):
         if policy is None and graph.num_halo:
             raise ValueError("a graph with halo nodes needs an exchange policy")
@@ -175,19 +191,27 @@ class Propagation:
                 "(LocalGraph.from_part orders them so): is the adjacency this graph's?"
             )
         self.graph = graph
-        self.adjacency = adjacency
         self.policy = policy
         self.overlap = overlap and policy is not None
         self.cached_input = cached_input
+        self.linear = linear
+        self.adjacency: SparseAdjacency | None = adjacency
+        """The whole ``[I, I + H]`` matrix; None where only the column blocks are kept."""
+        if linear and policy is not None:
+            self._column_blocks = self._split_columns(adjacency)
+            self.adjacency = None
 
     @cached_property
     def _column_blocks(self) -> tuple[SparseAdjacency, SparseAdjacency]:
         """A linear aggregation's split: the ``[I, I]`` inner block and the marginal
-        rows' ``[M, H]`` halo block (built on first use)."""
+        rows' ``[M, H]`` halo block (built on first use, or when the ``Propagation`` is)."""
+        return self._split_columns(self.adjacency)
+
+    def _split_columns(self, adjacency: SparseAdjacency) -> tuple[SparseAdjacency, SparseAdjacency]:
         inner, central = self.graph.num_inner, self.graph.num_central
         return (
-            self.adjacency.block(slice(0, None), slice(0, inner)),
-            self.adjacency.block(slice(central, inner), slice(inner, None)),
+            adjacency.block(slice(0, None), slice(0, inner)),
+            adjacency.block(slice(central, inner), slice(inner, None)),
         )
 
     @cached_property
@@ -215,12 +239,25 @@ class Propagation:
         every = slice(0, self.graph.num_inner)
         local = self.policy is None or (layer == 0 and self.cached_input)
         linear = isinstance(aggregate, LinearAggregation)
+        if self.linear and not linear:
+            raise ValueError(
+                "this Propagation was built for linear aggregations only (linear=True) and "
+                "keeps no whole adjacency for another"
+            )
         # Deferred weight gradients make the exchange's ticket need a gradient, so its
         # backward exchange runs: worth it only where the input's gradient needs it anyway.
         defer = linear and not local and h_RD.requires_grad
         if transform is not None and not defer:
             # Nothing to defer its weight gradients to: part of the finish.
             return self(h_RD, layer, lambda agg, rows: finish(transform(agg), rows), aggregate)
+        if local and self.adjacency is None:
+            # The halo rows already present, the adjacency held as its column blocks.
+            inner_block, halo_block = self._column_blocks
+            num_inner = self.graph.num_inner
+            marginal = slice(self.graph.num_central, num_inner)
+            agg_ID = aggregate(inner_block, h_RD[:num_inner], every)
+            agg_ID = aggregate.add_(agg_ID, marginal.start, halo_block, h_RD[num_inner:], marginal)
+            return finish(agg_ID, every)
         if local:
             # No halo, or its rows already present.
             return finish(aggregate(self.adjacency, h_RD, every), every)
@@ -228,8 +265,8 @@ class Propagation:
         # peers may still need its rows.
         flight = _InFlight(self.policy, layer)
         params = () if transform is None else _params(transform)
-        send_SD = h_RD.index_select(0, self.graph.send_idx)
-        ticket = _ExchangeStart.apply(send_SD, flight, *params)
+        # Not kept here: the exchange holds the sent rows until they have left.
+        ticket = _ExchangeStart.apply(h_RD.index_select(0, self.graph.send_idx), flight, *params)
         in_flight = self.overlap and self.policy.waits(layer)
         central = slice(0, self.graph.num_central)
         marginal = slice(self.graph.num_central, self.graph.num_inner)
@@ -242,6 +279,7 @@ class Propagation:
                 halo_HD = _ExchangeLand.apply(ticket, flight)
                 agg_ID = aggregate(inner_block, h_RD, every)
             agg_ID = aggregate.add_(agg_ID, marginal.start, halo_block, halo_HD, marginal)
+            del halo_HD  # added: not kept while the transform runs
             if transform is not None:
                 bias = None if transform.bias is None else transform.bias.detach()
                 agg_ID = _DeferredLinear.apply(agg_ID, transform.weight.detach(), bias, flight)
@@ -271,6 +309,7 @@ class GCNConv(nn.Module):
     """
 
     norm = "gcn"
+    aggregates_linearly = True
 
     def __init__(self, in_dim: int, out_dim: int, transform_first: bool = False):
         super().__init__()
@@ -293,6 +332,7 @@ class SAGEConv(nn.Module):
     """
 
     norm = "mean"
+    aggregates_linearly = True
 
     def __init__(self, in_dim: int, out_dim: int, transform_first: bool = False):
         super().__init__()
@@ -302,11 +342,22 @@ class SAGEConv(nn.Module):
 
     def forward(self, h: torch.Tensor, propagate, layer: int, key=None) -> torch.Tensor:
         """``key``: the base key of the layer's own draws (GAT's); unused here."""
-        # h may carry halo rows after the inner ones (cached input): the root term is
-        # taken over the inner rows, row range by row range with the aggregation.
         if self.transform_first:
-            return propagate(self.neigh(h), layer, lambda agg, rows: self.root(h[rows]) + agg)
-        return propagate(h, layer, lambda z, rows: self.root(h[rows]) + z, transform=self.neigh)
+            # Both weights in one product: backward then reads h once, for one gradient
+            # [rows, in_dim] rather than two at a time (h has no halo rows here: a cached
+            # input is never transformed first).
+            out = self.neigh.out_features
+            both = nn.functional.linear(h, torch.cat([self.neigh.weight, self.root.weight]))
+            root = both[:, out:]
+            return propagate(
+                both[:, :out].contiguous(),
+                layer,
+                lambda agg, rows: (root[rows] + self.root.bias).add_(agg),
+            )
+        # h may carry halo rows after the inner ones (cached input): the root term is
+        # taken over the inner rows, row range by row range with the aggregation. The sum
+        # goes into the root term's rows (no third [rows, out_dim] tensor).
+        return propagate(h, layer, lambda z, rows: self.root(h[rows]).add_(z), transform=self.neigh)
 
 
 class GATConv(nn.Module):
@@ -322,6 +373,7 @@ class GATConv(nn.Module):
     """
 
     norm = "gat"
+    aggregates_linearly = False
 
     def __init__(
         self,

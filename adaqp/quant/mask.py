@@ -27,10 +27,17 @@ def keep_threshold(p: float) -> int:
 
 
 def masked_scale(
-    x_RC: Tensor, keys: RowKeys, threshold: int, scale: float, kernels: str | None = None
+    x_RC: Tensor,
+    keys: RowKeys,
+    threshold: int,
+    scale: float,
+    kernels: str | None = None,
+    in_place: bool = False,
 ) -> Tensor:
-    """A new tensor: ``x·scale`` where value ``(r, j)``'s keyed draw is at least
-    ``threshold``, ``x·0`` elsewhere.
+    """``x·scale`` where value ``(r, j)``'s keyed draw is at least ``threshold``, ``x·0``
+    elsewhere: a new tensor, or ``x_RC`` itself, overwritten, with ``in_place`` (a
+    contiguous ``x_RC``; each value is read before its own slot is written, so both paths
+    give the same bits either way).
 
     Args:
         x_RC: ``[R, C]`` (or ``[R, ...]``, its values per row taken as the columns).
@@ -38,14 +45,17 @@ def masked_scale(
         threshold: :func:`keep_threshold` of the dropout probability.
         scale: the kept values' factor, in ``x``'s dtype (``1 / (1 - p)``).
         kernels: ``auto``, ``torch`` or ``compiled`` (None: the process default).
+        in_place: write into ``x_RC``.
     """
     if x_RC.shape[0] != len(keys):
         raise ValueError(f"{len(keys)} row keys for {x_RC.shape[0]} rows")
+    if in_place and not x_RC.is_contiguous():
+        raise ValueError("masked_scale in place needs a contiguous tensor")
     rows = x_RC.reshape(x_RC.shape[0], -1)
     if x_RC.dtype == torch.float32 and quant_kernels.use_compiled(kernels, x_RC.device):
         compiled = quant_kernels.compiled_module()
         rows = rows.contiguous()
-        out = torch.empty_like(rows)
+        out = rows if in_place else torch.empty_like(rows)
         src, dst = quant_kernels.numpy_view(rows), quant_kernels.numpy_view(out)
         args = (src, dst, keys.base, keys.rows, threshold, np.float32(scale))
         count = quant_kernels.parallel_threads(rows.numel())
@@ -56,4 +66,5 @@ def masked_scale(
         return out.view(x_RC.shape)
     keep = keep_mask(keys, rows.shape[1], threshold, x_RC.device)
     factor = torch.where(keep, torch.tensor(scale, dtype=x_RC.dtype, device=x_RC.device), 0.0)
-    return (rows * factor.to(x_RC.dtype)).view(x_RC.shape)
+    factor = factor.to(x_RC.dtype)
+    return (rows.mul_(factor) if in_place else rows * factor).view(x_RC.shape)

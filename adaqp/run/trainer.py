@@ -130,6 +130,8 @@ class Trainer:
                 graph.features.index_select(0, graph.send_idx), INPUT_CACHE_KEY
             )
             self.inputs = torch.cat([graph.features, pending.wait()])
+            # The inner rows' features are the cache's first rows: one copy, not two.
+            graph.features = self.inputs[: graph.num_inner]
             self.input_ids = graph.local_global_ids
             sent = torch.tensor(float(pending.bytes_sent), dtype=torch.float64)
             self.input_cache_bytes = int(self._all_sum(sent))
@@ -143,6 +145,7 @@ class Trainer:
             self.policy,
             overlap=mode in OVERLAP_MODES and overlaps(config.comm.overlap, world),
             cached_input=self.cache_input,
+            linear=self.model.aggregates_linearly,
         )
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay

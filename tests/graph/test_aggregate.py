@@ -7,7 +7,15 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from adaqp.graph.aggregate import PRODUCT, LinearAggregation, SparseAdjacency, add_spmm_, spmm
+from adaqp.graph.aggregate import (
+    PRODUCT,
+    LinearAggregation,
+    SparseAdjacency,
+    add_spmm_,
+    csr_tensor,
+    index_dtype,
+    spmm,
+)
 
 
 def _random_csr(rows: int, cols: int, density: float, seed: int):
@@ -29,6 +37,26 @@ def test_forward_and_backward_match_dense(rows, cols):
     out.backward(grad)
     torch.testing.assert_close(out, dense @ x)
     torch.testing.assert_close(x.grad, dense.T @ grad)
+
+
+def test_indices_are_int32_where_they_fit_with_the_same_products_bit_for_bit():
+    """Half the index bytes of int64 (both orientations, blocks too), and the same bits:
+    CSR products do not depend on the index width."""
+    adj, dense = _random_csr(300, 200, 0.05, seed=3)
+    for matrix in (adj.forward, adj.transpose, adj.block(slice(10, 300), slice(0, 150)).forward):
+        assert matrix.crow_indices().dtype == matrix.col_indices().dtype == torch.int32
+    wide = torch.sparse_csr_tensor(
+        adj.forward.crow_indices().long(),
+        adj.forward.col_indices().long(),
+        adj.forward.values(),
+        size=adj.shape,
+        check_invariants=True,
+    )
+    x = torch.randn(200, 33)
+    assert torch.equal(torch.sparse.mm(adj.forward, x), torch.sparse.mm(wide, x))
+    assert index_dtype(2**31 - 1, (5, 5)) == torch.int32
+    assert index_dtype(2**31, (5, 5)) == index_dtype(3, (5, 2**31)) == torch.int64
+    assert csr_tensor([0, 1], [0], [1.0], (1, 1)).col_indices().dtype == torch.int32
 
 
 def test_transpose_is_the_transpose():

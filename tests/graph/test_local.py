@@ -117,6 +117,7 @@ def test_local_csr_is_the_inner_nodes_in_edges(parted):
         to_global = np.concatenate([g.global_ids, g.halo_global_ids])
         assert len(g.indptr) == g.num_inner + 1 and g.indptr[0] == 0
         assert g.indptr[-1] == len(g.indices)
+        assert g.indices.dtype == np.int32  # local ids: half the bytes of int64
         for i, u in enumerate(g.global_ids.tolist()):
             cols = g.indices[g.indptr[i] : g.indptr[i + 1]]
             assert (np.diff(cols) > 0).all(), "row not sorted or duplicated"

@@ -145,13 +145,13 @@ def test_split_work_equals_whole_aggregation(overlap, aggregate, weights):
 
 def _log_deferred_grads(monkeypatch, events: list[str]) -> None:
     """Logs "weight gradients" in ``events`` where a layer computes its deferred ones."""
-    deferred_grads = layers._InFlight.deferred_grads
+    settle_deferred = layers._InFlight.settle_deferred
 
-    def logged_deferred_grads(flight, num_params):
+    def logged_settle_deferred(flight):
         events.append("weight gradients")
-        return deferred_grads(flight, num_params)
+        return settle_deferred(flight)
 
-    monkeypatch.setattr(layers._InFlight, "deferred_grads", logged_deferred_grads)
+    monkeypatch.setattr(layers._InFlight, "settle_deferred", logged_settle_deferred)
 
 
 def test_inner_columns_are_aggregated_and_differentiated_while_the_exchange_travels(
@@ -160,7 +160,9 @@ def test_inner_columns_are_aggregated_and_differentiated_while_the_exchange_trav
     """The product aggregation's window: every row's sum over its inner in-neighbours
     runs in flight, the halo terms and the finish after landing; backward, the inner
     sum's gradient and the transform's weight gradients are computed between sending the
-    halo gradients and waiting, and the weight's gradient is ready after the wait."""
+    halo gradients and waiting, the weight's first (so that the rows it reads are let go
+    before the inner gradients are made), and the weight's gradient is ready after the
+    wait."""
     prop, events, policy, dense, halo, _ = _setup(overlap=True)
 
     def logged_spmm(block, x):
@@ -189,8 +191,8 @@ def test_inner_columns_are_aggregated_and_differentiated_while_the_exchange_trav
     out.sum().backward()
     assert events == [
         "start layer1/backward",
-        "grad inner",  # inside the window
         "weight gradients",  # inside the window
+        "grad inner",  # inside the window
         "wait layer1/backward",
         "weight ready",
     ]
@@ -332,3 +334,37 @@ def test_central_rows_that_read_halo_columns_are_refused(num_central, stray):
     match = f"{stray} adjacency entries of the {num_central} central rows read halo columns"
     with pytest.raises(ValueError, match=match):
         Propagation(graph, prop.adjacency, prop.policy, overlap=True)
+
+
+@pytest.mark.parametrize("weights", ["finish", "transform"])
+def test_linear_only_keeps_the_column_blocks_and_aggregates_a_cached_input_by_them(weights):
+    """Built for linear aggregations, with a policy, a Propagation holds the adjacency only
+    as its column blocks (each entry once); the cached layer-0 input ``[I + H, D]`` is
+    aggregated block by block, equal to the whole matrix's product, gradients included."""
+    whole, _, policy, dense, halo, _ = _setup(overlap=True)
+    split = Propagation(whole.graph, whole.adjacency, policy, True, cached_input=True, linear=True)
+    assert split.adjacency is None
+    blocks = split._column_blocks
+    entries = sum(int(b.forward.values().numel()) for b in blocks)
+    assert entries == int(whole.adjacency.forward.values().numel())
+    torch.manual_seed(4)
+    linear = torch.nn.Linear(DIM, 5)
+    h = torch.randn(NUM_INNER + NUM_HALO, DIM, requires_grad=True)
+    kwargs = {"transform": linear} if weights == "transform" else {}
+    finish = (lambda agg, rows: linear(agg)) if weights == "finish" else layers._whole
+    out = split(h, 0, finish, **kwargs)
+    upstream = torch.randn(NUM_INNER, 5)
+    out.backward(upstream)
+    h_ref = h.detach().clone().requires_grad_(True)
+    reference = copy.deepcopy(linear)
+    reference.zero_grad(set_to_none=True)
+    expected = reference(dense @ h_ref)
+    expected.backward(upstream)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(h.grad, h_ref.grad)
+    for param, param_ref in zip(linear.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(param.grad, param_ref.grad)
+    assert not policy.sent  # the input held its halo rows: nothing exchanged
+    # No whole matrix to run another aggregation on: refused, not silently wrong.
+    with pytest.raises(ValueError, match="linear aggregations only"):
+        split(h, 1, aggregate=_spmm_by_another_name)
