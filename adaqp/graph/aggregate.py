@@ -162,15 +162,24 @@ def csr_tensor(indptr, indices, values, shape, device=None) -> torch.Tensor:
         )
 
 
+def _product(matrix: torch.Tensor, x_MD: torch.Tensor) -> torch.Tensor:
+    """``matrix @ x_MD`` (CSR times dense) in a new ``[N, D]`` tensor. ``torch.sparse.mm``
+    on the CPU fills a zeroed result and a second one it copies in, twice the output's
+    memory for a moment, and takes twice as long; ``addmm`` with ``beta = 0`` into an
+    uninitialised result writes the same bits once."""
+    out = x_MD.new_empty((matrix.shape[0], x_MD.shape[1]))
+    return torch.addmm(out, matrix, x_MD, beta=0, out=out)
+
+
 class _SpMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, adjacency: SparseAdjacency, x_MD: torch.Tensor) -> torch.Tensor:
         ctx.adjacency = adjacency
-        return torch.sparse.mm(adjacency.forward, x_MD)
+        return _product(adjacency.forward, x_MD)
 
     @staticmethod
     def backward(ctx, grad_ND: torch.Tensor):
-        grad_MD = torch.sparse.mm(ctx.adjacency.transpose, grad_ND.contiguous())
+        grad_MD = _product(ctx.adjacency.transpose, grad_ND.contiguous())
         return None, grad_MD
 
 
@@ -187,14 +196,19 @@ class _AddSpMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, out_ND, row_start: int, block: SparseAdjacency, x_MD):
         ctx.row_start, ctx.block = row_start, block
-        out_ND[row_start:].add_(torch.sparse.mm(block.forward, x_MD))
+        rows = out_ND[row_start:]
+        if rows.is_contiguous():
+            # Added where the rows are: the same bits as adding a separate product.
+            torch.addmm(rows, block.forward, x_MD, out=rows)
+        else:
+            rows.add_(_product(block.forward, x_MD))
         ctx.mark_dirty(out_ND)
         return out_ND
 
     @staticmethod
     def backward(ctx, grad_ND: torch.Tensor):
         grad_rows = grad_ND[ctx.row_start :].contiguous()
-        return grad_ND, None, None, torch.sparse.mm(ctx.block.transpose, grad_rows)
+        return grad_ND, None, None, _product(ctx.block.transpose, grad_rows)
 
 
 def add_spmm_(out_ND: torch.Tensor, row_start: int, block: SparseAdjacency, x_MD: torch.Tensor):

@@ -7,9 +7,9 @@ are keyed, not drawn from a generator: layer ``l``'s input dropout in epoch ``e`
 by its node's global id, GAT's attention dropout each edge by its global ids; so every rank
 drops what one process on the whole graph drops.
 
-Backward keeps per layer only what it reads (``adaqp/model/recompute.py``): the norm's input
-and the aggregated rows its weights need; the ReLU's mask and each layer's dropped-out input
-are computed again from them, bit for bit."""
+Backward keeps per layer only what it reads (``adaqp/model/recompute.py``): the norm's input,
+the ReLU's mask as bits and the aggregated rows its weights need; a hidden layer's
+dropped-out input is computed again from the norm's input, bit for bit."""
 
 from __future__ import annotations
 

@@ -14,20 +14,21 @@ tensors of which backward needs one. Two things cut that to what backward reads:
   would keep nothing more, but a LayerNorm per layer and step costs more time than the
   bits save memory.
 - :class:`SavedTensors`: saved-tensor hooks that save a registered tensor as the way to
-  compute it again (:meth:`SavedTensors.recomputed`). A layer's input, the dropout of the
-  previous layer's ``relu(norm(x))``, is registered with that recipe: ``x`` is held anyway
-  by :func:`norm_relu`, the dropout mask is keyed (``adaqp/model/dropout.py``), so the
-  recipe gives the same bits, and the linear maps that read the input in backward (for their
-  weights' gradients) hold a small token instead of ``[I, D]`` floats. Layer 0's input is
-  registered as the dropout of the features, which are held anyway.
+  compute it again (:meth:`SavedTensors.recomputed`). A hidden layer's input, the dropout
+  of the previous layer's ``relu(norm(x))``, is registered with that recipe: ``x`` is held
+  anyway by :func:`norm_relu`, the dropout mask is keyed (``adaqp/model/dropout.py``), so
+  the recipe gives the same bits, and the linear maps that read the input in backward (for
+  their weights' gradients) hold a small token instead of ``[I, D]`` floats. Layer 0's
+  input is registered as the dropout of the features, which are held anyway. The last
+  layer's input is kept: backward reads it first, beside its own gradient, so computed
+  again it would cost the same memory at that moment and a LayerNorm more.
 
 What stays per hidden layer is one ``[I, D]`` input of the norm, the ReLU's bits and
 whatever the aggregation's dense transform saves (the aggregated rows, ``[I, D_in]``:
 computing them again would cost a sparse product). The recipes run in backward: a
 LayerNorm, a ReLU and a dropout mask per recomputed input, elementwise work beside the
-sparse products. No recipe
-holds a tensor that would not be held anyway, and a token dies with the backward node that
-saved it, so nothing lives longer than under plain autograd.
+sparse products. No recipe holds a tensor that would not be held anyway, and a token dies
+with the backward node that saved it, so nothing lives longer than under plain autograd.
 
 Shapes: R rows, D features.
 """

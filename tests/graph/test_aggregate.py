@@ -59,6 +59,23 @@ def test_indices_are_int32_where_they_fit_with_the_same_products_bit_for_bit():
     assert csr_tensor([0, 1], [0], [1.0], (1, 1)).col_indices().dtype == torch.int32
 
 
+def test_products_are_torchs_bit_for_bit_without_its_second_result():
+    """The product is written once (``addmm`` with ``beta = 0``), not zero-filled and copied
+    as ``torch.sparse.mm`` does: the same bits, and so is adding a block's product in place."""
+    adj, _ = _random_csr(400, 300, 0.05, seed=4)
+    x = torch.randn(300, 17, requires_grad=True)
+    out = spmm(adj, x)
+    assert torch.equal(out, torch.sparse.mm(adj.forward, x.detach()))
+    grad = torch.randn(400, 17)
+    out.backward(grad)
+    assert torch.equal(x.grad, torch.sparse.mm(adj.transpose, grad))
+    base = torch.randn(450, 17)
+    block = adj.row_slice(0, 400)
+    expected = base.clone()
+    expected[50:] += torch.sparse.mm(block.forward, x.detach())
+    assert torch.equal(add_spmm_(base, 50, block, x.detach()), expected)
+
+
 def test_transpose_is_the_transpose():
     adj, dense = _random_csr(25, 35, 0.2, seed=1)
     torch.testing.assert_close(adj.transpose.to_dense(), dense.T)
