@@ -42,15 +42,14 @@ def refusal(
     except (ConfigError, PartitionError, ValueError, OSError) as exc:
         logger.info("no memory estimate before launch: %s", exc)
         return None
-    over = [
-        (prediction.host_bytes(ranks) - limit.bytes, index, ranks, limit)
+    needs = [
+        (prediction.host_bytes(ranks), index, ranks, limit)
         for index, (ranks, limit) in enumerate(hosts)
-        if prediction.host_bytes(ranks) > limit.bytes
     ]
+    over = [n for n in needs if n[0] > n[3].bytes]
     if not over:
         return None
-    _, index, ranks, limit = max(over, key=lambda o: o[0])  # the host furthest over
+    need, index, ranks, limit = max(over, key=lambda n: n[0] - n[3].bytes)  # furthest over
     largest = max(prediction.workers[r].peak_memory_bytes for r in ranks)
     host = f"host {index}" if len(hosts) > 1 else "this host"
-    need = prediction.host_bytes(ranks)
     return over_limit(host, need, largest, len(ranks), limit, config_path, world_size)
