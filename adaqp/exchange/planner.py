@@ -71,12 +71,7 @@ from adaqp.bits import FULL_PRECISION_BITS, SUPPORTED_BITS
 from adaqp.config import QuantConfig
 from adaqp.exchange.first_plans import FirstPlans
 from adaqp.exchange.plan_book import PlanBook, forward_coefficients
-from adaqp.exchange.resolving import (  # noqa: F401  (importable from here, as before)
-    MIN_SOLVE_S,
-    MeasuredExchanges,
-    budget_share,
-    solves_before,
-)
+from adaqp.exchange.resolving import MeasuredExchanges, budget_share, solves_before
 from adaqp.exchange.transport import BitPlan, Direction, ExchangeKey, HaloTransport
 from adaqp.graph.aggregate import SparseAdjacency
 from adaqp.graph.local import LocalGraph

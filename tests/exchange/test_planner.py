@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from adaqp.assign import CHECK_SIZES, PROFILE_SIZES, HostModel, LinkModel, cost_model_kind
-from adaqp.config import ConfigError, QuantConfig, load_config
+from adaqp.config import load_config
 from adaqp.data import load_dataset
 from adaqp.exchange import planner as planner_module
 from adaqp.exchange.first_plans import FirstPlans
@@ -270,22 +270,6 @@ def test_the_first_cycle_traces_at_the_uniform_width():
     assert first([*adaptive, "quant.initial_bits=8"]) == 8
 
 
-def test_the_window_is_what_the_wait_leaves_of_the_plan_that_ran():
-    measured = planner_module.MeasuredExchanges()
-    for wait in (0.004, 0.003, 0.005):  # the median, 4 ms, of a 10 ms exchange
-        measured.record({"layer1/forward": 0.010}, {"layer1/forward": wait, "layer2/forward": 0.0})
-    assert measured.window_s("layer1/forward", 0.010, None) == pytest.approx(0.006)
-    # Through the calibration: measured seconds are twice the model's.
-    calibration = {"scale": 2.0, "fixed_s": 0.0, "fixed_s_by_tag": {}}
-    assert measured.window_s("layer1/forward", 0.010, calibration) == pytest.approx(0.008)
-    # Hidden whole: the plan's time is a lower bound. Nothing known: no window.
-    assert measured.window_s("layer2/forward", 0.010, None) == 0.010
-    assert measured.window_s("layer1/forward", None, None) == 0.0
-    assert measured.window_s("layer3/forward", 0.010, None) == 0.0
-    measured.restart()
-    assert measured.window_s("layer1/forward", 0.010, None) == 0.0
-
-
 @pytest.mark.distributed
 @pytest.mark.parametrize("scheme", ["adaptive", "random", "adaptive/host"])
 def test_every_rank_applies_the_same_assignment(scheme, cora, tmp_path):
@@ -373,35 +357,6 @@ def test_forward_weights_use_receiver_squared_coefficients(cora, tmp_path):
                 expected = np.sum(1.0 / ((deg[u] + 1) * (deg[v] + 1)))
                 assert r["forward_coef"][i] == pytest.approx(expected, rel=1e-5)
         assert rank != 0 or len(r["sent_ids"]) > 0
-
-
-def test_a_re_solve_shares_its_budget_among_its_exchanges(monkeypatch):
-    now = [100.0]
-    monkeypatch.setattr(planner_module.time, "perf_counter", lambda: now[0])
-    deadline, limits = now[0] + 1.0, []
-    for left in (4, 3, 2, 1):  # each solve runs to its limit
-        limits.append(planner_module.budget_share(deadline, left, cap_s=1.0))
-        now[0] += limits[-1]
-    assert limits == pytest.approx([0.25] * 4) and now[0] == pytest.approx(deadline)
-    # Past the deadline every exchange still gets the least time (the greedy's); a share
-    # never exceeds the per-exchange cap.
-    assert planner_module.budget_share(deadline, 3, cap_s=1.0) == planner_module.MIN_SOLVE_S
-    assert planner_module.budget_share(now[0] + 10.0, 2, cap_s=1.0) == 1.0
-
-
-def test_the_first_solve_comes_after_the_first_cycle():
-    def solved(first_cycle: int, assign_cycle: int, epochs: int = 70) -> dict[int, int]:
-        config = QuantConfig(first_cycle=first_cycle, assign_cycle=assign_cycle)
-        after = {e: planner_module.solves_before(e, config) for e in range(1, epochs + 1)}
-        return {e: n for e, n in after.items() if n is not None}
-
-    # The defaults: traced for 5 epochs at the first width, then every 20.
-    assert solved(5, 20) == {5: 0, 25: 1, 45: 2, 65: 3}
-    # A first cycle as long as the others (or longer): every assign_cycle from the start.
-    assert solved(20, 20) == solved(30, 20) == {20: 0, 40: 1, 60: 2}
-    assert solved(5, 2, epochs=7) == {2: 0, 4: 1, 6: 2}
-    with pytest.raises(ConfigError, match="quant.first_cycle"):
-        QuantConfig(first_cycle=0)
 
 
 def _two_host_worker(rank, world_size, init_method, part_dir):

@@ -12,7 +12,9 @@ from adaqp.graph.attention import attend, attention_weights
 from adaqp.model.gnn import GNN
 from adaqp.model.layers import GATConv
 from tests.model.gat_reference import dense_gat, edge_mask
-from tests.model.test_gnn import C, F, N, _graph, _one_thread, _propagation  # noqa: F401
+from tests.model.tiny_graph import C, F, N, propagation, tiny_graph
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _gat(layers: int = 2, **kwargs) -> GNN:
@@ -22,7 +24,7 @@ def _gat(layers: int = 2, **kwargs) -> GNN:
 
 
 def _mask() -> torch.Tensor:
-    graph = _graph()
+    graph = tiny_graph()
     return edge_mask(graph.indptr, graph.indices, N)
 
 
@@ -49,9 +51,9 @@ def test_forward_equals_dense_reference(heads, output_heads, layernorm):
         for p in model.parameters():
             if p.dim() == 1:
                 p.uniform_(-0.5, 0.5)
-    prop, graph = _propagation(model)
+    prop, graph = propagation(model)
     out = model(graph.features, prop)[np.argsort(graph.global_ids)]
-    x = torch.from_numpy(_graph().features).double()
+    x = torch.from_numpy(tiny_graph().features).double()
     expected = dense_gat(model, x, _mask())
     assert out.shape == (N, C)
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
@@ -59,14 +61,14 @@ def test_forward_equals_dense_reference(heads, output_heads, layernorm):
 
 def test_gradients_equal_dense_reference():
     model = _gat(heads=3, output_heads=2).eval()
-    prop, graph = _propagation(model)
+    prop, graph = propagation(model)
     order = np.argsort(graph.global_ids)
     target = torch.randn(N, C, generator=torch.Generator().manual_seed(2))
     x = graph.features.clone().requires_grad_(True)
     (model(x, prop)[order] * target).sum().backward()
 
     ref = _gat(heads=3, output_heads=2).double().eval()
-    x_ref = torch.from_numpy(_graph().features).double().requires_grad_(True)
+    x_ref = torch.from_numpy(tiny_graph().features).double().requires_grad_(True)
     (dense_gat(ref, x_ref, _mask()) * target.double()).sum().backward()
     for (key, p), (_, p_ref) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
         torch.testing.assert_close(p.grad.double(), p_ref.grad, rtol=1e-5, atol=1e-5, msg=key)
@@ -74,7 +76,7 @@ def test_gradients_equal_dense_reference():
 
 
 def test_attention_passes_gradcheck():
-    _, graph = _propagation(_gat())
+    _, graph = propagation(_gat())
     adjacency = graph.adjacency("gat")
     generator = torch.Generator().manual_seed(3)
     x = torch.randn(N, 2, 3, dtype=torch.float64, generator=generator, requires_grad=True)
@@ -89,7 +91,7 @@ def test_attention_passes_gradcheck():
 
 def test_weights_sum_to_one_per_destination_and_head():
     model = _gat(heads=2).eval()
-    _, graph = _propagation(model)
+    _, graph = propagation(model)
     adjacency = graph.adjacency("gat")
     x = torch.randn(N, 2, 3)
     alpha = attention_weights(adjacency, x, torch.randn(2, 3), torch.randn(2, 3), slice(0, N))
@@ -106,7 +108,7 @@ def test_weights_sum_to_one_per_destination_and_head():
 def test_training_drops_attention_and_evaluation_does_not():
     model = _gat(heads=2, attn_dropout=0.5)
     model.dropout.p = 0.0  # only the attention dropout left
-    prop, graph = _propagation(model)
+    prop, graph = propagation(model)
     model.eval()
     a, b = model(graph.features, prop), model(graph.features, prop)
     torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -9,58 +9,16 @@ import torch
 from torch import nn
 
 from adaqp.config import ModelConfig
-from adaqp.data import GraphData, csr_from_edges
-from adaqp.graph.local import LocalGraph
 from adaqp.model.gnn import GNN
-from adaqp.model.layers import GCNConv, Propagation, SAGEConv
-from adaqp.partitioning import format as fmt
-from adaqp.partitioning.build import build_parts
+from adaqp.model.layers import GCNConv, SAGEConv
+from tests.model.tiny_graph import C, F, N, edges, propagation, tiny_graph
 
-N, F, C = 12, 6, 3
-
-
-def _edges() -> tuple[np.ndarray, np.ndarray]:
-    """A random directed edge list without self-loops or duplicates; node 11 isolated."""
-    rng = np.random.default_rng(5)
-    pairs = {(int(a), int(b)) for a, b in rng.integers(0, N - 1, size=(30, 2)) if a != b}
-    src, dst = np.array(sorted(pairs)).T
-    return src, dst
-
-
-def _graph() -> GraphData:
-    src, dst = _edges()
-    indptr, indices = csr_from_edges(src, dst, N, symmetrize=False)
-    rng = np.random.default_rng(1)
-    train = np.zeros(N, dtype=bool)
-    train[:6] = True
-    graph = GraphData(
-        name="tiny",
-        indptr=indptr,
-        indices=indices,
-        features=rng.standard_normal((N, F)).astype(np.float32),
-        labels=np.arange(N, dtype=np.int64) % C,
-        train_mask=train,
-        val_mask=np.zeros(N, dtype=bool),
-        test_mask=~train,
-        num_classes=C,
-    )
-    graph.validate()
-    return graph
-
-
-def _local() -> LocalGraph:
-    arrays, _ = build_parts(_graph(), np.zeros(N, dtype=np.int64))
-    return LocalGraph.from_part(fmt.Part(0, 1, arrays[0]))
-
-
-def _propagation(model: GNN) -> tuple[Propagation, LocalGraph]:
-    graph = _local()
-    return Propagation(graph, graph.adjacency(model.norm), policy=None), graph
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _dense_matrices() -> tuple[torch.Tensor, torch.Tensor]:
     """(GCN's D^-1/2 (A + I) D^-1/2, the mean aggregator), float64, from the edge list."""
-    src, dst = _edges()
+    src, dst = edges()
     a = torch.zeros(N, N, dtype=torch.float64)
     a[dst, src] = 1.0  # edge v -> u: row u, column v
     deg = a.sum(1)
@@ -103,14 +61,6 @@ def _model(name: str, layers: int = 2, hidden: int = 8, **kwargs) -> GNN:
     return GNN(config, F, C)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("name, conv_type", [("gcn", GCNConv), ("sage", SAGEConv)])
 @pytest.mark.parametrize("layers", [1, 2, 3])
 def test_layers_and_widths_follow_the_config(name, conv_type, layers):
@@ -151,7 +101,7 @@ def test_transform_first_only_where_gcn_rows_narrow():
 @pytest.mark.parametrize("name", ["gcn", "sage"])
 def test_eval_forward_is_deterministic_and_training_drops_out(name):
     model = _model(name)
-    prop, graph = _propagation(model)
+    prop, graph = propagation(model)
     x = graph.features
     model.eval()
     a, b = model(x, prop), model(x, prop)
@@ -177,19 +127,19 @@ def test_forward_equals_dense_reference(name, layernorm, transform_first):
         with torch.no_grad():
             model.norms[0].weight.uniform_(0.5, 1.5)
             model.norms[0].bias.uniform_(-0.5, 0.5)
-    prop, graph = _propagation(model)
+    prop, graph = propagation(model)
     # The local order may differ from the global: compare in global order.
     order = np.argsort(graph.global_ids)
     out = model(graph.features, prop)[order]
-    expected = _reference(model, torch.from_numpy(_graph().features))
+    expected = _reference(model, torch.from_numpy(tiny_graph().features))
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_two_layer_gcn_is_the_textbook_formula():
     model = _model("gcn", hidden=5).eval()
-    prop, graph = _propagation(model)
+    prop, graph = propagation(model)
     gcn, _ = _dense_matrices()
-    x = torch.from_numpy(_graph().features).double()
+    x = torch.from_numpy(tiny_graph().features).double()
     w1, b1 = _p(model.convs[0].linear)
     w2, b2 = _p(model.convs[1].linear)
     expected = gcn @ torch.relu(gcn @ x @ w1.T + b1) @ w2.T + b2
@@ -200,7 +150,7 @@ def test_two_layer_gcn_is_the_textbook_formula():
 @pytest.mark.parametrize("name", ["gcn", "sage"])
 def test_gradients_equal_dense_reference(name):
     model = _model(name, hidden=5).eval()
-    prop, graph = _propagation(model)
+    prop, graph = propagation(model)
     order = np.argsort(graph.global_ids)
     target = torch.randn(N, C, generator=torch.Generator().manual_seed(2))
     x = graph.features.clone().requires_grad_(True)
@@ -208,7 +158,7 @@ def test_gradients_equal_dense_reference(name):
     loss.backward()
 
     ref = _model(name, hidden=5).double().eval()
-    x_ref = torch.from_numpy(_graph().features).double().requires_grad_(True)
+    x_ref = torch.from_numpy(tiny_graph().features).double().requires_grad_(True)
     _reference_with_grad(ref, x_ref, target.double()).backward()
     for (key, p), (_, p_ref) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
         torch.testing.assert_close(p.grad.double(), p_ref.grad, rtol=1e-5, atol=1e-5, msg=key)
