@@ -155,7 +155,10 @@ class TrainConfig:
     epochs: int = 200
     """Number of training epochs (one full-graph step each)."""
     lr: float = 0.01
-    """Adam learning rate."""
+    """Adam learning rate (after the warm-up, if any)."""
+    lr_warmup_epochs: int = 0
+    """Epochs over which the learning rate rises linearly to ``lr`` (epoch e of them runs at
+    lr x e / lr_warmup_epochs; 0: ``lr`` from the first epoch), adaqp/run/schedule.py."""
     weight_decay: float = 5e-4
     """Adam weight decay (L2)."""
     seed: int = 0
@@ -170,6 +173,11 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check(self.epochs >= 1, "train.epochs", f"must be at least 1, got {self.epochs}")
         check(self.lr > 0, "train.lr", f"must be positive, got {self.lr}")
+        check(
+            self.lr_warmup_epochs >= 0,
+            "train.lr_warmup_epochs",
+            f"must be non-negative, got {self.lr_warmup_epochs}",
+        )
         check(self.weight_decay >= 0, "train.weight_decay", "must be non-negative")
         check(self.eval_every >= 0, "train.eval_every", "must be non-negative")
         check(self.warmup_epochs >= 0, "train.warmup_epochs", "must be non-negative")

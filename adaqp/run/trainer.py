@@ -42,6 +42,7 @@ from adaqp.quant.kernels import compile_pending, use_compiled, warm_up
 from adaqp.run.checkpoint import Checkpointer
 from adaqp.run.gradsync import GradientBuckets, GradientSyncError, gnn_layer_groups
 from adaqp.run.metrics import EpochRecord, RunWriter
+from adaqp.run.schedule import set_learning_rate
 from adaqp.run.summary import Outcome, RunFacts, Summary, last_solve, summarize
 from adaqp.runtime import World, overlaps, unresponsive_peers
 
@@ -212,6 +213,7 @@ class Trainer:
         times = self.buckets.finish()
         if counters is not None:
             counters.record_allreduce(times.blocked_s)
+        set_learning_rate(self.optimizer, self.config.train, epoch)
         self.optimizer.step()
         return float(self._all_sum(loss_sum.detach()).item()) / self.num_train
 
