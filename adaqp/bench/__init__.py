@@ -2,7 +2,9 @@
 :mod:`adaqp.emulate` (``python -m adaqp.cluster``).
 
 Benchmarks write under ``results/local/bench/`` (ignored by git) unless ``--out-dir`` (or
-``--out``) says otherwise; ``--out-dir results/bench`` updates the committed readings.
+``--out``) says otherwise. A committed reading lives in
+``results/bench/<benchmark>/<workload>/`` (indexed in ``results/bench/README.md``); an
+``--out-dir`` naming that folder updates it.
 Figures need matplotlib (``pip install -e .[bench]`` or ``bash launch/setup.sh --bench``);
 without it the JSON and tables are still written, with one warning (``pyplot``). This
 module and the command line import no torch, so ``--help`` answers at once; a benchmark
@@ -28,7 +30,8 @@ DEFAULT_OUT_DIR = Path("results/local/bench")
 """Where benchmarks write by default: outside the committed ``results/bench/``."""
 
 COMMITTED_OUT_DIR = Path("results/bench")
-"""The committed readings the docs quote (``--out-dir results/bench`` to update them)."""
+"""The committed readings the docs quote, one folder per reading under
+``<benchmark>/<workload>/`` (``--out-dir`` that folder to update one)."""
 
 CLUSTER_CONFIG = "configs/cluster-synthetic-gcn.toml"
 """The earlier cluster workload (``--workload synthetic``): a synthetic graph sized for a
@@ -40,7 +43,7 @@ SIGNAL_CONFIG = "configs/cluster-synthetic-signal-gcn.toml"
 """The default cluster workload (``--workload synthetic-signal``): the same size with 32
 communities that each hold every class and enough edges between them that METIS cuts
 about a quarter of the edges, each as informative as an internal one; training without
-the halo rows (``nocomm``) loses accuracy (results/bench/workload-search/)."""
+the halo rows (``nocomm``) loses accuracy (results/bench/modes/workload-search/)."""
 
 MODEL_SETTINGS: dict[str, tuple[str, ...]] = {
     "gcn": ("model.name=gcn",),

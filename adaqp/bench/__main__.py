@@ -44,7 +44,8 @@ READS_ONLY = {"costmodel"}
 DESCRIPTION = textwrap.fill(
     "Run one benchmark. Each writes its readings (JSON and Markdown, and with matplotlib "
     "its figures) under --out-dir, by default results/local/bench/, which git ignores; "
-    "--out-dir results/bench updates the committed readings that the docs quote "
+    "--out-dir results/bench/<benchmark>/<workload> updates a committed reading that the docs "
+    "quote (results/bench/README.md lists them) "
     "(aggregate and quant also take --out FILE). "
     "Figures need matplotlib: pip install -e .[bench] or bash launch/setup.sh --bench "
     "(without it the readings are still written)."

@@ -1,9 +1,9 @@
 """Aggregation throughput: our CSR SpMM (precomputed transpose) vs autograd through
 ``torch.sparse.mm``, forward + backward, on a synthetic graph. Writes
 ``<--out-dir>/aggregate.json`` (by default ``results/local/bench/``; ``--out-dir
-results/bench`` updates the committed reading), or ``--out``; the figure that matters is
-the ratio within one run, whose arms take turns repeat by repeat after a warm-up round of
-both.
+results/bench/aggregate/synthetic-1m`` updates the committed reading), or ``--out``; the
+figure that matters is the ratio within one run, whose arms take turns repeat by repeat
+after a warm-up round of both.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Every mode side by side on the emulated cluster (root): where communication really costs.
 
 ``python -m adaqp.bench cluster --name NAME [--hosts 4 --bandwidth 1gbit ...]`` builds one
-emulated cluster (``adaqp.cluster``), runs vanilla, adaqp-q, adaqp-p, adaqp and the
-one-bit bounded-staleness mode (S = 1 and 2) and the compute-only ``nocomm`` reference
-over several seeds with the unchanged trainer, and writes to ``<--out-dir>/<NAME>/`` (by
-default ``results/local/bench/<NAME>/``; ``--out-dir results/bench`` updates the committed
-readings): ``cluster.json`` (every figure), ``cluster.md`` (the table) and, with
+emulated cluster (``adaqp.cluster``), runs vanilla, adaqp-q, adaqp-p, adaqp and the one-bit
+bounded-staleness mode (S = 1 and 2) and the compute-only ``nocomm`` reference over several
+seeds with the unchanged trainer, and writes to ``<--out-dir>/<NAME>/`` (by default
+``results/local/bench/<NAME>/``; ``--out-dir results/bench/cluster`` updates the committed
+reading of that name): ``cluster.json`` (every figure), ``cluster.md`` (the table) and, with
 matplotlib, its plots: ``breakdown.png`` (stacked epoch time per mode),
 ``time_to_accuracy.png`` and ``curves.png`` (validation accuracy against time),
 ``bytes_by_layer.png`` and ``pareto.png`` (test accuracy against time to Vanilla's
@@ -310,7 +310,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out-dir",
         type=Path,
         default=DEFAULT_OUT_DIR,
-        help="results go to OUT_DIR/NAME/; results/bench updates the committed readings",
+        help="results go to OUT_DIR/NAME/; results/bench/cluster updates the committed "
+        "reading NAME",
     )
 
 

@@ -8,12 +8,15 @@ the last rank's arrival (median over that plan's epochs). Writes
 ``<--out-dir>/cost_model.json`` (every point, and the range of measured / calibrated per
 cluster and mode) and, with matplotlib, ``cost_model.png`` (measured against calibrated,
 log-log, with the tolerance band); ``--out-dir`` is ``results/local/bench/`` by default,
-``results/bench`` updates the committed reading. Each cluster is read from
-``<--clusters-dir>/<NAME>/cluster.json``; by default from ``--out-dir``, else from the
-committed ``results/bench/``. Without ``--clusters``, every cluster result found there
-that holds an adaptive run with both times is read. For example:
+``results/bench/costmodel/<workload>`` updates a committed reading. Each cluster is read
+from ``<--clusters-dir>/<NAME>/cluster.json``; by default from ``--out-dir``, else from the
+committed cluster readings, ``results/bench/cluster/``. Without ``--clusters``, every
+cluster result found there that holds an adaptive run with both times is read. The
+committed reading, from the clusters it holds:
 
-    python -m adaqp.bench costmodel --clusters cluster-synthetic-hetero-75mbit,...
+    python -m adaqp.bench costmodel \\
+        --clusters-dir results/bench/costmodel/shared-vs-host/clusters \\
+        --out-dir results/bench/costmodel/shared-vs-host
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from adaqp.bench import COMMITTED_OUT_DIR, DEFAULT_OUT_DIR, UsageError, pyplot
 
 MODEL_FIELD = "calibrated_exchange_s_by_tag"
 MEASURED_FIELD = "exchange_after_arrival_s_by_tag"
+
+COMMITTED_CLUSTERS = COMMITTED_OUT_DIR / "cluster"
+"""Where ``bench cluster --out-dir results/bench/cluster`` commits its readings."""
 
 
 def points(cluster: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -133,14 +139,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out-dir",
         type=Path,
         default=DEFAULT_OUT_DIR,
-        help="where cost_model.json and cost_model.png go; results/bench updates the "
-        "committed reading",
+        help="where cost_model.json and cost_model.png go; results/bench/costmodel/<workload> "
+        "updates a committed reading",
     )
     parser.add_argument(
         "--clusters-dir",
         type=Path,
         help="where the named cluster results are read (default: --out-dir, else the "
-        f"committed {COMMITTED_OUT_DIR}/)",
+        f"committed {COMMITTED_CLUSTERS}/)",
     )
 
 
@@ -148,7 +154,7 @@ def _places(args: argparse.Namespace) -> list[Path]:
     """Where cluster results are read, first first: ``--clusters-dir`` if given, else
     ``--out-dir`` and then the committed readings."""
     explicit = getattr(args, "clusters_dir", None)
-    places = [explicit] if explicit else [args.out_dir, COMMITTED_OUT_DIR]
+    places = [explicit] if explicit else [args.out_dir, COMMITTED_CLUSTERS]
     return [Path(place) for place in dict.fromkeys(places)]
 
 

@@ -4,9 +4,9 @@ every run a real ``torchrun`` job of the unchanged trainer.
 
 Writes ``<--out-dir>/modes-<dataset>.json`` (every run's summary plus aggregates) and
 ``<--out-dir>/modes-<dataset>.md`` (the table), by default under ``results/local/bench/``
-(``--out-dir results/bench`` updates the committed readings); the runs themselves go to
-``results/runs/bench-modes-<dataset>/``. Byte and accuracy figures compare modes within
-one invocation; epoch times on a shared machine are indicative only.
+(``--out-dir results/bench/modes/<workload>`` updates a committed reading); the runs
+themselves go to ``results/runs/bench-modes-<dataset>/``. Byte and accuracy figures compare
+modes within one invocation; epoch times on a shared machine are indicative only.
 """
 
 from __future__ import annotations
@@ -179,7 +179,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out-dir",
         type=Path,
         default=DEFAULT_OUT_DIR,
-        help="where modes-<dataset>.json and .md go; results/bench updates the committed readings",
+        help="where modes-<dataset>.json and .md go; results/bench/modes/<workload> updates a "
+        "committed reading",
     )
 
 

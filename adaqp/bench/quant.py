@@ -1,18 +1,19 @@
 """Quantizer throughput: quantize + pack and unpack + dequantize per value, one thread, at each
 bit width, for three implementations side by side in one run: the compiled CPU kernels
-(``adaqp.quant.compiled``, the default on CPU), the torch path (``adaqp.quant.rows``/``mixed``,
-the reference and the path for CUDA) and the implementation the torch path replaced. Also the
-dropout mask (``adaqp.model.dropout``) against nn.Dropout, and a copy of the message's bytes
-(the machine's memory bandwidth, the limit the kernels approach), and the moving average of
-stale one-bit rows decoded straight into it against decoded then averaged, and one forward
-exchange's buffer of peer segments encoded and decoded a segment at a time, in one call, and
-in one call that quantizes a row sent to several peers once (``exchange_message``). Writes
-``<--out-dir>/quant.json`` (by default ``results/local/bench/``; ``--out-dir results/bench``
-updates the committed reading); the figures that matter are ratios within one run:
-``kernel_speedup_by_bits`` (torch path / compiled kernels), ``dropout_speedup`` (nn.Dropout /
-the compiled mask) and ``speedup`` (the replaced implementation / the torch path, at 2 bits).
-Every side is warmed up (the compiled kernels loaded or compiled, a first round dropped) and
-the sides take turns in every repeat.
+(``adaqp.quant.compiled``, the default on CPU), the torch path
+(``adaqp.quant.rows``/``mixed``, the reference and the path for CUDA) and the implementation
+the torch path replaced. Also the dropout mask (``adaqp.model.dropout``) against nn.Dropout,
+and a copy of the message's bytes (the machine's memory bandwidth, the limit the kernels
+approach), and the moving average of stale one-bit rows decoded straight into it against
+decoded then averaged, and one forward exchange's buffer of peer segments encoded and
+decoded a segment at a time, in one call, and in one call that quantizes a row sent to
+several peers once (``exchange_message``). Writes ``<--out-dir>/quant.json`` (by default
+``results/local/bench/``; ``--out-dir results/bench/quant/20000x256`` updates the committed
+reading); the figures that matter are ratios within one run: ``kernel_speedup_by_bits``
+(torch path / compiled kernels), ``dropout_speedup`` (nn.Dropout / the compiled mask) and
+``speedup`` (the replaced implementation / the torch path, at 2 bits). Every side is warmed
+up (the compiled kernels loaded or compiled, a first round dropped) and the sides take turns
+in every repeat.
 
 The replaced implementation is a frozen copy of ``adaqp/quant.py`` as of commit ef412a7
 (``adaqp/bench/quant_reference.py``), so that all run side by side in one process. The wire

@@ -4,9 +4,10 @@ strong scaling on emulated hosts that each own a CPU budget and a link
 (``adaqp.bench.scaling_hosts``, root).
 
 Writes ``scaling.json``, ``scaling.md`` and, with matplotlib, ``scaling.png`` to
-``--out-dir`` (by default ``results/local/bench/``; ``--out-dir results/bench`` updates the
-committed readings). Every point is a fresh process (torchrun for training, a subprocess
-for partitioning), so peak memory is that run's own.
+``--out-dir`` (by default ``results/local/bench/``; ``--out-dir
+results/bench/scaling/<workload>`` updates a committed reading). Every point is a fresh
+process (torchrun for training, a subprocess for partitioning), so peak memory is that run's
+own.
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out-dir",
         type=Path,
         default=DEFAULT_OUT_DIR,
-        help="where scaling.json, .md and .png go; results/bench updates the committed readings",
+        help="where scaling.json, .md and .png go; results/bench/scaling/<workload> updates a "
+        "committed reading",
     )
     scaling_hosts.add_host_arguments(parser)
 

@@ -154,11 +154,11 @@ def test_scaling_without_matplotlib_writes_json_and_table_with_one_warning(
 
 def test_costmodel_reads_the_committed_clusters_when_not_run_here(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
-    committed = "cluster-synthetic-300mbit-host"
+    committed = "signal-300mbit-gcn-solver"
     args = build_parser("costmodel").parse_args(
         ["costmodel", "--clusters", committed, "--out-dir", str(tmp_path)]
     )
-    assert costmodel._cluster_path(committed, args) == COMMITTED_OUT_DIR / committed / (
+    assert costmodel._cluster_path(committed, args) == costmodel.COMMITTED_CLUSTERS / committed / (
         "cluster.json"
     )
     local = tmp_path / committed
@@ -166,7 +166,7 @@ def test_costmodel_reads_the_committed_clusters_when_not_run_here(tmp_path, monk
     (local / "cluster.json").write_text("{}")
     assert costmodel._cluster_path(committed, args) == local / "cluster.json"
     args.clusters_dir = tmp_path / "none"
-    with pytest.raises(SystemExit, match="none/cluster-synthetic-300mbit-host/cluster.json"):
+    with pytest.raises(SystemExit, match="none/signal-300mbit-gcn-solver/cluster.json"):
         costmodel._cluster_path(committed, args)
 
 
@@ -214,7 +214,7 @@ ONE_FILE = {"aggregate": "aggregate.json", "quant": "quant.json"}
 
 @pytest.mark.parametrize("name", BENCHMARKS)
 def test_default_output_is_outside_the_committed_results(name):
-    """``bench quant`` with no flags rewrote the committed results/bench/quant.json."""
+    """``bench quant`` with no flags rewrote the committed quant.json."""
     assert Path("results/local/bench") == DEFAULT_OUT_DIR
     args = build_parser(name).parse_args([name])
     assert args.out_dir == DEFAULT_OUT_DIR
@@ -255,7 +255,7 @@ def test_synthetic_workloads_resolve_as_the_earlier_overrides_did():
 
 def test_cluster_default_workload_is_the_signal_graph_and_the_earlier_one_stays():
     """The default: configs/synthetic-local-gcn.toml with 30% of edges between communities
-    (results/bench/workload-search/); --workload synthetic is the earlier default."""
+    (results/bench/modes/workload-search/); --workload synthetic is the earlier default."""
     from adaqp.bench import modes
 
     args = build_parser("cluster").parse_args(["cluster"])
@@ -283,14 +283,15 @@ def test_costmodel_without_clusters_reads_every_cluster_it_can(tmp_path, monkeyp
     """``bench costmodel`` with no arguments exited 2 (--clusters was required)."""
     monkeypatch.chdir(tmp_path)
     _cluster_json(tmp_path / DEFAULT_OUT_DIR / "local")
-    _cluster_json(tmp_path / COMMITTED_OUT_DIR / "committed")
-    _cluster_json(tmp_path / COMMITTED_OUT_DIR / "no-adaptive", adaptive=False)
-    (tmp_path / COMMITTED_OUT_DIR / "garbled").mkdir()
-    (tmp_path / COMMITTED_OUT_DIR / "garbled" / "cluster.json").write_text("{")
+    committed_clusters = tmp_path / costmodel.COMMITTED_CLUSTERS
+    _cluster_json(committed_clusters / "committed")
+    _cluster_json(committed_clusters / "no-adaptive", adaptive=False)
+    (committed_clusters / "garbled").mkdir()
+    (committed_clusters / "garbled" / "cluster.json").write_text("{")
     assert main(["costmodel"]) == 0
     report = json.loads((tmp_path / DEFAULT_OUT_DIR / "cost_model.json").read_text())
     assert report["sources"] == {
-        "committed": str(COMMITTED_OUT_DIR / "committed" / "cluster.json"),
+        "committed": str(costmodel.COMMITTED_CLUSTERS / "committed" / "cluster.json"),
         "local": str(DEFAULT_OUT_DIR / "local" / "cluster.json"),
     }
     assert "reading all 2 found: committed, local" in capsys.readouterr().out
@@ -303,15 +304,26 @@ def test_costmodel_with_nothing_to_read_names_where_it_looked(tmp_path, monkeypa
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--clusters not given" in err
-    assert f"{COMMITTED_OUT_DIR}/NAME/cluster.json" in err
+    assert f"{costmodel.COMMITTED_CLUSTERS}/NAME/cluster.json" in err
 
 
-def test_costmodel_by_default_reads_the_committed_clusters_of_the_committed_reading(
-    tmp_path, monkeypatch
-):
+def test_costmodel_reads_the_clusters_its_committed_reading_holds(tmp_path, monkeypatch):
+    """The committed reading's command (its README) finds every cluster the reading read."""
+    monkeypatch.chdir(ROOT)
+    reading_dir = COMMITTED_OUT_DIR / "costmodel" / "shared-vs-host"
+    args = build_parser("costmodel").parse_args(
+        ["costmodel", "--clusters-dir", str(reading_dir / "clusters"), "--out-dir", str(tmp_path)]
+    )
+    found = costmodel.readable_clusters(args)
+    reading = json.loads((reading_dir / "cost_model.json").read_text())
+    assert set(reading["clusters"]) == set(found)
+    assert reading["sources"] == {name: str(path) for name, path in found.items()}
+
+
+def test_costmodel_by_default_reads_the_committed_cluster_readings(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     args = build_parser("costmodel").parse_args(["costmodel", "--out-dir", str(tmp_path)])
     found = costmodel.readable_clusters(args)
-    reading = json.loads((ROOT / COMMITTED_OUT_DIR / "cost_model.json").read_text())
-    assert set(reading["clusters"]) <= set(found)
-    assert all(path.is_relative_to(COMMITTED_OUT_DIR) for path in found.values())
+    assert found and all(
+        path.parent.parent == costmodel.COMMITTED_CLUSTERS for path in found.values()
+    )
