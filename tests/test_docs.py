@@ -1,6 +1,6 @@
 """The README's and docs/' relative links lead somewhere: files that exist, headings that
 exist (GitHub's anchors: lower case, punctuation dropped, spaces as hyphens). Every user
-config key is named in docs/training.md; the benchmark-only settings are listed in
+config key is named in docs/config.md; the benchmark-only settings are listed in
 docs/benchmarks.md and named in none of the pages a user reads to train."""
 
 from __future__ import annotations
@@ -46,14 +46,15 @@ def test_the_check_finds_a_broken_anchor(tmp_path):
     assert [a for _, a in LINK.findall(page.read_text()) if a not in anchors(page)] == ["nowhere"]
 
 
-# The config keys: every user key in docs/training.md; the benchmark-only settings in one
+# The config keys: every user key in docs/config.md; the benchmark-only settings in one
 # place for benchmark authors (docs/benchmarks.md#benchmark-only-settings), and in none of
 # the pages a user reads to train.
-TRAINING = ROOT / "docs" / "training.md"
+CONFIG_PAGE = ROOT / "docs" / "config.md"
 BENCH_SETTINGS = (ROOT / "docs" / "benchmarks.md", "Benchmark-only settings")
 USER_PAGES = [
     ROOT / "README.md",
-    *(ROOT / "docs" / f"{name}.md" for name in ("training", "design", "checkpoints-and-faults")),
+    *(ROOT / "docs" / f"{name}.md" for name in ("training", "config", "design")),
+    ROOT / "docs" / "checkpoints-and-faults.md",
     *(ROOT / "docs" / f"{name}.md" for name in ("datasets", "partitions")),
 ]
 """Pages that say how to train. The measurement pages (bit-widths, cost-models, staleness,
@@ -128,11 +129,11 @@ def benchmark_mentions(text: str, bench_keys: list[str]) -> list[str]:
     return found
 
 
-def test_every_user_config_key_is_in_training_md():
+def test_every_user_config_key_is_in_config_md():
     user, _ = config_keys()
-    text = section_text(TRAINING, "Configs and config keys")
+    text = section_text(CONFIG_PAGE, "Configs and config keys")
     missing = [key for key in user if not documented(key, text)]
-    assert not missing, f"docs/training.md#configs-and-config-keys lacks {missing}"
+    assert not missing, f"docs/config.md#configs-and-config-keys lacks {missing}"
 
 
 def test_benchmark_only_settings_are_listed_once_and_left_out_of_the_users_pages():
