@@ -63,11 +63,9 @@ probes each size once (``repeats`` is for callers that want the fastest of sever
 CHECK_SIZES = (4_096, 1_048_576)
 """Probe sizes (one repeat each) when the profile only decides between the uniform width
 and float32 (the uniform scheme). The answer turns where float32's bytes cost what
-quantizing costs, about 1 GB/s at the 3-4.5 ns per value measured sustained under the
-emulated cluster's budgets; a rate read 1.3 times high (a 1 MB probe on a link whose
-first 256 KB pass at line rate) moves it only for links within that factor of it. The
-profile of 4 hosts, one behind a 75 Mbit/s link, took 2 s where three repeats of
-``PROFILE_SIZES`` took 14 (with the quantizer's timing and the fabric probe)."""
+quantizing them costs, so a rate read somewhat high (a 1 MB probe on a link whose first
+256 KB pass at line rate) moves it only for links near that rate; skipping the 4 MB probe
+and the repeats keeps the start-up short on a slow link (docs/cost-models.md#profiling)."""
 
 
 def round_robin(world_size: int) -> list[list[tuple[int, int]]]:

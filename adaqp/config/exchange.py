@@ -118,8 +118,8 @@ class QuantConfig:
     """Adaptive solver: greedy (the default: the LP relaxation rounded and polished, a few
     hundredths of a second an exchange) or milp (exact, SciPy HiGHS, up to its share of
     ``resolve_budget_s``). On the benchmark clusters the MILP ran to its limit in nearly
-    every re-solve and mostly kept the greedy's answer, while every host waited for it:
-    3-5 s a run, about what the solver lost to the best uniform width (docs/bit-widths.md)."""
+    every re-solve and mostly kept the greedy's answer while every host waited for it
+    (docs/cost-models.md#bounding-the-re-solve)."""
     resolve_budget_s: float = 1.0
     """Wall-clock budget of one re-solve, all its exchanges together (the ranks wait for
     it between epochs): each exchange's MILP stops at an equal share of what the re-solve

@@ -152,8 +152,8 @@ class BitWidthPlanner:
         p = world.world_size
         # Planning by pair needs every probe size; choosing between the uniform width and
         # float32 (the uniform scheme), two. One repeat each either way: the calibration
-        # fitted to the measured exchanges absorbs a probe's noise, and three repeats
-        # of the 4 MB probe cost 13 s more on a 75 Mbit/s link, paid before training.
+        # fitted to the measured exchanges absorbs a probe's noise, and repeats of the
+        # 4 MB probe on a slow link cost seconds, paid before training.
         started = time.perf_counter()
         sizes = PROFILE_SIZES if self.cost_kind.plans_by_pair else CHECK_SIZES
         self.link_model = profile_links(world, sizes, repeats=1)

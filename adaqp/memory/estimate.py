@@ -42,8 +42,8 @@ from adaqp.memory.shapes import Shapes, WorkerShape, worker_shapes
 
 RUNTIME_BYTES = 520 * 2**20
 """A worker's resident set before its part's arrays and the activations: Python, torch,
-numba's compiled kernels, the model and the process group (measured on the 200k-node
-scaling workload: the step's start less the tensors held, at 1 and 4 workers)."""
+numba's compiled kernels, the model and the process group: fitted to the step's start
+less the tensors held (results/bench/memory/training/)."""
 
 ADJACENCY_BLOCKS = 1.0
 """The column split's inner and halo blocks, as a multiple of the adjacency's bytes."""

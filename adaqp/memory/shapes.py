@@ -6,8 +6,8 @@ Otherwise they are estimated from the graph's sizes, without loading it: a synth
 graph's from its generator's parameters, a built-in dataset's from its file, an OGB
 dataset's from its cache's array headers. Without a partition a worker is assumed to hold
 1.03 N / P inner rows (the cut's balance bound), as many halo rows and send rows as
-``halo_per_inner`` times that (1.0 unless told: 0.94 was measured on the products-scale
-workload at 4 parts, 0.17 on Cora), and 1.03 E / P edges.
+``halo_per_inner`` times that (1.0 unless told; what partitions give: docs/memory.md), and
+1.03 E / P edges.
 """
 
 from __future__ import annotations
