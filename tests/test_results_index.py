@@ -47,14 +47,14 @@ def unindexed(bench: Path) -> list[str]:
     ]
 
 
-def broken_results_links(page: Path, root: Path = ROOT) -> list[str]:
-    """Relative links of ``page`` into ``root``/results that lead nowhere."""
+def broken_results_links(page: Path, root: Path = ROOT, into: str = "results") -> list[str]:
+    """Relative links of ``page`` into ``root``/``into`` that lead nowhere."""
     broken = []
     for target in LINK.findall(page.read_text()):
         if target.startswith(("http://", "https://", "mailto:")):
             continue
         path = (page.parent / target).resolve()
-        if path.is_relative_to(root / "results") and not path.exists():
+        if path.is_relative_to(root / into) and not path.exists():
             broken.append(target)
     return broken
 
@@ -74,6 +74,15 @@ def test_every_reading_is_in_the_index():
 @pytest.mark.parametrize("page", [*PAGES, INDEX], ids=lambda p: str(p.relative_to(ROOT)))
 def test_links_into_results_resolve(page):
     broken = broken_results_links(page)
+    assert not broken, f"{page.relative_to(ROOT)}: {broken}"
+
+
+@pytest.mark.parametrize(
+    "page", sorted(BENCH.rglob("README.md")), ids=lambda p: str(p.relative_to(BENCH))
+)
+def test_links_from_readings_resolve(page):
+    """A reading's README links its files, other readings and the docs."""
+    broken = broken_results_links(page, into="")
     assert not broken, f"{page.relative_to(ROOT)}: {broken}"
 
 
