@@ -37,6 +37,7 @@ except ModuleNotFoundError:  # numpy, which the config's dataset defaults import
     require(PROG)
     raise
 from adaqp.bits import bits_text  # noqa: E402 - after the check above
+from adaqp.run.placement import Placement  # noqa: E402 - after the check above
 from adaqp.stop import request_stop, stop_requested  # noqa: E402 - after the check above
 
 logger = logging.getLogger("adaqp.train")
@@ -230,9 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     name = Path(args.config).stem if args.config else None
     # A worker group that torchrun restarted continues the run its first attempt began.
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    flags = dict(overwrite=args.overwrite, resume=args.resume, restarted=restarted)
+    placement = Placement.of(config, world_size, name, **flags)
     try:  # before torch loads and the group forms: a refusal costs a second, not a start
-        flags = dict(overwrite=args.overwrite, resume=args.resume, restarted=restarted)
-        out = preflight.check(config, world_size, name, **flags)
+        # ``out`` is where the run will most likely land: given no directory, rank 0
+        # takes the version itself, and a run starting alongside may take that one first.
+        out = preflight.check(config, world_size, placement)
     except preflight.Refusal as exc:  # every rank sees the same files and refuses alike
         _report_shared(rank, exc)
         return 2
@@ -241,43 +245,32 @@ def main(argv: list[str] | None = None) -> int:
     require(PROG)  # torch and the rest, before the job imports them
     from adaqp.run import job
 
-    # Given no directory, rank 0 takes the version itself (``out`` is where it will most
-    # likely land: a run starting alongside may take that one first).
-    new_version = not config.metrics.out
     placed = job.Placed()
     try:
-        summary = job.run(
-            config,
-            overwrite=args.overwrite,
-            resume=args.resume,
-            new_version=new_version,
-            name=name,
-            out=preflight.output_dir(config, world_size, name) if new_version else out,
-            placed=placed,
-        )
+        summary = job.run(config, placement=placement, placed=placed)
     except job.SHARED_ERRORS + job.RANK_ERRORS as exc:
         if args.debug:
             logger.exception("failed")
         if stopped := stop_requested():  # a peer stopped first and broke a collective
-            return _interrupted(rank, stopped, placed.out or out, config, argv)
+            return _interrupted(rank, stopped, placed.out or out, placement, argv)
         if isinstance(exc, job.RANK_ERRORS):
             print(f"error: {exc}", file=sys.stderr)
         else:
             _report_shared(rank, exc)
         return 1
     except KeyboardInterrupt as exc:
-        return _interrupted(rank, str(exc) or "SIGINT", placed.out or out, config, argv)
+        return _interrupted(rank, str(exc) or "SIGINT", placed.out or out, placement, argv)
     if rank == 0:
         print(result_line(summary, placed.out or out))
     return 0
 
 
-def _interrupted(rank: int, signal_name: str, out: Path, config: Config, argv: list[str]) -> int:
+def _interrupted(
+    rank: int, signal_name: str, out: Path, placement: Placement, argv: list[str]
+) -> int:
     """Rank 0 says how to go on after a stop signal; every rank's exit code is 130."""
     if rank == 0:
-        from adaqp.run.ckptdir import checkpoint_root
-
-        hint = _interrupted_hint(out, checkpoint_root(config, out), argv)
+        hint = _interrupted_hint(out, placement.checkpoints(out), argv)
         print(f"interrupted ({signal_name}); {hint}", file=sys.stderr)
     return 130
 

@@ -21,8 +21,9 @@ from adaqp.launcher import Launch, UsageError, main, parse
 from adaqp.launcher import args as launcher_args
 from adaqp.launcher.output import OutputFilter, Stream, exit_code, read_codes
 from adaqp.launcher.run import _silent_failure, record_end
-from adaqp.run.placement import read_status
+from adaqp.run.placement import Placement
 from adaqp.run.rundir import RunDir
+from adaqp.run.runfiles import read_status
 from adaqp.runtime import usable_cores
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -439,7 +440,7 @@ def _lost_run(tmp_path: Path, monkeypatch) -> tuple[Path, Path, dict]:
     status_dir.mkdir()
     monkeypatch.setenv("ADAQP_STATUS_DIR", str(status_dir))  # rank 0 names its run there
     out = tmp_path / "run"
-    run = RunDir.claim(out, job="job-a")
+    run = RunDir.claim(Placement(out), job="job-a")
     # While rank 0 lives (its lock held), the launcher changes nothing.
     assert record_end(status_dir, [(0, -signal.SIGKILL)], 1, False) is None
     run.close()
@@ -463,7 +464,7 @@ def test_the_launcher_records_only_what_rank_0_could_not(tmp_path, monkeypatch):
     status_dir, out, _ = _lost_run(tmp_path, monkeypatch)
 
     def rank_0_ends(exc: BaseException | None) -> None:
-        run = RunDir.claim(out, overwrite=True)
+        run = RunDir.claim(Placement(out, overwrite=True))
         run.end(exc)
         run.close()
 
@@ -480,10 +481,10 @@ def test_the_launcher_records_only_what_rank_0_could_not(tmp_path, monkeypatch):
     record_end(status_dir, [(1, -signal.SIGKILL), (0, -signal.SIGTERM)], 1, False)
     assert read_status(out)["error"] == "rank 1 was killed (SIGKILL), likely out of memory"
     # After Ctrl-C, a run rank 0 could not mark is interrupted; any other signal is named.
-    RunDir.claim(out, overwrite=True).close()
+    RunDir.claim(Placement(out, overwrite=True)).close()
     record_end(status_dir, [(0, -signal.SIGKILL)], 1, True)
     assert read_status(out)["status"] == "interrupted"
-    RunDir.claim(out, overwrite=True).close()
+    RunDir.claim(Placement(out, overwrite=True)).close()
     record_end(status_dir, [(0, -signal.SIGSEGV)], 1, False)
     assert read_status(out)["error"] == "rank 0 was ended by signal SIGSEGV"
 

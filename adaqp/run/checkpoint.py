@@ -1,6 +1,7 @@
 """Checkpoints: every rank's training state, written atomically and verified on load.
 
-Layout (``checkpoint.dir``, by default ``<out>/checkpoints``)::
+Layout (``<out>/checkpoints``, or ``<checkpoint.dir>/<out's name>``: the run's
+``Placement.checkpoints``)::
 
     checkpoints/
         epoch-000010/
@@ -38,7 +39,7 @@ from adaqp.atomic import write_atomic
 from adaqp.config import RENAMED_KEYS
 from adaqp.partitioning.format import sha256_file
 from adaqp.quant import kernels as quant_kernels
-from adaqp.run.ckptdir import MANIFEST, checkpoint_root, complete_epochs
+from adaqp.run.ckptdir import MANIFEST, complete_epochs
 from adaqp.run.ckptdir import epoch_of as _epoch_of
 from adaqp.run.ckptdir import step_dir as _step_dir
 
@@ -220,17 +221,16 @@ class Checkpointer:
         self.fingerprint = fingerprint
 
     @classmethod
-    def for_run(cls, config, world, out_dir: Path, meta: dict[str, Any]) -> Checkpointer:
-        """The checkpoints of a run: ``checkpoint.dir`` or ``<out>/checkpoints``, matched
-        against the config's fingerprint, the partition's metadata checksum and the compiled
-        quantizer's draws."""
+    def for_run(cls, config, world, root: Path, meta: dict[str, Any]) -> Checkpointer:
+        """The checkpoints of a run in ``root`` (where its ``Placement`` keeps them),
+        matched against the config's fingerprint, the partition's metadata checksum and the
+        compiled quantizer's draws."""
         section = config.checkpoint
         fingerprint = {
             **config.fingerprint(),
             "partition.metadata_sha256": meta.get("metadata_sha256", ""),
             "quant.compiled_draws": quant_kernels.COMPILED_DRAWS,
         }
-        root = checkpoint_root(config, out_dir)
         return cls(root, world, section.every, section.keep, fingerprint)
 
     def due(self, epoch: int, last_epoch: int) -> bool:

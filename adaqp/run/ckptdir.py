@@ -1,7 +1,9 @@
-"""Where a run's checkpoints live and which of them are complete: names only, no torch.
+"""What a run's checkpoint folder holds, and which of its checkpoints are complete: names
+only, no torch.
 
-Read by the pre-flight checks that run before torch loads (``adaqp.run.preflight``) and by
-``adaqp.run.checkpoint``, which writes and loads the checkpoints themselves.
+Where that folder is (``<out>/checkpoints``, or a folder of its own under
+``checkpoint.dir``) is :mod:`adaqp.run.placement`'s, which reads this before torch loads;
+``adaqp.run.checkpoint`` writes and loads the checkpoints themselves.
 """
 
 from __future__ import annotations
@@ -45,19 +47,11 @@ def complete_epochs(root: Path) -> list[int]:
     return sorted(epochs)
 
 
-def run_checkpoints(out_dir: Path, checkpoint_dir: str | Path | None) -> Path:
-    """Where the run in ``out_dir`` keeps its checkpoints: ``<out>/checkpoints``, or with
-    ``checkpoint_dir`` (the config's ``checkpoint.dir``) ``<checkpoint_dir>/<out's name>``,
-    so that the runs that share a ``checkpoint.dir`` (``-v2``, ``-v3``, ... of one
-    command) each keep their own."""
-    if checkpoint_dir:
-        return Path(checkpoint_dir) / Path(out_dir).name
-    return Path(out_dir) / DEFAULT_DIR
-
-
-def checkpoint_root(config, out_dir: Path) -> Path:
-    """The checkpoints of the run in ``out_dir`` under ``config`` (``run_checkpoints``)."""
-    return run_checkpoints(out_dir, config.checkpoint.dir or None)
+def find_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint under ``root`` (``adaqp.run.checkpoint``), or None.
+    Complete means it has a manifest; its shards are verified when loaded."""
+    epochs = complete_epochs(root)
+    return step_dir(root, epochs[-1]) if epochs else None
 
 
 def checkpoint_owner(root: Path) -> str | None:

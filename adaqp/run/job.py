@@ -1,12 +1,12 @@
 """One training job on one rank: claim the output, prepare the partition, train, summarize.
 
 ``run`` is what ``python -m adaqp.train`` does once its flags are parsed. Before anything
-else rank 0 claims the output directory (``adaqp.run.rundir``: a lock, and a refusal if
-it holds a finished, unfinished or running run) while the others check they could
-write it; all ranks agree on the outcome through one all-reduce. Rank 0 then
-partitions the graph if the partition directory is missing while the others wait; each
-rank then loads only its own part. Rank 0 writes ``status.json``, ``config.json``,
-``metrics.jsonl`` and, once training is done, ``summary.json``.
+else rank 0 claims the output directory its ``Placement`` picks (``adaqp.run.rundir``: a
+lock, and the placement's refusal if it holds a finished, unfinished or running run)
+while the others check they could write it; all ranks agree on the outcome through one
+all-reduce. Rank 0 then partitions the graph if the partition directory is missing while
+the others wait; each rank then loads only its own part. Rank 0 writes ``status.json``,
+``config.json``, ``metrics.jsonl`` and, once training is done, ``summary.json``.
 """
 
 from __future__ import annotations
@@ -30,17 +30,10 @@ from adaqp.graph.local import LocalGraph
 from adaqp.partitioning.format import PartitionError, check_matches, load_part, read_metadata
 from adaqp.run.checkpoint import Checkpointer, CheckpointError
 from adaqp.run.metrics import EpochRecord, RunWriter
-from adaqp.run.placement import (
-    SUMMARY_FILE,
-    Problem,
-    RunDirError,
-    check_writable,
-    orphans,
-    version_of,
-    versioned,
-)
-from adaqp.run.preflight import output_dir, partition_dir
+from adaqp.run.placement import Placement
+from adaqp.run.preflight import partition_dir
 from adaqp.run.rundir import RunDir
+from adaqp.run.runfiles import SUMMARY_FILE, Problem, RunDirError, check_writable
 from adaqp.run.summary import RunFacts, Summary
 from adaqp.run.trainer import Trainer, TrainingError
 from adaqp.run.watchdog import StallWatch
@@ -63,40 +56,23 @@ class Placed:
     out: Path | None = None
 
 
-def claim_output(
-    out: Path,
-    world: World,
-    overwrite: bool,
-    resume: bool,
-    checkpoint_dir: Path | None,
-    new_version: bool = False,
-    restarted: bool = False,
-) -> tuple[Path, RunDir | None]:
-    """Rank 0 reserves ``out`` (``RunDir.reserve``: nothing changes there yet); the others
-    check they could write it (``check_writable``).
+def claim_output(placement: Placement, world: World) -> tuple[Path, RunDir | None]:
+    """Rank 0 reserves the directory ``placement`` picks (``RunDir.reserve``: nothing
+    changes there yet); the others check they could write ``placement.base``
+    (``check_writable``).
 
-    Every rank learns every verdict, and the directory rank 0 took (``new_version``: a
-    later version where ``out`` holds a run), from one all-reduce, before partitioning or
-    any other collective work: all ranks then stop together with an error naming the
-    problem, instead of waiting on rank 0 until the process-group timeout. Returns the
-    directory, and the reservation on rank 0 (None elsewhere). ``checkpoint_dir``: the
-    config's ``checkpoint.dir``, None for the directory's own. ``restarted``: a worker
-    group that torchrun restarted continues its job's own run (``world.job``), if its
-    first attempt started one.
+    Every rank learns every verdict, and the version of ``base`` rank 0 took, from one
+    all-reduce, before partitioning or any other collective work: all ranks then stop
+    together with an error naming the problem, instead of waiting on rank 0 until the
+    process-group timeout. Returns the directory, and the reservation on rank 0 (None
+    elsewhere).
     """
+    out = placement.base
     run_dir: RunDir | None = None
     error: RunDirError | None = None
     try:
         if world.is_main:
-            run_dir = RunDir.reserve(
-                out,
-                overwrite=overwrite,
-                resume=resume,
-                checkpoint_dir=checkpoint_dir,
-                new_version=new_version,
-                job=world.job,
-                restarted=restarted,
-            )
+            run_dir = RunDir.reserve(placement, job=world.job)
         else:
             check_writable(out)
     except RunDirError as exc:  # re-raised below, once the others know
@@ -105,7 +81,7 @@ def claim_output(
     if error is not None:
         problems[world.rank] = float(error.problem)
     if run_dir is not None:
-        problems[-1] = float(version_of(out, run_dir.path))
+        problems[-1] = float(placement.version_of(run_dir.path))
     try:
         dist.all_reduce(problems)
         if error is not None:
@@ -123,26 +99,10 @@ def claim_output(
         if run_dir is not None:  # reserved, but the run will not start
             run_dir.close()
         raise
-    taken = versioned(out, int(problems[-1].item()))
-    if run_dir is not None and taken != out and not (run_dir.own or resume):
-        # A restart says where it continues (RunDir.reserve), --resume from which epoch.
-        logger.info("%s", _why_elsewhere(out, taken, overwrite, checkpoint_dir))
+    taken = placement.versioned(int(problems[-1].item()))
+    if run_dir is not None and (why := placement.why_elsewhere(taken, own=run_dir.own)):
+        logger.info("%s", why)
     return taken, run_dir
-
-
-def _why_elsewhere(out: Path, taken: Path, overwrite: bool, checkpoint_dir: Path | None) -> str:
-    """Why a run given no output directory went to ``taken``, a version of ``out``."""
-    if overwrite:
-        return f"--overwrite: starting fresh in {taken}, the newest run of {out}"
-    left = orphans(out, taken, checkpoint_dir)
-    if left:
-        folders = ", ".join(str(p) for p in left)
-        return (
-            f"checkpoints of deleted runs are left in {folders}: they are kept, and their "
-            f"runs' names are not reused until those folders are removed; this run goes to "
-            f"{taken}"
-        )
-    return f"{out} holds another run: this one goes to {taken}"
 
 
 def prepare_partition(config: Config, world: World, part_dir: Path) -> dict:
@@ -182,22 +142,16 @@ def run(
     rank: int | None = None,
     world_size: int | None = None,
     *,
-    overwrite: bool = False,
-    resume: bool = False,
-    new_version: bool = False,
-    name: str | None = None,
-    out: Path | None = None,
+    placement: Placement | None = None,
     placed: Placed | None = None,
 ) -> Summary:
     """Runs one training job on this process's rank; returns its summary.
 
-    ``overwrite`` and ``resume`` say what to do with a run already in the output directory
-    (see ``adaqp.run.rundir``); without them it is refused, or with ``new_version`` the
-    run goes to the directory's next free version. ``name``: the config file's stem,
-    naming the default output directory; ``out``: the directory (``preflight.check``'s
-    choice), instead of that default; with ``new_version``, the default directory whose
-    versions the run may take. ``placed`` learns the directory the run took, once every
-    rank agreed on it (a failure after that still has it).
+    ``placement`` says where the run goes and what to do with a run already there (the
+    command line's flags); by default the config's without flags (``Placement.of``): a run
+    in ``metrics.out`` is refused, one in the default directory passed over for its next
+    free version. ``placed`` learns the directory the run took, once every rank agreed on it (a
+    failure after that still has it).
     """
     world = init_distributed(config.comm, init_method, rank, world_size)
     run_dir: RunDir | None = None
@@ -205,11 +159,8 @@ def run(
     # from the newest checkpoint completed before the failure, if any.
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     try:
-        out = out or output_dir(config, world.world_size, name)
-        explicit = Path(config.checkpoint.dir) if config.checkpoint.dir else None
-        out, run_dir = claim_output(
-            out, world, overwrite, resume, explicit, new_version, restarted=restarts > 0
-        )
+        placement = placement or Placement.of(config, world.world_size, restarted=restarts > 0)
+        out, run_dir = claim_output(placement, world)
         if placed is not None:
             placed.out = out
         if _agree(world, run_dir is not None and run_dir.finished):
@@ -227,7 +178,7 @@ def run(
             _describe(config, meta, world.world_size, out)
         graph = LocalGraph.from_part(load_part(part_dir, world.rank, meta), world.device)
         trainer = Trainer(config, graph, meta, world)
-        checkpoints = Checkpointer.for_run(config, world, out, meta)
+        checkpoints = Checkpointer.for_run(config, world, placement.checkpoints(out), meta)
         history, resumed_from, redone = None, 0, 0
         if _agree(world, run_dir is not None and run_dir.resume_from is not None):
             resumed_from, tensors, history = checkpoints.load_latest()

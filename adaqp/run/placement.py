@@ -1,86 +1,70 @@
-"""Which output directory a run takes, and whether it may: the one verdict; no torch.
+"""Where a run goes, and whether it may start or resume there: the one owner; no torch.
 
-Two callers ask the same questions: the pre-flight check (``adaqp.run.preflight``), before
-torch loads and without the lock, and ``RunDir.reserve`` (``adaqp.run.rundir``), under
-the lock. ``candidates`` says which directories a run may take, ``verdict`` whether it may
-take one of them and from which checkpoint it continues; neither changes anything.
+A :class:`Placement` is made once per run from its config and the command's flags
+(``Placement.of``), and decides alone:
 
-What a directory holds::
-
-    out/
-      run.lock        flock held by the run writing here
-      status.json     {"status": ..., "job": <the job's identity>, "pid": ..., ...}
-      config.json, metrics.jsonl, summary.json (once complete)
-      checkpoints/    the run's checkpoints (``checkpoint.dir`` puts them in
-                      <checkpoint.dir>/<out's name>/ instead, with an owner.json)
-
-A restarted worker group (torchrun ``--max-restarts``) continues the directory whose
-``status.json`` names its own job, and nothing else: where its first attempt never
-started a run, it is a new run like any other; where that run had already finished (a
-worker failed on its way out), it is left as it is. The job's identity comes from the
-rendezvous store, which outlives the worker groups (``adaqp.runtime.job_identity``).
+- the output directory: ``--out`` (``metrics.out``) as given, or the default
+  (``output_dir``), whose versions ``-v2``, ``-v3``, ... a run given no ``--out`` takes:
+  the first free one, or with ``--resume`` or ``--overwrite`` the newest (``candidates``);
+- a restarted worker group's directory (torchrun ``--max-restarts``): the one whose
+  ``status.json`` names its own job, and nothing else. Where its first attempt never
+  started a run it is a new run like any other; where that run had already finished (a
+  worker failed on its way out), it is left as it is. The job's identity comes from the
+  rendezvous store, which outlives the worker groups (``adaqp.runtime.job_identity``);
+- where the run's checkpoints live (``checkpoints``): ``<out>/checkpoints``, or with a
+  ``checkpoint.dir`` a folder of their own under it;
+- whether the run may take a directory, and from which checkpoint it continues
+  (``verdict``): never where another run holds ``run.lock`` (``adaqp.run.rundir`` takes
+  the lock, this says what a held one means), over a finished or unfinished run only with
+  ``--overwrite`` or ``--resume``, from a checkpoint only where one is complete. A refusal
+  is a ``RunDirError`` naming its ``Problem``.
 
 Given no ``--out``, a run passes over a version whose folder was deleted while its
-checkpoints under ``checkpoint.dir`` were not (``orphaned``): they are kept, and the
-name is not reused until they are removed.
+checkpoints under ``checkpoint.dir`` were not: they are kept, and the name is not reused
+until they are removed.
+
+The others ask and decide nothing: the pre-flight check (``adaqp.run.preflight``) asks
+``plan`` before torch loads and without the lock; rank 0's claim (``RunDir.reserve`` in
+``adaqp.run.rundir``) walks ``candidates`` and asks ``verdict`` again under the lock; the
+job (``adaqp.run.job``) has the ranks agree on the version rank 0 took, says why the run
+went there (``why_elsewhere``) and opens its checkpoints where ``checkpoints`` says. What a
+directory holds, and the probes that read it, are ``adaqp.run.runfiles``'.
 """
 
 from __future__ import annotations
 
-import enum
-import fcntl
 import glob
 import itertools
-import json
-import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from adaqp.run.ckptdir import checkpoint_owner, complete_epochs, run_checkpoints
+from adaqp.run.ckptdir import DEFAULT_DIR, checkpoint_owner, find_checkpoint
+from adaqp.run.runfiles import (
+    JOB_KEY,
+    SUMMARY_FILE,
+    Problem,
+    RunDirError,
+    check_writable,
+    holds_run,
+    lock_held,
+    read_status,
+    trained,
+)
 
-LOCK_FILE = "run.lock"
-STATUS_FILE = "status.json"
-SUMMARY_FILE = "summary.json"
-PROJECT_FILES: tuple[str, ...] = ("config.json", "metrics.jsonl", SUMMARY_FILE, STATUS_FILE)
-"""Every file a run writes (besides the lock), and all that starting fresh removes."""
-JOB_KEY = "job"
-"""The field of ``status.json`` that names the job that started the run there."""
-
-
-class Problem(enum.IntEnum):
-    """Why a directory cannot take a run; the value travels in the ranks' all-reduce."""
-
-    UNWRITABLE = 1
-    FINISHED = 2
-    RUNNING = 3
-    NO_CHECKPOINT = 4
-    UNFINISHED = 5
-    CHECKPOINTS_TAKEN = 6
-
-    def describe(self, out_dir: Path) -> str:
-        """A one-line account for ranks that only learn the number."""
-        return {
-            Problem.UNWRITABLE: f"cannot write the run's output to {out_dir}",
-            Problem.FINISHED: f"{out_dir} holds a finished run ({SUMMARY_FILE}); pass "
-            "--overwrite to start fresh there, --resume to continue it, or choose another --out",
-            Problem.RUNNING: f"{out_dir} is in use by another run",
-            Problem.NO_CHECKPOINT: f"--resume: there is no checkpoint to resume from in {out_dir}",
-            Problem.UNFINISHED: f"{out_dir} holds an unfinished run "
-            "(pass --resume or --overwrite, or choose another --out)",
-            Problem.CHECKPOINTS_TAKEN: f"the checkpoint folder of {out_dir} belongs to "
-            "another run (choose another checkpoint.dir or --out)",
-        }[self]
+if TYPE_CHECKING:  # only the config's values are read: this module stays stdlib-only
+    from adaqp.config import Config
 
 
-class RunDirError(Exception):
-    """The output directory cannot take this run; the message says why and what to do."""
-
-    def __init__(self, problem: Problem, message: str):
-        super().__init__(message)
-        self.problem = problem
+def output_dir(config: Config, world_size: int, name: str | None = None) -> Path:
+    """``metrics.out``, or ``results/runs/<name>-<mode>-p<P>``: ``name`` is the config
+    file's stem (``<dataset>-<model>`` without one), so two configs never share a folder.
+    Later runs of the same command take ``-v2``, ``-v3``, ... (``Placement.candidates``)."""
+    if config.metrics.out:
+        return Path(config.metrics.out)
+    stem = name or f"{config.data.dataset}-{config.model.name}"
+    return Path("results") / "runs" / f"{stem}-{config.comm.mode}-p{world_size}"
 
 
 @dataclass(frozen=True)
@@ -94,125 +78,193 @@ class Verdict:
     and nothing there may change."""
 
 
-def candidates(
-    base: Path,
-    *,
-    named: bool,
-    checkpoint_dir: str | Path | None = None,
-    overwrite: bool = False,
-    resume: bool = False,
-    job: str | None = None,
-) -> Iterator[tuple[Path, bool]]:
-    """The directories a run may take, in order of preference, each with whether it is the
-    job's own (the run a restarted group's first attempt started there).
+@dataclass(frozen=True)
+class Placement:
+    """Where one run goes: the directory asked for, and what to do with a run found there."""
 
-    ``base``: ``--out`` (``named``), or the default directory, whose versions ``-v2``,
-    ``-v3``, ... a run given no ``--out`` takes (the first free one; ``resume`` and
-    ``overwrite`` act on the newest). ``job``: a restarted group's identity, whose own
-    directory comes first and alone; where there is none it is a new run like any other.
-    """
-    if job:
-        own = own_directory(base, named, job)
-        if own is not None:
-            yield own, True
-            return
-    if named:
-        yield base, False
-    elif resume or overwrite:
-        yield newest_version(base), False
-    else:
-        yield from ((path, False) for path in free_versions(base, checkpoint_dir))
+    base: Path | str
+    """``--out``, or (not ``named``) the default directory whose versions the run may take."""
+    named: bool = True
+    """The directory was given (``--out``): the run takes it, or is refused."""
+    checkpoint_dir: Path | str | None = None
+    """The config's ``checkpoint.dir``; None keeps each run's checkpoints in its directory."""
+    overwrite: bool = False
+    """``--overwrite``: start fresh over a run there (its files and own checkpoints go)."""
+    resume: bool = False
+    """``--resume``: continue the run there from its newest checkpoint."""
+    restarted: bool = False
+    """A worker group that torchrun restarted: it continues its job's own run, if any."""
 
+    def __post_init__(self) -> None:
+        if self.overwrite and self.resume:
+            raise ValueError("overwrite and resume exclude each other")
+        # Paths as given (a config's strings among them); an empty checkpoint.dir is none.
+        object.__setattr__(self, "base", Path(self.base))
+        shared = Path(self.checkpoint_dir) if self.checkpoint_dir else None
+        object.__setattr__(self, "checkpoint_dir", shared)
 
-def verdict(
-    path: Path,
-    checkpoints: Path,
-    *,
-    overwrite: bool = False,
-    resume: bool = False,
-    own: bool = False,
-    locked: bool = False,
-) -> Verdict:
-    """Whether a run may take ``path``, and what it does there: continue from a checkpoint,
-    start fresh (removing what is there, which ``overwrite`` alone allows for a run), or,
-    for a restart whose own run there had finished, nothing. Changes nothing.
+    @classmethod
+    def of(
+        cls,
+        config: Config,
+        world_size: int,
+        name: str | None = None,
+        *,
+        overwrite: bool = False,
+        resume: bool = False,
+        restarted: bool = False,
+    ) -> Placement:
+        """The placement of a run of ``config`` on ``world_size`` workers; ``name``: the
+        config file's stem (``output_dir``)."""
+        return cls(
+            output_dir(config, world_size, name),
+            named=bool(config.metrics.out),
+            checkpoint_dir=config.checkpoint.dir or None,
+            overwrite=overwrite,
+            resume=resume,
+            restarted=restarted,
+        )
 
-    ``own``: the directory holds this job's own run (a restart continues it, from its
-    newest checkpoint if any, whatever the flags; a finished one is kept as it is: the
-    restart followed a failure on the way out). ``locked``: the caller holds the lock,
-    so only its own claim can hold it.
+    def checkpoints(self, out: Path) -> Path:
+        """Where the run in ``out`` keeps its checkpoints: ``<out>/checkpoints``, or with a
+        ``checkpoint.dir`` ``<checkpoint.dir>/<out's name>``, so that the runs that share
+        one (``-v2``, ``-v3``, ... of one command) each keep their own."""
+        if self.checkpoint_dir is not None:
+            return self.checkpoint_dir / Path(out).name
+        return Path(out) / DEFAULT_DIR
 
-    Raises:
-        RunDirError: UNWRITABLE, RUNNING, CHECKPOINTS_TAKEN (``checkpoints`` belong to a
-            run in another directory), NO_CHECKPOINT (``resume`` without one), FINISHED or
-            UNFINISHED (a run there that neither ``resume`` nor ``overwrite`` allows
-            replacing).
-    """
-    if not locked:
-        check_writable(path)
-        if lock_held(path):
-            raise RunDirError(Problem.RUNNING, Problem.RUNNING.describe(path))
-    if own and (path / SUMMARY_FILE).exists():
-        return Verdict(finished=True)
-    refuse_foreign_checkpoints(path, checkpoints)
-    if own:
-        return Verdict(resume_from=find_checkpoint(checkpoints))
-    if resume:
-        return Verdict(resume_from=require_checkpoint(path, checkpoints))
-    if not overwrite:
-        if (path / SUMMARY_FILE).exists():
-            raise RunDirError(Problem.FINISHED, Problem.FINISHED.describe(path))
-        refuse_unfinished(path, checkpoints)
-    return Verdict()
+    def candidates(self, job: str | None = None) -> Iterator[tuple[Path, bool]]:
+        """The directories the run may take, in order of preference, each with whether it
+        is the job's own (the run a restarted group's first attempt started there).
 
+        Named, ``base`` alone; else the first free version of ``base`` (``resume`` and
+        ``overwrite``: the newest). A restarted group's own directory (``job``: its
+        identity) comes first and alone; where there is none it is a new run like any
+        other. Changes nothing."""
+        if self.restarted and job:
+            own = self._own_directory(job)
+            if own is not None:
+                yield own, True
+                return
+        if self.named:
+            yield self.base, False
+        elif self.resume or self.overwrite:
+            yield newest_version(self.base), False
+        else:
+            yield from ((path, False) for path in self._free_versions())
 
-def own_directory(base: Path, named: bool, job: str) -> Path | None:
-    """The directory among ``base`` (and, unless ``named``, its versions) whose run was
-    started by ``job``, or None."""
-    for path in [base] if named else existing_versions(base):
-        if (read_status(path) or {}).get(JOB_KEY) == job:
-            return path
-    return None
+    def verdict(self, path: Path, *, own: bool = False, locked: bool = False) -> Verdict:
+        """Whether the run may take ``path``, and what it does there: continue from a
+        checkpoint, start fresh (removing what is there, which ``overwrite`` alone allows
+        for a run), or, for a restart whose own run there had finished, nothing. Changes
+        nothing.
+
+        ``own``: the directory holds this job's own run (a restart continues it, from its
+        newest checkpoint if any, whatever the flags; a finished one is kept as it is: the
+        restart followed a failure on the way out). ``locked``: the caller holds the lock,
+        so only its own claim can hold it.
+
+        Raises:
+            RunDirError: UNWRITABLE, RUNNING, CHECKPOINTS_TAKEN (the checkpoints' folder
+                belongs to a run in another directory), NO_CHECKPOINT (``resume`` without
+                one), FINISHED or UNFINISHED (a run there that neither ``resume`` nor
+                ``overwrite`` allows replacing).
+        """
+        checkpoints = self.checkpoints(path)
+        if not locked:
+            check_writable(path)
+            if lock_held(path):
+                raise RunDirError(Problem.RUNNING, Problem.RUNNING.describe(path))
+        if own and (path / SUMMARY_FILE).exists():
+            return Verdict(finished=True)
+        _refuse_foreign_checkpoints(path, checkpoints)
+        if own:
+            return Verdict(resume_from=find_checkpoint(checkpoints))
+        if self.resume:
+            return Verdict(resume_from=_require_checkpoint(path, checkpoints))
+        if not self.overwrite:
+            if (path / SUMMARY_FILE).exists():
+                raise RunDirError(Problem.FINISHED, Problem.FINISHED.describe(path))
+            _refuse_unfinished(path, checkpoints)
+        return Verdict()
+
+    def passes_over(self, error: RunDirError, own: bool) -> bool:
+        """Whether a claim refused by ``error`` tries the next candidate: a version taken
+        between the look and the lock (another run starting), for a run given no ``--out``."""
+        return not self.named and not own and error.problem == Problem.RUNNING
+
+    def plan(self) -> Path:
+        """The directory the run will most likely take (a run starting alongside may take
+        it first), checked without the lock; raises ``RunDirError``. Changes nothing.
+
+        A restarted group continues the directory its job's first attempt started, which
+        only the job's identity tells (it lives in the rendezvous store, known once torch
+        is up): the claim decides it, and this returns ``base``."""
+        if self.restarted:
+            return self.base
+        out, _ = next(self.candidates())
+        self.verdict(out)
+        return out
+
+    def version_of(self, path: Path) -> int:
+        """Which version of ``base`` ``path`` is: the number rank 0 shares with the others."""
+        return version_of(self.base, path)
+
+    def versioned(self, version: int) -> Path:
+        """``base``'s ``version``: the directory every rank learns rank 0 took."""
+        return versioned(self.base, version)
+
+    def why_elsewhere(self, taken: Path, own: bool = False) -> str | None:
+        """Why the run went to ``taken`` rather than ``base``, or None where there is
+        nothing to say: it went where asked, or elsewhere as a restart continuing its own
+        run (``own``) or ``--resume``, which say where they continue."""
+        if taken == self.base or own or self.resume:
+            return None
+        if self.overwrite:
+            return f"--overwrite: starting fresh in {taken}, the newest run of {self.base}"
+        left = self.orphans(taken)
+        if left:
+            folders = ", ".join(str(p) for p in left)
+            return (
+                f"checkpoints of deleted runs are left in {folders}: they are kept, and their "
+                f"runs' names are not reused until those folders are removed; this run goes "
+                f"to {taken}"
+            )
+        return f"{self.base} holds another run: this one goes to {taken}"
+
+    def orphans(self, taken: Path) -> list[Path]:
+        """The checkpoint folders of the versions of ``base`` before ``taken`` whose own
+        folders are gone (``_orphaned``): what a run given no ``--out`` passed over
+        besides runs."""
+        if self.checkpoint_dir is None:
+            return []
+        before = (versioned(self.base, v) for v in range(1, version_of(self.base, taken)))
+        folders = ((path, self.checkpoints(path)) for path in before)
+        return [checkpoints for path, checkpoints in folders if _orphaned(path, checkpoints)]
+
+    def _own_directory(self, job: str) -> Path | None:
+        """The directory among ``base`` (and, unless named, its versions) whose run was
+        started by ``job``, or None."""
+        for path in [self.base] if self.named else existing_versions(self.base):
+            if (read_status(path) or {}).get(JOB_KEY) == job:
+                return path
+        return None
+
+    def _free_versions(self) -> Iterator[Path]:
+        """``base``, ``base-v2``, ... in order, less those that hold a run (``holds_run``)
+        and those whose checkpoints would refuse a new run there: left by a deleted run
+        (``_orphaned``) or another directory's (``_refuse_foreign_checkpoints``)."""
+        for path in (versioned(self.base, v) for v in itertools.count(1)):
+            checkpoints = self.checkpoints(path)
+            taken = holds_run(path, checkpoints) or _orphaned(path, checkpoints)
+            if not (taken or _owned_elsewhere(path, checkpoints)):
+                yield path
 
 
 def versioned(base: Path, version: int) -> Path:
     """``base`` for version 1, else ``base-v<version>``: where a command's later runs go
     when its default output directory is taken."""
     return base if version == 1 else base.with_name(f"{base.name}-v{version}")
-
-
-def free_versions(base: Path, checkpoint_dir: str | Path | None = None) -> Iterator[Path]:
-    """``base``, ``base-v2``, ... in order, less those that hold a run (``holds_run``) and
-    those whose checkpoints under ``checkpoint_dir`` (the config's ``checkpoint.dir``)
-    would refuse a new run there: left by a deleted run (``orphaned``) or another
-    directory's (``refuse_foreign_checkpoints``)."""
-    for path in (versioned(base, v) for v in itertools.count(1)):
-        checkpoints = run_checkpoints(path, checkpoint_dir)
-        taken = holds_run(path, checkpoints) or orphaned(path, checkpoints)
-        if not (taken or _owned_elsewhere(path, checkpoints)):
-            yield path
-
-
-def orphaned(path: Path, checkpoints: Path) -> bool:
-    """Whether ``checkpoints`` hold a complete checkpoint while ``path``, the folder of
-    their run, is gone (deleted with its checkpoints kept under ``checkpoint.dir``). A
-    run given no ``--out`` passes over such a version: nothing removes them unasked."""
-    return not path.exists() and find_checkpoint(checkpoints) is not None
-
-
-def orphans(base: Path, taken: Path, checkpoint_dir: str | Path | None) -> list[Path]:
-    """The checkpoint folders of the versions of ``base`` before ``taken`` that are
-    ``orphaned``: what a run given no ``--out`` passed over besides runs."""
-    if not checkpoint_dir:
-        return []
-    before = (versioned(base, v) for v in range(1, version_of(base, taken)))
-    folders = ((path, run_checkpoints(path, checkpoint_dir)) for path in before)
-    return [checkpoints for path, checkpoints in folders if orphaned(path, checkpoints)]
-
-
-def _owned_elsewhere(path: Path, checkpoints: Path) -> bool:
-    owner = checkpoint_owner(checkpoints)
-    return owner is not None and Path(owner) != path.resolve()
 
 
 def existing_versions(base: Path) -> list[Path]:
@@ -238,40 +290,27 @@ def _version(base: Path, path: Path) -> int | None:
     return int(suffix) if suffix.isdigit() and int(suffix) >= 2 else None
 
 
-def holds_run(path: Path, checkpoints: Path | None = None) -> bool:
-    """Whether ``path`` holds a run that starting fresh would lose, or a running one:
-    a summary, trained epochs or a checkpoint (in ``checkpoints``, by default
-    ``<path>/checkpoints``), or a held lock. Changes nothing."""
-    checkpoints = checkpoints or run_checkpoints(path, None)
-    if not path.is_dir():
-        return False
-    if (path / SUMMARY_FILE).exists() or find_checkpoint(checkpoints) is not None:
-        return True
-    return _trained(path) or lock_held(path)
+def _orphaned(path: Path, checkpoints: Path) -> bool:
+    """Whether ``checkpoints`` hold a complete checkpoint while ``path``, the folder of
+    their run, is gone (deleted with its checkpoints kept under ``checkpoint.dir``). A
+    run given no ``--out`` passes over such a version: nothing removes them unasked."""
+    return not path.exists() and find_checkpoint(checkpoints) is not None
 
 
-def _trained(path: Path) -> bool:
-    """Whether the run in ``path`` recorded a trained epoch (``metrics.jsonl``)."""
-    metrics = path / "metrics.jsonl"
-    return metrics.exists() and metrics.stat().st_size > 0
+def _owned_elsewhere(path: Path, checkpoints: Path) -> bool:
+    owner = checkpoint_owner(checkpoints)
+    return owner is not None and Path(owner) != path.resolve()
 
 
-def find_checkpoint(checkpoint_dir: Path) -> Path | None:
-    """The newest complete checkpoint under ``checkpoint_dir`` (``adaqp.run.checkpoint``), or
-    None. Complete means it has a manifest; its shards are verified when loaded."""
-    epochs = complete_epochs(checkpoint_dir)
-    return checkpoint_dir / f"epoch-{epochs[-1]:06d}" if epochs else None
-
-
-def require_checkpoint(out_dir: Path, checkpoint_dir: Path) -> Path:
+def _require_checkpoint(out_dir: Path, checkpoints: Path) -> Path:
     """``find_checkpoint``, or RunDirError(NO_CHECKPOINT) when there is none."""
-    checkpoint = find_checkpoint(checkpoint_dir)
+    checkpoint = find_checkpoint(checkpoints)
     if checkpoint is None:
         raise RunDirError(Problem.NO_CHECKPOINT, Problem.NO_CHECKPOINT.describe(out_dir))
     return checkpoint
 
 
-def refuse_foreign_checkpoints(path: Path, checkpoints: Path) -> None:
+def _refuse_foreign_checkpoints(path: Path, checkpoints: Path) -> None:
     """Raises CHECKPOINTS_TAKEN where ``checkpoints`` (under ``checkpoint.dir``) belong to
     the run in another directory: they are never resumed, replaced or removed from here."""
     if not _owned_elsewhere(path, checkpoints):
@@ -285,11 +324,11 @@ def refuse_foreign_checkpoints(path: Path, checkpoints: Path) -> None:
     )
 
 
-def refuse_unfinished(path: Path, checkpoints: Path) -> None:
+def _refuse_unfinished(path: Path, checkpoints: Path) -> None:
     """Raises UNFINISHED if ``path`` holds a run that stopped after training something
     (epochs in ``metrics.jsonl`` or a checkpoint): starting fresh would lose it."""
     checkpoint = find_checkpoint(checkpoints)
-    if checkpoint is None and not _trained(path):
+    if checkpoint is None and not trained(path):
         return  # nothing that took time to make: the run can start again
     status = (read_status(path) or {}).get("status", "unknown")
     kept = (
@@ -301,61 +340,4 @@ def refuse_unfinished(path: Path, checkpoints: Path) -> None:
         Problem.UNFINISHED,
         f"{path} holds an unfinished run (status: {status}); {kept}--overwrite to start "
         "fresh there (deleting it), or choose another --out",
-    )
-
-
-def read_status(out_dir: str | Path) -> dict[str, Any] | None:
-    """The contents of ``status.json``; None if it is missing or unreadable."""
-    try:
-        status = json.loads((Path(out_dir) / STATUS_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return status if isinstance(status, dict) else None
-
-
-def lock_held(path: Path) -> bool:
-    """Whether a run holds ``path``'s lock now. A shared probe: two probes never see each
-    other, only a run's exclusive lock."""
-    try:
-        fd = os.open(path / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)  # closing releases the probe's own lock
-    return False
-
-
-def check_writable(out_dir: str | Path) -> None:
-    """Checks, changing nothing, that ``out_dir`` could be made (if missing) and written.
-
-    Creates and removes a probe file in ``out_dir`` or, if it is missing, in its nearest
-    existing parent: the ranks that only check must not leave directories behind.
-
-    Raises:
-        RunDirError(UNWRITABLE): with the reason (not a directory, permission, ...).
-    """
-    path = Path(out_dir)
-    existing = next(p for p in (path, *path.parents) if p.exists() or p.is_symlink())
-    if not existing.is_dir():
-        raise unwritable(path, f"{existing} exists and is not a directory")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=existing)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise unwritable(path, f"cannot create files in {existing}", exc) from exc
-
-
-def unwritable(path: Path, what: str, exc: OSError | None = None) -> RunDirError:
-    """RunDirError(UNWRITABLE) saying what could not be done in ``path``, and why."""
-    reason = f" ({exc.strerror or exc})" if exc is not None else ""
-    return RunDirError(
-        Problem.UNWRITABLE,
-        f"cannot write the run's output to {path}: {what}{reason}; choose another --out",
     )

@@ -1,11 +1,12 @@
 """What a run checks before any worker starts or anything on disk changes; no torch.
 
-``check`` decides the run's output directory and refuses, with ``Refusal``, whatever
-would stop the run before it trains: an output directory that holds a run the flags do
-not allow replacing or continuing, a partition directory that holds another partition
-or other files. The launcher asks it once (``adaqp.train --check``) before torchrun
-starts; every rank asks it again before the process group forms, so that a plain torchrun
-job refuses just as early. Both are usage or config errors (exit code 2).
+``check`` refuses, with ``Refusal``, whatever would stop the run before it trains: an
+output directory that holds a run the flags do not allow replacing or continuing (the
+run's ``Placement`` decides, and says which directory the run will most likely take), a
+partition directory that holds another partition or other files. The launcher asks it
+once (``adaqp.train --check``) before torchrun starts; every rank asks it again before
+the process group forms, so that a plain torchrun job refuses just as early. Both are
+usage or config errors (exit code 2).
 """
 
 from __future__ import annotations
@@ -23,22 +24,12 @@ from adaqp.partitioning.format import (
     check_target,
     read_metadata,
 )
-from adaqp.run.ckptdir import run_checkpoints
-from adaqp.run.placement import RunDirError, candidates, verdict
+from adaqp.run.placement import Placement
+from adaqp.run.runfiles import RunDirError
 
 
 class Refusal(Exception):
     """The run cannot start as asked; the message says why and what to do."""
-
-
-def output_dir(config: Config, world_size: int, name: str | None = None) -> Path:
-    """``metrics.out``, or ``results/runs/<name>-<mode>-p<P>``: ``name`` is the config
-    file's stem (``<dataset>-<model>`` without one), so two configs never share a folder.
-    Later runs of the same command take ``-v2``, ``-v3``, ... (``adaqp.run.rundir``)."""
-    if config.metrics.out:
-        return Path(config.metrics.out)
-    stem = name or f"{config.data.dataset}-{config.model.name}"
-    return Path("results") / "runs" / f"{stem}-{config.comm.mode}-p{world_size}"
 
 
 def partition_dir(config: Config, world_size: int) -> Path:
@@ -51,44 +42,14 @@ def partition_dir(config: Config, world_size: int) -> Path:
     return Path("partitions") / name
 
 
-def check(config: Config, world_size: int, name: str | None = None, **flags) -> Path:
-    """The output directory this run will take (``plan_output``, with its keyword flags),
-    and a partition directory that fits; raises ``Refusal``. Changes nothing."""
-    out = plan_output(config, world_size, name, **flags)
-    check_partition(config, world_size)
-    return out
-
-
-def plan_output(
-    config: Config,
-    world_size: int,
-    name: str | None = None,
-    *,
-    overwrite: bool = False,
-    resume: bool = False,
-    restarted: bool = False,
-) -> Path:
-    """The output directory: ``metrics.out`` as given, checked; without one, the default
-    directory, or its first free version (``-v2``, ...) where it holds a run. Given no
-    output directory, ``resume`` and ``overwrite`` act on the newest version. The
-    verdict is ``adaqp.run.placement``'s, the one rank 0's claim reaches under the lock.
-
-    A restarted worker group (``restarted``) continues the directory its job's first
-    attempt started, which only the job's identity tells (it lives in the rendezvous
-    store, known once torch is up): the claim decides it, and this returns the default.
-    """
-    base = output_dir(config, world_size, name)
-    if restarted:
-        return base
-    checkpoint_dir = config.checkpoint.dir or None
-    options = dict(overwrite=overwrite, resume=resume)
-    out, _ = next(
-        candidates(base, named=bool(config.metrics.out), checkpoint_dir=checkpoint_dir, **options)
-    )
+def check(config: Config, world_size: int, placement: Placement) -> Path:
+    """The output directory this run will most likely take (``placement.plan``), and a
+    partition directory that fits; raises ``Refusal``. Changes nothing."""
     try:
-        verdict(out, run_checkpoints(out, checkpoint_dir), **options)
+        out = placement.plan()
     except RunDirError as exc:
         raise Refusal(str(exc)) from None
+    check_partition(config, world_size)
     return out
 
 

@@ -1,32 +1,20 @@
-"""The run's output directory: who may write it, and whether what it holds is complete.
+"""The claim on a run's output directory: its lock, ``status.json``, and starting fresh.
 
-Rank 0 claims ``--out`` before any other work and holds it until its process ends::
+Rank 0 claims the directory its :class:`~adaqp.run.placement.Placement` picks before any
+other work, and holds it until its process ends; which directory that is, and whether the
+run may take it, the placement decides (``candidates``, ``verdict``), asked here again
+under the lock. What a directory holds is drawn in ``adaqp.run.runfiles``.
 
-    out/
-      run.lock        flock held by the run writing here (pid, host); the kernel
-                      releases it when that process ends, however it ends
-      status.json     {"status": "running" | "complete" | "failed" | "interrupted",
-                       "job": ..., "error": ..., "pid": ..., "host": ..., "started_at": ...}
-      config.json     -+
-      metrics.jsonl    +- adaqp.run.metrics.RunWriter's files; summary.json is written
-      summary.json    -+  only once the run is complete
-      checkpoints/    adaqp.run.checkpoint's files (unless checkpoint.dir puts them elsewhere)
-
-A directory with a ``summary.json`` holds a finished run, one whose lock is held a running
-run. No run is removed unless ``overwrite`` says so (it removes only ``PROJECT_FILES`` and
-the run's own checkpoints); ``resume`` continues from the newest complete checkpoint; a
-running run is never joined. A run given no output directory never meets a refusal: where
-its default directory holds a run, it takes the next free ``<dir>-v2``, ``<dir>-v3``, ...
-(``new_version``). A failed or interrupted run says so in ``status.json`` and has no
-``summary.json``; a new run may start over one that trained nothing. A run whose rank 0
-was killed (by the kernel's out-of-memory killer, say) cannot say so: the launcher
-records it once the workers have ended (``record_lost_end``). Which directory a run
-takes and every refusal are decided in one place, ``adaqp.run.placement``, which the
-pre-flight check asks too. A claim is two steps, ``reserve`` (the lock and that verdict,
-nothing changed) and ``start`` (old files removed, "running", the job's identity
+A claim is two steps, ``reserve`` (the lock and that verdict, nothing changed) and
+``start`` (old files removed where the run starts fresh, "running", the job's identity
 recorded), so that the checks between them leave a refused run's directory as it was.
+Starting fresh removes only ``PROJECT_FILES`` and the run's own checkpoints; a running run
+is never joined. A failed or interrupted run says so in ``status.json`` and has no
+``summary.json``. A run whose rank 0 was killed (by the kernel's out-of-memory killer,
+say) cannot say so: the launcher records it once the workers have ended
+(``record_lost_end``).
 
-Nothing here is collective: ``adaqp.train`` combines every rank's verdict in one
+Nothing here is collective: ``adaqp.run.job`` combines every rank's verdict in one
 all-reduce, which is why a problem has a number (``Problem``).
 """
 
@@ -39,12 +27,12 @@ import os
 import socket
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adaqp.atomic import write_json
 from adaqp.handoff import STATUS_DIR_ENV
-from adaqp.run.ckptdir import DEFAULT_DIR, claim_checkpoints, run_checkpoints
-from adaqp.run.placement import (
+from adaqp.run.ckptdir import claim_checkpoints
+from adaqp.run.runfiles import (
     JOB_KEY,
     LOCK_FILE,
     PROJECT_FILES,
@@ -52,13 +40,14 @@ from adaqp.run.placement import (
     SUMMARY_FILE,
     Problem,
     RunDirError,
-    candidates,
     lock_held,
     read_status,
     unwritable,
-    verdict,
 )
 from adaqp.stop import stop_requested
+
+if TYPE_CHECKING:
+    from adaqp.run.placement import Placement
 
 logger = logging.getLogger(__name__)
 
@@ -71,12 +60,13 @@ for the launcher to record the end of a run whose rank 0 could not (``record_los
 class RunDir:
     """A claimed output directory: holds its lock and writes ``status.json``.
 
-    Make one with ``RunDir.claim``; the lock lasts until ``close`` or the process ends.
+    Make one with ``RunDir.claim`` (or ``reserve``, then ``start``); the lock lasts until
+    ``close`` or the process ends.
     """
 
-    def __init__(self, path: Path, lock_fd: int, resume_from: Path | None = None):
+    def __init__(self, path: Path, lock_fd: int, checkpoints: Path, shared: bool = False):
         self.path = path
-        self.resume_from = resume_from
+        self.resume_from: Path | None = None
         """The checkpoint this run continues from (``resume``); None when starting fresh."""
         self.job: str | None = None
         """The job that claims the directory, recorded in ``status.json`` by ``start``."""
@@ -90,13 +80,13 @@ class RunDir:
         self._started = False
         self._created = False  # this claim made the directory (removed if never started)
         self._replaces_finished = False  # a finished run is here (``start`` removes it)
-        self._checkpoints = path / DEFAULT_DIR
-        self._shared_checkpoints = False  # under checkpoint.dir: marked with their owner
+        self._checkpoints = checkpoints  # where the run's placement keeps them
+        self._shared_checkpoints = shared  # under checkpoint.dir: marked with their owner
 
     @classmethod
-    def claim(cls, out_dir: str | Path, **flags) -> RunDir:
-        """``reserve`` (with its keyword flags), then ``start``: ready to write."""
-        run = cls.reserve(out_dir, **flags)
+    def claim(cls, placement: Placement, job: str | None = None) -> RunDir:
+        """``reserve``, then ``start``: ready to write."""
+        run = cls.reserve(placement, job)
         try:
             run.start()
         except BaseException:
@@ -105,58 +95,27 @@ class RunDir:
         return run
 
     @classmethod
-    def reserve(
-        cls,
-        out_dir: str | Path,
-        *,
-        overwrite: bool = False,
-        resume: bool = False,
-        checkpoint_dir: str | Path | None = None,
-        new_version: bool = False,
-        job: str | None = None,
-        restarted: bool = False,
-    ) -> RunDir:
-        """Locks a directory for this process, changing none of its files (``start`` does).
+    def reserve(cls, placement: Placement, job: str | None = None) -> RunDir:
+        """Locks the directory ``placement`` picks for this process, changing none of its
+        files (``start`` does).
 
-        ``out_dir`` is the directory, or with ``new_version`` (a run given no output
-        directory) the first of its versions: where it holds a run, the first of
-        ``out_dir-v2``, ``out_dir-v3``, ... that holds none is taken instead, so that no
-        run is ever replaced unasked; ``resume`` and ``overwrite`` then act on the newest.
-        ``resume`` keeps the run there and continues it; ``overwrite`` lets ``start``
-        remove it (its files and its own checkpoints). ``checkpoint_dir``: the config's
-        ``checkpoint.dir`` (``adaqp.run.ckptdir.run_checkpoints``). ``job``: the job's
-        identity, which ``start`` records; ``restarted`` (a worker group that torchrun
-        restarted): the directory whose run that job started is continued, from its
-        newest checkpoint if any, and no other; where there is none, the run is new.
+        The first of ``placement.candidates`` whose ``verdict``, asked again under the
+        lock, lets the run in; a version another run took between the look and the lock
+        is passed over (``placement.passes_over``). ``job``: the job's identity, which
+        ``start`` records and by which a restarted group finds its own run.
 
         Raises:
-            RunDirError: UNWRITABLE, RUNNING (another process holds the lock, whatever
-                the flags), FINISHED (a summary is there and neither ``overwrite`` nor
-                ``resume``), UNFINISHED (an interrupted or failed run that trained some
-                epochs or left a checkpoint, without ``resume`` or ``overwrite``),
-                NO_CHECKPOINT (``resume`` without a checkpoint) or CHECKPOINTS_TAKEN
-                (another run's checkpoints are where this one's go). Nothing is changed.
+            RunDirError: the verdict's refusal (``Placement.verdict``), or RUNNING where
+                another process holds the lock, whatever the flags. Nothing is changed.
         """
-        if overwrite and resume:
-            raise ValueError("overwrite and resume exclude each other")
-        options = dict(
-            named=not new_version,
-            checkpoint_dir=checkpoint_dir,
-            overwrite=overwrite,
-            resume=resume,
-            job=job if restarted else None,
-        )
-        for path, own in candidates(Path(out_dir), **options):
-            checkpoints = run_checkpoints(path, checkpoint_dir)
+        for path, own in placement.candidates(job):
             try:
-                run = cls._reserve(path, checkpoints, overwrite, resume, own)
+                run = cls._reserve(placement, path, own)
             except RunDirError as exc:
-                # Taken between the look and the lock (another run starting): next one.
-                if not (new_version and not own and exc.problem == Problem.RUNNING):
+                if not placement.passes_over(exc, own):
                     raise
                 continue
             run.job, run.own = job, own
-            run._shared_checkpoints = bool(checkpoint_dir)
             if run.finished:
                 logger.info(
                     "restarted: this job's run in %s had already finished (%s); it is kept "
@@ -170,26 +129,22 @@ class RunDir:
         raise AssertionError("unreachable")
 
     @classmethod
-    def _reserve(
-        cls, path: Path, checkpoints: Path, overwrite: bool, resume: bool, own: bool
-    ) -> RunDir:
+    def _reserve(cls, placement: Placement, path: Path, own: bool) -> RunDir:
         if not path.exists():  # a refusal must not leave a directory behind
-            verdict(path, checkpoints, overwrite=overwrite, resume=resume, own=own)
+            placement.verdict(path, own=own)
         created = not path.exists()
         _make_dir(path)
         try:
             fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise unwritable(path, f"cannot create files in {path}", exc) from exc
-        run = cls(path, fd)
+        shared = placement.checkpoint_dir is not None
+        run = cls(path, fd, placement.checkpoints(path), shared)
         run._created = created
         try:
             _lock(fd, path)
-            decided = verdict(
-                path, checkpoints, overwrite=overwrite, resume=resume, own=own, locked=True
-            )
+            decided = placement.verdict(path, own=own, locked=True)
             run.resume_from, run.finished = decided.resume_from, decided.finished
-            run._checkpoints = checkpoints
             run._replaces_finished = (path / SUMMARY_FILE).exists()
         except BaseException:
             run.close()

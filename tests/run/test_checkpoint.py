@@ -33,6 +33,7 @@ from adaqp.run.checkpoint import (
     write_manifest,
     write_shard,
 )
+from adaqp.run.placement import Placement
 from adaqp.run.trainer import Trainer
 from adaqp.runtime import init_distributed, shutdown
 from tests.distributed import QUANTIZED, run_workers, worker_pid
@@ -86,7 +87,8 @@ def _worker(rank, world_size, init_method, part_dir, ckpt_dir, overrides, stop_a
             graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
             trainer = Trainer(config, graph, meta, world)
             # checkpoint.dir keeps each run's checkpoints under the run's folder name.
-            ckpt = Checkpointer.for_run(config, world, Path("run"), meta)
+            root = Placement.of(config, world_size).checkpoints(Path("run"))
+            ckpt = Checkpointer.for_run(config, world, root, meta)
             history = None
             if stage == 1:
                 epoch, tensors, history = ckpt.load_latest()

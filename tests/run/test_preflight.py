@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from adaqp.config import load_config
-from adaqp.run.ckptdir import MANIFEST
-from adaqp.run.preflight import Refusal, check, output_dir, plan_output
+from adaqp.run.placement import Placement
+from adaqp.run.preflight import Refusal, check
 from adaqp.run.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +20,7 @@ def _config(tmp_path: Path, *overrides: str):
 
 
 def _finished(out: Path) -> None:
-    run = RunDir.claim(out)
+    run = RunDir.claim(Placement(out))
     (out / "metrics.jsonl").write_text('{"epoch": 1}\n')
     (out / "summary.json").write_text("{}\n")
     run.end()
@@ -31,37 +31,15 @@ def _tree(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
 
-def test_without_out_a_taken_default_gives_the_next_version(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    config = _config(tmp_path)
-    base = output_dir(config, 4, "cora-gcn")
-    assert base == Path("results/runs/cora-gcn-vanilla-p4")
-    assert plan_output(config, 4, "cora-gcn") == base  # free
-    _finished(base)
-    assert plan_output(config, 4, "cora-gcn") == Path("results/runs/cora-gcn-vanilla-p4-v2")
-    _finished(Path("results/runs/cora-gcn-vanilla-p4-v2"))
-    before = _tree(tmp_path)
-    assert plan_output(config, 4, "cora-gcn").name == "cora-gcn-vanilla-p4-v3"
-    # --resume and --overwrite without --out: the newest run of the command.
-    with pytest.raises(Refusal, match="no checkpoint to resume from"):
-        plan_output(config, 4, "cora-gcn", resume=True)
-    step = Path("results/runs/cora-gcn-vanilla-p4-v2/checkpoints/epoch-000002")
-    step.mkdir(parents=True)
-    (step / MANIFEST).write_text("{}\n")
-    assert plan_output(config, 4, "cora-gcn", resume=True).name == "cora-gcn-vanilla-p4-v2"
-    assert plan_output(config, 4, "cora-gcn", overwrite=True).name == "cora-gcn-vanilla-p4-v2"
-    assert _tree(tmp_path) == sorted([*before, *map(str, (step.parent, step, step / MANIFEST))])
-
-
 def test_a_named_out_holding_a_run_is_refused_unless_a_flag_says_what_to_do(tmp_path):
     out = tmp_path / "mine"
     _finished(out)
     config = _config(tmp_path, f"metrics.out={out}")
     with pytest.raises(Refusal, match="holds a finished run"):
-        check(config, 4)
-    assert check(config, 4, overwrite=True) == out
+        check(config, 4, Placement.of(config, 4))
+    assert check(config, 4, Placement.of(config, 4, overwrite=True)) == out
     with pytest.raises(Refusal, match="no checkpoint"):
-        check(config, 4, resume=True)
+        check(config, 4, Placement.of(config, 4, resume=True))
 
 
 def test_a_partition_folder_with_other_files_or_another_world_size_is_refused(tmp_path):
@@ -70,7 +48,7 @@ def test_a_partition_folder_with_other_files_or_another_world_size_is_refused(tm
     (parts / "notes.txt").write_text("mine\n")
     config = _config(tmp_path, f"metrics.out={tmp_path / 'out'}")
     with pytest.raises(Refusal, match="not an AdaQP partition"):
-        check(config, 4)
+        check(config, 4, Placement.of(config, 4))
     assert _tree(tmp_path) == ["parts", "parts/notes.txt"]
 
 
@@ -80,7 +58,7 @@ def test_a_partition_for_another_number_of_workers_is_refused(tmp_path):
 
     config = _config(tmp_path, f"metrics.out={tmp_path / 'out'}")
     ensure_partition(config.data, config.partition, 2, tmp_path / "parts")
-    assert check(config, 2) == tmp_path / "out"
+    assert check(config, 2, Placement.of(config, 2)) == tmp_path / "out"
     with pytest.raises(Refusal, match="2"):
-        check(config, 4)
+        check(config, 4, Placement.of(config, 4))
     assert not (tmp_path / "out").exists()

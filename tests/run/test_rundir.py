@@ -14,19 +14,17 @@ import pytest
 from adaqp import stop
 from adaqp.run.ckptdir import MANIFEST
 from adaqp.run.metrics import RunWriter
-from adaqp.run.placement import (
+from adaqp.run.placement import Placement, newest_version, version_of, versioned
+from adaqp.run.rundir import RunDir
+from adaqp.run.runfiles import (
     LOCK_FILE,
     PROJECT_FILES,
     Problem,
     RunDirError,
     check_writable,
     holds_run,
-    newest_version,
     read_status,
-    version_of,
-    versioned,
 )
-from adaqp.run.rundir import RunDir
 from adaqp.run.summary import Summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _finished_run(out: Path) -> None:
     """A directory as a complete run leaves it, plus a file the project did not write."""
-    run = RunDir.claim(out)
+    run = RunDir.claim(Placement(out))
     (out / "config.json").write_text('{"old": true}\n')
     (out / "metrics.jsonl").write_text('{"epoch": 1}\n')
     (out / "summary.json").write_text('{"test_acc": 0.8}\n')
@@ -46,13 +44,13 @@ def _finished_run(out: Path) -> None:
 
 def _refused(out: Path, **flags) -> RunDirError:
     with pytest.raises(RunDirError) as info:
-        RunDir.claim(out, **flags)
+        RunDir.claim(Placement(out, **flags))
     return info.value
 
 
 def test_claim_makes_the_directory_and_marks_it_running(tmp_path):
     out = tmp_path / "a" / "b"
-    run = RunDir.claim(out)
+    run = RunDir.claim(Placement(out))
     try:
         status = read_status(out)
         assert status["status"] == "running" and status["pid"] == os.getpid()
@@ -79,7 +77,7 @@ def test_overwrite_removes_only_the_run_files(tmp_path):
     _finished_run(out)
     (out / "summary.json.tmp").write_text("half")
     (out / "notes.txt").write_text("mine\n")
-    run = RunDir.claim(out, overwrite=True)
+    run = RunDir.claim(Placement(out, overwrite=True))
     try:
         left = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
         assert left == ["logs/host0.log", "notes.txt", LOCK_FILE, "status.json"]
@@ -90,7 +88,7 @@ def test_overwrite_removes_only_the_run_files(tmp_path):
 
 def test_a_running_run_is_refused_even_with_overwrite(tmp_path):
     out = tmp_path / "run"
-    first = RunDir.claim(out)
+    first = RunDir.claim(Placement(out))
     try:
         for flags in ({}, {"overwrite": True}):
             error = _refused(out, **flags)
@@ -99,7 +97,7 @@ def test_a_running_run_is_refused_even_with_overwrite(tmp_path):
         assert read_status(out)["status"] == "running"
     finally:
         first.close()
-    RunDir.claim(out).close()  # free again once the holder lets go
+    RunDir.claim(Placement(out)).close()  # free again once the holder lets go
 
 
 def test_lock_of_a_killed_process_does_not_block(tmp_path):
@@ -108,8 +106,9 @@ def test_lock_of_a_killed_process_does_not_block(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys, time; from adaqp.run.rundir import RunDir; "
-            "RunDir.claim(sys.argv[1]); print('held', flush=True); time.sleep(600)",
+            "import sys, time; from adaqp.run.placement import Placement; "
+            "from adaqp.run.rundir import RunDir; RunDir.claim(Placement(sys.argv[1])); "
+            "print('held', flush=True); time.sleep(600)",
             str(out),
         ],
         cwd=ROOT,
@@ -122,7 +121,7 @@ def test_lock_of_a_killed_process_does_not_block(tmp_path):
     finally:
         holder.kill()
         holder.wait(timeout=60)
-    run = RunDir.claim(out)  # the kernel dropped the dead holder's lock
+    run = RunDir.claim(Placement(out))  # the kernel dropped the dead holder's lock
     try:
         assert read_status(out)["pid"] == os.getpid()
     finally:
@@ -137,7 +136,7 @@ def _fake_checkpoint(root: Path, epoch: int) -> None:
 
 
 def _stopped_run(out: Path, exc: BaseException, epochs: int) -> None:
-    run = RunDir.claim(out, overwrite=True)
+    run = RunDir.claim(Placement(out, overwrite=True))
     (out / "metrics.jsonl").write_text("".join(f'{{"epoch": {e}}}\n' for e in range(epochs)))
     run.end(exc)
     run.close()
@@ -155,7 +154,7 @@ def test_unfinished_run_is_refused_unless_resumed_or_overwritten(tmp_path, exc):
     assert error.problem is Problem.UNFINISHED
     assert "unfinished run" in str(error) and "--overwrite" in str(error)
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
-    run = RunDir.claim(out, overwrite=True)
+    run = RunDir.claim(Placement(out, overwrite=True))
     try:
         assert not (out / "metrics.jsonl").exists()
     finally:
@@ -188,7 +187,7 @@ def test_unfinished_run_with_a_checkpoint_names_resume(tmp_path):
 def test_stopped_run_that_trained_nothing_starts_again_without_a_flag(tmp_path):
     out = tmp_path / "run"
     _stopped_run(out, RuntimeError("bad partition"), epochs=0)
-    run = RunDir.claim(out)  # nothing that took time to make is lost
+    run = RunDir.claim(Placement(out))  # nothing that took time to make is lost
     try:
         assert read_status(out)["status"] == "running"
     finally:
@@ -212,17 +211,17 @@ def test_new_version_takes_the_next_free_directory_and_leaves_the_run_there(tmp_
         _stopped_run(out, KeyboardInterrupt(), epochs=0)
         _fake_checkpoint(out / "checkpoints", 2)
     else:
-        holder = RunDir.claim(out)
+        holder = RunDir.claim(Placement(out))
     before = _files(out)
     try:
         assert holds_run(out)
-        run = RunDir.claim(out, new_version=True)
+        run = RunDir.claim(Placement(out, named=False))
         try:
             assert run.path == tmp_path / "run-v2" and version_of(out, run.path) == 2
             assert read_status(run.path)["status"] == "running"
         finally:
             run.close()
-        third = RunDir.claim(out, new_version=True)  # v2 trained nothing: it is reused
+        third = RunDir.claim(Placement(out, named=False))  # v2 trained nothing: it is reused
         third.close()
         assert third.path == tmp_path / "run-v2"
         assert _files(out) == before
@@ -236,7 +235,7 @@ def test_new_version_skips_every_taken_version_and_reuses_an_empty_one(tmp_path)
     for version in (1, 2, 3):
         _finished_run(versioned(base, version))
     assert versioned(base, 3) == tmp_path / "run-v3" and newest_version(base) == versioned(base, 3)
-    run = RunDir.claim(base, new_version=True)
+    run = RunDir.claim(Placement(base, named=False))
     run.close()
     assert run.path == tmp_path / "run-v4"
     assert newest_version(base) == tmp_path / "run-v4"  # the newest run, finished or not
@@ -249,15 +248,15 @@ def test_a_reservation_changes_nothing_until_it_starts(tmp_path):
     out = tmp_path / "run"
     _finished_run(out)
     before = _files(out)
-    reserved = RunDir.reserve(out, overwrite=True)
+    reserved = RunDir.reserve(Placement(out, overwrite=True))
     reserved.end(RuntimeError("the partition was refused"))
     reserved.close()
     assert _files(out) == before
-    fresh = RunDir.reserve(tmp_path / "new")
+    fresh = RunDir.reserve(Placement(tmp_path / "new"))
     fresh.end(RuntimeError("refused"))
     fresh.close()
     assert not (tmp_path / "new").exists()
-    started = RunDir.reserve(out, overwrite=True)
+    started = RunDir.reserve(Placement(out, overwrite=True))
     started.start()
     started.close()
     assert not (out / "summary.json").exists()
@@ -281,7 +280,7 @@ def test_resume_without_a_checkpoint_is_an_error(tmp_path, finished):
 
 def test_overwrite_and_resume_exclude_each_other(tmp_path):
     with pytest.raises(ValueError, match="exclude"):
-        RunDir.claim(tmp_path / "run", overwrite=True, resume=True)
+        RunDir.claim(Placement(tmp_path / "run", overwrite=True, resume=True))
 
 
 def _unwritable_paths(tmp_path: Path) -> list[Path]:
@@ -299,7 +298,7 @@ def _unwritable_paths(tmp_path: Path) -> list[Path]:
 
 def test_unwritable_out_is_refused_naming_the_path(tmp_path):
     for path in _unwritable_paths(tmp_path):
-        for check in (RunDir.claim, check_writable):
+        for check in (lambda out: RunDir.claim(Placement(out)), check_writable):
             with pytest.raises(RunDirError) as info:
                 check(path)
             assert info.value.problem is Problem.UNWRITABLE
@@ -316,7 +315,7 @@ def test_check_writable_changes_nothing(tmp_path):
 
 def test_status_is_replaced_atomically(tmp_path, monkeypatch):
     out = tmp_path / "run"
-    run = RunDir.claim(out)
+    run = RunDir.claim(Placement(out))
     try:
         seen = []
         real_replace = Path.replace
@@ -337,7 +336,7 @@ def test_status_is_replaced_atomically(tmp_path, monkeypatch):
 def test_every_file_a_run_writes_is_known_to_overwrite(tmp_path):
     """Starting fresh removes PROJECT_FILES: they must cover what RunWriter writes."""
     out = tmp_path / "run"
-    run = RunDir.claim(out)
+    run = RunDir.claim(Placement(out))
     writer = RunWriter(out, enabled=True)
     writer.write_config({"a": 1})
     writer.close()
