@@ -169,6 +169,10 @@ class TrainConfig:
     """Epochs left out of the median epoch time."""
     stop_on_nonfinite: bool = True
     """Stop with an error naming the epoch when the training loss is NaN or infinite."""
+    compute_rows: str = "loss"
+    """Rows a training step computes: ``loss``, only those its loss reads (each layer the
+    rows within reach of a training node, each exchange their halo rows: the same values,
+    less work; adaqp/graph/loss_rows.py), or ``all``. Evaluation computes every row."""
 
     def __post_init__(self) -> None:
         check(self.epochs >= 1, "train.epochs", f"must be at least 1, got {self.epochs}")
@@ -181,6 +185,7 @@ class TrainConfig:
         check(self.weight_decay >= 0, "train.weight_decay", "must be non-negative")
         check(self.eval_every >= 0, "train.eval_every", "must be non-negative")
         check(self.warmup_epochs >= 0, "train.warmup_epochs", "must be non-negative")
+        check_choice(self.compute_rows, ("loss", "all"), "train.compute_rows")
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import torch
 from adaqp.exchange.planner import BitWidthPlanner
 from adaqp.exchange.policy import ExchangePolicy, substate
 from adaqp.exchange.transport import BitPlan, ExchangeKey, HaloTransport, PendingExchange
+from adaqp.quant.kernels import squared_ranges
 
 
 class AdaptivePolicy(ExchangePolicy):
@@ -39,7 +40,15 @@ class AdaptivePolicy(ExchangePolicy):
         traced = self.planner.tracing
         handle = super()._launch(key, rows_RD, ranges or traced)
         if traced:
-            self.planner.trace(key, rows_RD, handle.squared_ranges)
+            squared = handle.squared_ranges
+            selection = self.transport.selection(key, rows_RD.shape[0])
+            if selection is not None:
+                # Fewer rows travel than the plan covers: the others count as exact.
+                if squared is None:
+                    squared = squared_ranges(rows_RD, self.transport.kernels).cpu()
+                rows = sum(self.transport.counts(key)[0])
+                squared = selection.whole(squared, rows, key.direction.sends_inner)
+            self.planner.trace(key, rows_RD, squared)
         return handle
 
     def end_epoch(

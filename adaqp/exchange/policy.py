@@ -132,7 +132,8 @@ class ExchangePolicy:
         self, key: ExchangeKey, rows_RD: torch.Tensor, ranges: bool = False
     ) -> PendingExchange:
         """Starts a training exchange at its plan; ``ranges``: the handle carries the sent
-        rows' squared ranges where the quantizer reads them (``HaloTransport.start``)."""
+        rows' squared ranges where the quantizer reads them (``HaloTransport.start``). The
+        plan is the whole exchange's; the transport cuts it to the rows that travel."""
         out_counts, in_counts = self.transport.counts(key)
         plan = self.plan(key, sum(out_counts), sum(in_counts), rows_RD.shape[1])
         handle = self.transport.start(rows_RD, key, plan, ranges)

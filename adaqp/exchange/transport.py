@@ -21,6 +21,10 @@ whole buffer: ``adaqp/exchange/message.py``). The quantizer's path (compiled CPU
 or torch operators, same bytes) is chosen per transport. Without a plan, rows travel as
 float32. Every wait is bounded by ``timeout_s`` and fails naming the rank and the step.
 
+Where a training step computes only the rows its loss reads (``adaqp/graph/loss_rows.py``),
+``select`` gives a layer's exchanges a subset of the send list and halo, taken where fewer
+rows are sent: counts, sources, rounding keys and the plan (cut) are then the subset's.
+
 Shapes: S rows sent in forward, H halo rows, D features, R rows in one direction.
 """
 
@@ -40,6 +44,7 @@ import torch.distributed as dist
 from adaqp.bits import FULL_PRECISION_BITS
 from adaqp.exchange import message
 from adaqp.exchange.message import BitPlan
+from adaqp.exchange.selection import Selection
 from adaqp.quant import kernels as quant_kernels
 from adaqp.quant.draws import Draw, RowKeys, draw_key
 from adaqp.quant.mixed import blend_
@@ -287,6 +292,25 @@ class HaloTransport:
         """The epoch the rounding is keyed by; set by the trainer (``begin_epoch``)."""
         self.kernels = "compiled" if quant_kernels.use_compiled(kernels, device) else "torch"
         """The quantizer's path for this transport's device: compiled or torch."""
+        self.selections: dict[int, Selection] = {}
+        """By layer: the rows its exchanges move when they send fewer than all (``select``)."""
+
+    def select(
+        self, layer: int, send_keep: np.ndarray, halo_keep: np.ndarray, send_idx: torch.Tensor
+    ) -> None:
+        """Training exchanges of ``layer`` move only the rows ``send_keep`` of the send list
+        (forward rows ``rows.index_select(0, send_idx)``) and ``halo_keep`` of the halo,
+        ascending positions, which peers agree on (``adaqp/graph/loss_rows.py``)."""
+        counts, ids = (self.send_counts, self.recv_counts), (self.send_ids, self.halo_ids)
+        self.selections[layer] = Selection.of(send_keep, halo_keep, *counts, send_idx, *ids)
+
+    def selection(self, key: ExchangeKey, rows: int) -> Selection | None:
+        """The selection an exchange of ``key`` that sends ``rows`` rows moves: its layer's,
+        unless it sends the whole exchange's rows (evaluation's)."""
+        selection = self.selections.get(key.layer)
+        if selection is None or key.direction not in (Direction.FORWARD, Direction.BACKWARD):
+            return None
+        return None if rows == sum(self.counts(key)[0]) else selection
 
     def warm_up(self) -> None:
         """Loads (or compiles once per machine) the compiled quantizer now, before any timed
@@ -302,22 +326,28 @@ class HaloTransport:
         """Exchanges from now on round with the draws of ``epoch``."""
         self.epoch = epoch
 
-    def draw_keys(self, key: ExchangeKey, rows: int) -> RowKeys:
+    def draw_keys(self, key: ExchangeKey, rows: int, selection: Selection | None = None) -> RowKeys:
         """The keys of an exchange's rounding: its base key hashes (seed, epoch, layer,
         direction; the sending rank too for gradients, partial sums that the owner adds, so
         that their rounding errors are independent), each row's key is its node's global id.
-        A node's row is thus rounded alike whichever rank sends it to whichever peer."""
+        A node's row is thus rounded alike whichever rank sends it to whichever peer, and
+        whichever rows travel with it (``selection``)."""
+        owner = selection or self
+        send_ids, halo_ids = owner.send_ids, owner.halo_ids
         if key.direction.sends_inner:
             base = draw_key(self.seed, self.epoch, key.layer, Draw.FORWARD)
-            return RowKeys.of(base, self.send_ids, rows)
+            return RowKeys.of(base, send_ids, rows)
         base = draw_key(self.seed, self.epoch, key.layer, Draw.BACKWARD, self.rank)
-        return RowKeys.of(base, self.halo_ids, rows)
+        return RowKeys.of(base, halo_ids, rows)
 
-    def counts(self, key: ExchangeKey) -> tuple[list[int], list[int]]:
-        """(rows out per peer, rows in per peer) of an exchange in ``key``'s direction."""
-        if key.direction.sends_inner:
-            return self.send_counts, self.recv_counts
-        return self.recv_counts, self.send_counts
+    def counts(
+        self, key: ExchangeKey, selection: Selection | None = None
+    ) -> tuple[list[int], list[int]]:
+        """(rows out per peer, rows in per peer) of an exchange in ``key``'s direction, of
+        the whole exchange or of the rows ``selection`` moves."""
+        owner = selection or self
+        send, recv = owner.send_counts, owner.recv_counts
+        return (send, recv) if key.direction.sends_inner else (recv, send)
 
     def start(
         self,
@@ -327,8 +357,13 @@ class HaloTransport:
         ranges: bool = False,
     ) -> PendingExchange:
         """Sends ``rows_RD`` (peer segments in rank order) and returns the handle; with
-        ``ranges``, the handle's ``squared_ranges`` where the quantizer reads them."""
-        out_counts, in_counts = self.counts(key)
+        ``ranges``, the handle's ``squared_ranges`` where the quantizer reads them. Fewer
+        rows than the whole exchange's are the rows ``select`` chose for the layer
+        (``plan``, the whole exchange's, is then cut to them)."""
+        selection = self.selection(key, rows_RD.shape[0])
+        out_counts, in_counts = self.counts(key, selection)
+        if plan is not None and selection is not None:
+            plan = selection.cut(plan, key.direction.sends_inner)
         if rows_RD.shape[0] != sum(out_counts):
             raise ValueError(
                 f"rank {self.rank}: {key} sends {sum(out_counts)} rows, got {rows_RD.shape[0]}"
@@ -352,10 +387,10 @@ class HaloTransport:
             )
 
         began = time.perf_counter()
-        sources = self.send_idx if key.direction is Direction.FORWARD else None
+        sources = (selection or self).send_idx if key.direction is Direction.FORWARD else None
         sent, received = plan.layouts(dim, out_counts, in_counts, sources)
         send = torch.empty(sum(sent.segment_bytes), dtype=torch.uint8, device=rows_RD.device)
-        keys = self.draw_keys(key, rows_RD.shape[0])
+        keys = self.draw_keys(key, rows_RD.shape[0], selection)
         squared = torch.empty(rows_RD.shape[0], dtype=torch.float64) if ranges else None
         if not message.encode(rows_RD, sent, send, plan.has_full, self.kernels, keys, squared):
             squared = None
@@ -406,6 +441,6 @@ class NoCommTransport(HaloTransport):
         plan: BitPlan | None = None,
         ranges: bool = False,
     ) -> PendingExchange:
-        _, in_counts = self.counts(key)
+        _, in_counts = self.counts(key, self.selection(key, rows_RD.shape[0]))
         recv = rows_RD.new_zeros((sum(in_counts), rows_RD.shape[1]))
         return PendingExchange(self, key, None, recv, bytes_sent=0, bits_histogram={})

@@ -99,6 +99,32 @@ class LocalGraph:
             recv_counts=[int(c) for c in part.recv_counts],
         )
 
+    def reorder(self, new_to_old: np.ndarray) -> None:
+        """Puts the inner rows in the order ``new_to_old`` (new position -> old local id),
+        in place; the halo rows keep theirs. ``num_central`` becomes the number of leading
+        rows that read no halo row: an order that is not central-first
+        (``adaqp/graph/loss_rows.py``) overlaps only those."""
+        num_inner = self.num_inner
+        old_to_new = np.arange(num_inner + self.num_halo, dtype=np.int64)
+        old_to_new[new_to_old] = np.arange(num_inner, dtype=np.int64)
+        counts = np.diff(self.indptr)[new_to_old]
+        indptr = np.zeros(num_inner + 1, dtype=np.int64)
+        np.cumsum(counts, out=indptr[1:])
+        # Each new row's entries, taken from its old row, columns renumbered and sorted.
+        starts = np.repeat(self.indptr[new_to_old] - indptr[:-1], counts)
+        cols = old_to_new[self.indices[starts + np.arange(indptr[-1], dtype=np.int64)]]
+        rows = np.repeat(np.arange(num_inner, dtype=np.int64), counts)
+        cols = cols[np.lexsort((cols, rows))]
+        reads_halo = rows[cols >= num_inner]
+        self.num_central = int(reads_halo.min()) if reads_halo.size else num_inner
+        self.indptr, self.indices = indptr, cols.astype(self.indices.dtype)
+        self.global_ids = self.global_ids[new_to_old]
+        self.in_degree = np.concatenate([self.in_degree[new_to_old], self.in_degree[num_inner:]])
+        index = torch.from_numpy(new_to_old).to(self.device)
+        for name in ("features", "labels", "train_mask", "val_mask", "test_mask"):
+            setattr(self, name, getattr(self, name).index_select(0, index))
+        self.send_idx = torch.from_numpy(old_to_new[self.send_idx.cpu().numpy()]).to(self.device)
+
     @property
     def local_global_ids(self) -> np.ndarray:
         """int64 [I + H]: the global id of every local node (inner, then halo)."""

@@ -48,6 +48,7 @@ from adaqp.exchange.transport import ExchangeKey
 from adaqp.graph.aggregate import PRODUCT, LinearAggregation, SparseAdjacency
 from adaqp.graph.attention import attend
 from adaqp.graph.local import LocalGraph
+from adaqp.graph.loss_rows import LayerRows
 from adaqp.model.dropout import Dropout
 
 Finish = Callable[[torch.Tensor, slice], torch.Tensor]
@@ -167,6 +168,8 @@ class Propagation:
             policy, the adjacency is then held only as its two column blocks, built here
             (each entry once, not twice), and the cached layer-0 input is aggregated block
             by block too; a call with another aggregation is an error.
+        rows: the rows this propagation reads and writes (``adaqp/graph/loss_rows.py``),
+            ``adjacency`` cut to them; None: every row of ``graph``.
     """
 
     def __init__(
@@ -177,20 +180,22 @@ class Propagation:
         overlap: bool = False,
         cached_input: bool = False,
         linear: bool = False,
+        rows: LayerRows | None = None,
     ):
         if policy is None and graph.num_halo:
             raise ValueError("a graph with halo nodes needs an exchange policy")
+        rows = rows or LayerRows.whole(graph)
         # Both splits drop the central rows' halo columns: by definition there are none,
         # and an adjacency that disagrees with the graph's count would lose edges silently.
-        central = slice(0, graph.num_central)
-        stray = adjacency.count(central, slice(graph.num_inner, None))
+        stray = adjacency.count(slice(0, rows.num_central), slice(rows.num_in, None))
         if stray:
             raise ValueError(
-                f"{stray} adjacency entries of the {graph.num_central} central rows read halo "
-                f"columns (>= {graph.num_inner}); central rows must have no halo in-neighbour "
+                f"{stray} adjacency entries of the {rows.num_central} central rows read halo "
+                f"columns (>= {rows.num_in}); central rows must have no halo in-neighbour "
                 "(LocalGraph.from_part orders them so): is the adjacency this graph's?"
             )
         self.graph = graph
+        self.rows = rows
         self.policy = policy
         self.overlap = overlap and policy is not None
         self.cached_input = cached_input
@@ -208,7 +213,7 @@ class Propagation:
         return self._split_columns(self.adjacency)
 
     def _split_columns(self, adjacency: SparseAdjacency) -> tuple[SparseAdjacency, SparseAdjacency]:
-        inner, central = self.graph.num_inner, self.graph.num_central
+        inner, central = self.rows.num_in, self.rows.num_central
         return (
             adjacency.block(slice(0, None), slice(0, inner)),
             adjacency.block(slice(central, inner), slice(inner, None)),
@@ -218,10 +223,10 @@ class Propagation:
     def _row_blocks(self) -> tuple[SparseAdjacency, SparseAdjacency]:
         """Another aggregation's split: the central rows' ``[C, I]`` block (they read
         only inner columns) and the marginal rows' ``[M, I + H]`` (built on first use)."""
-        inner, central = self.graph.num_inner, self.graph.num_central
+        rows = self.rows
         return (
-            self.adjacency.row_slice(0, central, num_cols=inner),
-            self.adjacency.row_slice(central, inner),
+            self.adjacency.row_slice(0, rows.num_central, num_cols=rows.num_in),
+            self.adjacency.row_slice(rows.num_central, rows.num_out),
         )
 
     def __call__(
@@ -236,7 +241,8 @@ class Propagation:
         row, [I, O] (``transform``: none by default). A transform's weight gradients are
         computed while the layer's halo gradients travel, where a linear aggregation
         exchanges and the input needs a gradient."""
-        every = slice(0, self.graph.num_inner)
+        rows = self.rows
+        every = slice(0, rows.num_out)
         local = self.policy is None or (layer == 0 and self.cached_input)
         linear = isinstance(aggregate, LinearAggregation)
         if self.linear and not linear:
@@ -253,10 +259,11 @@ class Propagation:
         if local and self.adjacency is None:
             # The halo rows already present, the adjacency held as its column blocks.
             inner_block, halo_block = self._column_blocks
-            num_inner = self.graph.num_inner
-            marginal = slice(self.graph.num_central, num_inner)
-            agg_ID = aggregate(inner_block, h_RD[:num_inner], every)
-            agg_ID = aggregate.add_(agg_ID, marginal.start, halo_block, h_RD[num_inner:], marginal)
+            marginal = slice(rows.num_central, rows.num_out)
+            agg_ID = aggregate(inner_block, h_RD[: rows.num_in], every)
+            agg_ID = aggregate.add_(
+                agg_ID, marginal.start, halo_block, h_RD[rows.num_in :], marginal
+            )
             return finish(agg_ID, every)
         if local:
             # No halo, or its rows already present.
@@ -266,10 +273,10 @@ class Propagation:
         flight = _InFlight(self.policy, layer)
         params = () if transform is None else _params(transform)
         # Not kept here: the exchange holds the sent rows until they have left.
-        ticket = _ExchangeStart.apply(h_RD.index_select(0, self.graph.send_idx), flight, *params)
+        ticket = _ExchangeStart.apply(h_RD.index_select(0, rows.send_idx), flight, *params)
         in_flight = self.overlap and self.policy.waits(layer)
-        central = slice(0, self.graph.num_central)
-        marginal = slice(self.graph.num_central, self.graph.num_inner)
+        central = slice(0, rows.num_central)
+        marginal = slice(rows.num_central, rows.num_out)
         if linear:
             inner_block, halo_block = self._column_blocks
             if in_flight:
@@ -295,6 +302,18 @@ class Propagation:
             aggregate(marginal_block, torch.cat([h_RD, halo_HD]), marginal), marginal
         )
         return torch.cat([central_CO, marginal_MO])
+
+
+class LayerPropagations:
+    """One ``Propagation`` per layer, each on its own rows (a training step that computes
+    only the rows its loss reads, ``adaqp/graph/loss_rows.py``); called as one."""
+
+    def __init__(self, propagations: list[Propagation]):
+        self.propagations = propagations
+        self.overlap = propagations[0].overlap
+
+    def __call__(self, h_RD: torch.Tensor, layer: int, *args, **kwargs) -> torch.Tensor:
+        return self.propagations[layer](h_RD, layer, *args, **kwargs)
 
 
 def _params(linear: nn.Linear) -> tuple[nn.Parameter, ...]:

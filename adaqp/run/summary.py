@@ -49,6 +49,8 @@ class Outcome:
     """Whether layers were split into central and marginal rows (``comm.overlap``)."""
     plan_report: dict[str, Any] = field(default_factory=dict)
     """The exchange policy's figures of its last plans (``ExchangePolicy.report``)."""
+    rows_by_layer: list[int] = field(default_factory=list)
+    """Rows a training step computes in each layer, summed over ranks."""
 
 
 @dataclass
@@ -164,6 +166,12 @@ class Summary:
     exchange_after_arrival_s_by_tag: dict[str, float] = field(default_factory=dict)
     """Per exchange, over the same epochs: from the last rank reaching the exchange to
     the last rank's rows dequantized (wall clocks; hosts must keep them in sync)."""
+    compute_rows: str = "all"
+    """``train.compute_rows``: ``loss`` where a training step computed only the rows its
+    loss reads, ``all`` where it computed every row."""
+    rows_by_layer: list[int] = field(default_factory=list)
+    """Rows a training step computed in each layer, summed over ranks (every layer the
+    graph's nodes under ``compute_rows = "all"``)."""
 
     @property
     def test_acc(self) -> float:
@@ -247,6 +255,8 @@ def summarize(config: Config, world_size: int, outcome: Outcome, facts: RunFacts
         resumed_from_epoch=facts.resumed_from_epoch,
         epochs_redone=facts.epochs_redone,
         threads=facts.threads,
+        compute_rows=config.train.compute_rows,
+        rows_by_layer=list(outcome.rows_by_layer),
         **outcome.plan_report,
     )
 

@@ -37,9 +37,10 @@ from adaqp.exchange.transport import (
 )
 from adaqp.graph.local import LocalGraph
 from adaqp.model.gnn import GNN
-from adaqp.model.layers import Propagation
+from adaqp.model.layers import LayerPropagations, Propagation
 from adaqp.quant.kernels import compile_pending, use_compiled, warm_up
 from adaqp.run.checkpoint import Checkpointer
+from adaqp.run.compute_rows import order_by_loss, training_propagation
 from adaqp.run.gradsync import GradientBuckets, GradientSyncError, gnn_layer_groups
 from adaqp.run.metrics import EpochRecord, RunWriter
 from adaqp.run.schedule import set_learning_rate
@@ -101,6 +102,10 @@ class Trainer:
         for tensor in self.model.state_dict().values():
             dist.broadcast(tensor, src=0)
 
+        ring = None
+        if config.train.compute_rows == "loss":
+            # Inner rows in ring order (adaqp/graph/loss_rows.py), before anything holds it.
+            ring = order_by_loss(graph, config.model.layers, world.rank, distributed)
         self.transport: HaloTransport | None = None
         if distributed:
             transport_type = NoCommTransport if mode == "nocomm" else HaloTransport
@@ -140,14 +145,20 @@ class Trainer:
         self.policy: ExchangePolicy | None = None
         if distributed:
             self.policy = make_policy(config, self.transport, graph, adjacency, world)
-        self.propagation = Propagation(
-            graph,
-            adjacency,
-            self.policy,
-            overlap=mode in OVERLAP_MODES and overlaps(config.comm.overlap, world),
-            cached_input=self.cache_input,
-            linear=self.model.aggregates_linearly,
-        )
+        options = {
+            "overlap": mode in OVERLAP_MODES and overlaps(config.comm.overlap, world),
+            "cached_input": self.cache_input,
+            "linear": self.model.aggregates_linearly,
+        }
+        self.propagation = Propagation(graph, adjacency, self.policy, **options)  # every row
+        self.train_propagation: Propagation | LayerPropagations = self.propagation
+        self.rows_by_layer = [graph.num_inner] * config.model.layers
+        if ring is not None:
+            self.train_propagation, rows = training_propagation(
+                graph, ring, adjacency, self.transport, self.policy, config.model.layers, **options
+            )
+            self.rows_by_layer = [r.num_out for r in rows]
+        del adjacency  # held as the propagations' blocks
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay
         )
@@ -179,20 +190,25 @@ class Trainer:
             self.policy.at(step)
 
     def logits(self, epoch: int | None = None) -> torch.Tensor:
-        """Forward pass over the inner nodes: logits [I, C]; ``epoch`` keys dropout's masks."""
-        return self.model(self.inputs, self.propagation, epoch, self.input_ids)
+        """Forward pass: logits [I, C] for the inner nodes; a training one's (``epoch``,
+        which keys dropout's masks) for the first rows only under ``compute_rows = "loss"``
+        (the training rows among them)."""
+        propagation = self.propagation if epoch is None else self.train_propagation
+        return self.model(self.inputs, propagation, epoch, self.input_ids)
 
     def local_loss_sum(self, logits: torch.Tensor) -> torch.Tensor:
-        """Sum of per-node losses over this rank's training nodes."""
-        mask = self.graph.train_mask
+        """Sum of per-node losses over this rank's training nodes (``logits``: the first
+        inner rows' at least, which hold them)."""
+        rows = logits.shape[0]
+        mask, labels = self.graph.train_mask[:rows], self.graph.labels[:rows]
         if self.multilabel:
             return (
                 F.binary_cross_entropy_with_logits(
-                    logits[mask], self.graph.labels[mask].float(), reduction="sum"
+                    logits[mask], labels[mask].float(), reduction="sum"
                 )
                 / logits.shape[1]
             )
-        return F.cross_entropy(logits[mask], self.graph.labels[mask], reduction="sum")
+        return F.cross_entropy(logits[mask], labels[mask], reduction="sum")
 
     def train_step(self, counters: EpochCounters | None = None, epoch: int | None = None) -> float:
         """One full-graph optimiser step; returns the global mean training loss. ``epoch``
@@ -400,6 +416,7 @@ class Trainer:
             edge_cut=int(self.meta.get("edge_cut", 0)),
             metric=self.meta["dataset"].get("info", {}).get("metric", "acc"),
             plan_report=self.policy.report(last_solve(records)) if self.policy else {},
+            rows_by_layer=[int(n) for n in self._all_sum(torch.tensor(self.rows_by_layer))],
         )
 
     def _failure(self, epoch: int, exc: RuntimeError) -> TrainingError:

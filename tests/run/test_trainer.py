@@ -116,7 +116,8 @@ def _worker(
             (trainer.local_loss_sum(logits) / trainer.num_train).backward()
             _sum_gradients(trainer.model)
             result[f"{model}/logits"] = logits.detach().numpy()
-            result[f"{model}/global_ids"] = graph.global_ids
+            # Under train.compute_rows = "loss" the first rows only, the training ones among them.
+            result[f"{model}/global_ids"] = graph.global_ids[: logits.shape[0]]
             result[f"{model}/grads"] = torch.cat(
                 [p.grad.reshape(-1) for p in trainer.model.parameters()]
             ).numpy()
@@ -240,6 +241,7 @@ EXACT_VARIANTS = {
         "comm.cache_input_halo=false",
         "comm.transform_first=false",
     ),
+    "vanilla-all-rows": ("comm.mode=vanilla", "train.compute_rows=all"),
     # Overlap forced on: "auto" turns it off where the ranks outnumber the cores.
     "adaqp-p": ("comm.mode=adaqp-p", "comm.overlap=on"),
     "adaqp-p-no-savings": (
@@ -248,6 +250,7 @@ EXACT_VARIANTS = {
         "comm.cache_input_halo=false",
         "comm.transform_first=false",
     ),
+    "adaqp-p-all-rows": ("comm.mode=adaqp-p", "comm.overlap=on", "train.compute_rows=all"),
 }
 
 
@@ -263,12 +266,16 @@ EXACT_VARIANTS = {
         (2, "adaqp-p"),
         (4, "adaqp-p"),
         (4, "adaqp-p-no-savings"),
+        (1, "vanilla-all-rows"),
+        (4, "vanilla-all-rows"),
+        (2, "adaqp-p-all-rows"),
     ],
 )
 def test_exact_modes_match_single_process(world_size, variant, cora, tmp_path):
     """Vanilla and overlap-only training equal whole-graph training, dropout on (0.5, GAT's
     attention 0.6), with and without the exact savings (layer-0 halo cache, whose halo rows
-    are dropped as their owners drop them, and transform-first)."""
+    are dropped as their owners drop them, and transform-first), computing only the rows
+    the loss reads (the default) or every row."""
     part_dir = tmp_path / "parts"
     spec = _config("gcn", str(part_dir)).data.spec()
     make_partition(cora, part_dir, num_parts=world_size, spec=spec)
@@ -284,8 +291,14 @@ def test_exact_modes_match_single_process(world_size, variant, cora, tmp_path):
         for r in results:
             logits[r[f"{model}/global_ids"]] = r[f"{model}/logits"]
             seen[r[f"{model}/global_ids"]] = True
-        assert seen.all(), "every node is inner on exactly one rank"
-        _close(logits, ref["logits"], 1e-5, f"{model} logits, P={world_size}")
+        expected = ref["logits"].numpy().copy()
+        if "all-rows" in variant:
+            assert seen.all(), "every node is inner on exactly one rank"
+        else:
+            # The rows the loss reads: the training rows, and not every row.
+            np.testing.assert_array_equal(np.flatnonzero(seen), np.flatnonzero(cora.train_mask))
+            expected[~seen] = 0.0
+        _close(logits, torch.from_numpy(expected), 1e-5, f"{model} logits, P={world_size}")
         for r in results:
             _close(r[f"{model}/grads"], ref["grads"], 1e-5, f"{model} grads, P={world_size}")
             _close(r[f"{model}/losses"], ref["losses"], 1e-5, f"{model} losses")
