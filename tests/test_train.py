@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -20,8 +19,8 @@ from adaqp.partitioning.format import load_part, read_metadata
 from adaqp.run.trainer import Trainer
 from adaqp.runtime import init_distributed, shutdown
 from tests.distributed import NullWriter, expect_worker_failure
+from tests.train_command import ROOT, command_env, run_command, train_args, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
 SUMMARY_FIELDS = {
     "mode",
     "dataset",
@@ -37,19 +36,6 @@ SUMMARY_FIELDS = {
     "avg_bits",
     "max_staleness",
 }
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
-def _run(args: list[str], cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        args, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout, check=False
-    )
 
 
 def _torchrun(nproc: int) -> list[str]:
@@ -69,7 +55,7 @@ def _torchrun(nproc: int) -> list[str]:
 @pytest.mark.slow
 def test_four_worker_cora_gcn_run_learns_and_writes_outputs(tmp_path):
     out = tmp_path / "run"
-    proc = _run(
+    proc = run_command(
         _torchrun(4)
         + [
             "--config",
@@ -103,7 +89,7 @@ def test_four_worker_cora_gcn_run_learns_and_writes_outputs(tmp_path):
 
 def test_single_process_run_with_overrides(tmp_path):
     out = tmp_path / "run"
-    proc = _run(
+    proc = run_command(
         [
             sys.executable,
             "-m",
@@ -154,13 +140,13 @@ def test_single_process_run_with_overrides(tmp_path):
     ],
 )
 def test_config_errors_exit_2_naming_the_key(tmp_path, args, message):
-    proc = _run([sys.executable, "-m", "adaqp.train", "--epochs", "1", *args], cwd=tmp_path)
+    proc = run_command([sys.executable, "-m", "adaqp.train", "--epochs", "1", *args], cwd=tmp_path)
     assert proc.returncode == 2
     assert message in proc.stderr
 
 
 def test_missing_dataset_is_a_clear_error(tmp_path):
-    proc = _run(
+    proc = run_command(
         [
             sys.executable,
             "-m",
@@ -185,7 +171,7 @@ def test_world_size_must_match_partition(tmp_path):
     config = load_config(None, ["data.dataset=cora"])
     parts = tmp_path / "p2"
     make_partition(load_dataset("cora"), parts, num_parts=2, spec=config.data.spec())
-    proc = _run(
+    proc = run_command(
         [sys.executable, "-m", "adaqp.train", "--epochs", "1", "--set", f"partition.dir={parts}"],
         cwd=tmp_path,
     )
@@ -218,43 +204,31 @@ def test_dead_peer_fails_fast_naming_rank_and_epoch(tmp_path):
     assert "rank 0" in tracebacks[0] and "epoch 1" in tracebacks[0], tracebacks[0]
 
 
-def _train(out: Path, parts: Path, *flags: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "adaqp.train",
-        "--config",
-        str(ROOT / "configs/cora-gcn.toml"),
-        "--out",
-        str(out),
-        "--set",
-        f"partition.dir={parts}",
-        "--set",
-        "metrics.progress=false",
-        *flags,
-    ]
-
-
 def test_finished_out_is_refused_unless_overwrite(tmp_path):
     out, parts = tmp_path / "run", tmp_path / "p"
     no_checkpoints = ("--set", "checkpoint.every=0")
-    assert _run(_train(out, parts, "--epochs", "2", *no_checkpoints), cwd=tmp_path).returncode == 0
+    assert (
+        run_command(
+            train_args(out, parts, "--epochs", "2", *no_checkpoints), cwd=tmp_path
+        ).returncode
+        == 0
+    )
     first = (out / "summary.json").read_text()
 
-    again = _run(_train(out, parts, "--epochs", "3"), cwd=tmp_path)
+    again = run_command(train_args(out, parts, "--epochs", "3"), cwd=tmp_path)
     assert again.returncode == 2, again.stderr  # refused before the run starts
     assert "holds a finished run" in again.stderr and "--overwrite" in again.stderr
     assert (out / "summary.json").read_text() == first
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
 
-    resume = _run(_train(out, parts, "--resume"), cwd=tmp_path)
+    resume = run_command(train_args(out, parts, "--resume"), cwd=tmp_path)
     assert resume.returncode == 2
     assert "no checkpoint to resume from" in resume.stderr
-    both = _run(_train(out, parts, "--resume", "--overwrite"), cwd=tmp_path)
+    both = run_command(train_args(out, parts, "--resume", "--overwrite"), cwd=tmp_path)
     assert both.returncode == 2 and "not allowed with" in both.stderr
     assert (out / "summary.json").read_text() == first
 
-    fresh = _run(_train(out, parts, "--epochs", "3", "--overwrite"), cwd=tmp_path)
+    fresh = run_command(train_args(out, parts, "--epochs", "3", "--overwrite"), cwd=tmp_path)
     assert fresh.returncode == 0, fresh.stderr
     assert json.loads((out / "summary.json").read_text())["epochs"] == 3
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
@@ -263,19 +237,12 @@ def test_finished_out_is_refused_unless_overwrite(tmp_path):
 
 def test_a_missing_data_file_is_refused_before_anything_is_written(tmp_path):
     out = tmp_path / "run"
-    args = _train(out, tmp_path / "p", "--epochs", "1", "--set", "data.dataset=npz")
-    proc = _run([*args, "--set", f"data.path={tmp_path / 'absent.npz'}"], cwd=tmp_path)
+    args = train_args(out, tmp_path / "p", "--epochs", "1", "--set", "data.dataset=npz")
+    proc = run_command([*args, "--set", f"data.path={tmp_path / 'absent.npz'}"], cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "absent.npz" in errors[0], proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no run folder, no partition
-
-
-def _wait_for(predicate, what: str, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.2)
 
 
 def test_second_run_into_a_running_out_is_refused_and_interrupt_is_recorded(tmp_path):
@@ -283,9 +250,9 @@ def test_second_run_into_a_running_out_is_refused_and_interrupt_is_recorded(tmp_
     out.mkdir()
     (out / "summary.json").write_text('{"test_acc": 0.5}\n')  # an old, finished run
     first = subprocess.Popen(
-        _train(out, parts, "--epochs", "100000", "--overwrite"),
+        train_args(out, parts, "--epochs", "100000", "--overwrite"),
         cwd=tmp_path,
-        env=_env(),
+        env=command_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -295,10 +262,10 @@ def test_second_run_into_a_running_out_is_refused_and_interrupt_is_recorded(tmp_
     )
     try:
         metrics = out / "metrics.jsonl"
-        _wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, "the first run")
+        wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, "the first run")
         assert not (out / "summary.json").exists()  # gone before training, not after
 
-        second = _run(_train(out, parts, "--epochs", "3", "--overwrite"), cwd=tmp_path)
+        second = run_command(train_args(out, parts, "--epochs", "3", "--overwrite"), cwd=tmp_path)
         assert second.returncode == 2, second.stderr  # refused before it starts
         assert "in use by another run" in second.stderr, second.stderr
 
@@ -331,9 +298,9 @@ def test_refused_out_stops_every_rank_before_partitioning(tmp_path, case):
         (out / "summary.json").write_text("{}\n")
         expected = "holds a finished run (summary.json)"
     parts = tmp_path / "p"
-    args = _train(out, parts, "--epochs", "3")[3:]  # the flags after "-m adaqp.train"
+    args = train_args(out, parts, "--epochs", "3")[3:]  # the flags after "-m adaqp.train"
     started = time.monotonic()
-    proc = _run(_torchrun(2) + args, cwd=tmp_path, timeout=300)
+    proc = run_command(_torchrun(2) + args, cwd=tmp_path, timeout=300)
     assert proc.returncode != 0
     assert time.monotonic() - started < 300
     log = proc.stdout + proc.stderr

@@ -26,7 +26,7 @@ from adaqp.train import (
     result_line,
     resume_command,
 )
-from tests.test_train import ROOT, _env, _run, _train, _wait_for
+from tests.train_command import ROOT, command_env, run_command, train_args, wait_for
 
 
 def test_help_lists_the_modes_and_exit_codes_without_importing_torch():
@@ -39,7 +39,7 @@ def test_help_lists_the_modes_and_exit_codes_without_importing_torch():
     )
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120
+        [sys.executable, "-c", code], capture_output=True, text=True, env=command_env(), timeout=120
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("False"), proc.stdout  # torch never loaded
@@ -153,7 +153,7 @@ def test_resume_command_is_the_users_without_fresh_start_flags(monkeypatch, tmp_
 def test_default_folders_differ_per_config_file_and_the_start_is_described(tmp_path):
     for stem in ("first", "second"):
         shutil.copy(ROOT / "configs/cora-gcn.toml", tmp_path / f"{stem}.toml")
-        proc = _run(
+        proc = run_command(
             [
                 sys.executable,
                 "-m",
@@ -209,12 +209,17 @@ def test_a_collective_broken_by_a_stopping_peer_is_part_of_the_stop(tmp_path, mo
 @pytest.mark.slow
 def test_interrupted_run_is_never_deleted_and_the_hint_resumes_it(tmp_path):
     out, parts = tmp_path / "run", tmp_path / "p"
-    args = _train(out, parts, "--epochs", "100000", "--set", "checkpoint.every=1")
+    args = train_args(out, parts, "--epochs", "100000", "--set", "checkpoint.every=1")
     first = subprocess.Popen(
-        args, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        args,
+        cwd=tmp_path,
+        env=command_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
-        _wait_for(lambda: list(out.glob("checkpoints/epoch-*/manifest.json")), "a checkpoint")
+        wait_for(lambda: list(out.glob("checkpoints/epoch-*/manifest.json")), "a checkpoint")
         first.send_signal(signal.SIGINT)
         _, stderr = first.communicate(timeout=120)
     finally:
@@ -232,7 +237,7 @@ def test_interrupted_run_is_never_deleted_and_the_hint_resumes_it(tmp_path):
     assert kept
 
     # The same command again: refused before the run starts (a usage error), nothing lost.
-    again = _run(args, cwd=tmp_path)
+    again = run_command(args, cwd=tmp_path)
     assert again.returncode == 2, again.stderr
     error = [ln for ln in again.stderr.splitlines() if ln.startswith("error:")]
     assert len(error) == 1 and "unfinished run" in error[0] and "--resume" in error[0]
@@ -241,7 +246,9 @@ def test_interrupted_run_is_never_deleted_and_the_hint_resumes_it(tmp_path):
     assert status["status"] == "interrupted"
 
     epochs = int(hint.split("at epoch ")[1].split(";")[0])
-    resumed = _run(_train(out, parts, "--epochs", str(epochs + 2), "--resume"), cwd=tmp_path)
+    resumed = run_command(
+        train_args(out, parts, "--epochs", str(epochs + 2), "--resume"), cwd=tmp_path
+    )
     assert resumed.returncode == 0, resumed.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_from_epoch"] == epochs and summary["epochs"] == epochs + 2
@@ -255,7 +262,9 @@ def test_a_refused_partition_folder_leaves_the_finished_run_in_the_default_folde
         *(sys.executable, "-m", "adaqp.train", "--config", str(ROOT / "configs/cora-gcn.toml")),
         *("--set", "metrics.progress=false", "--set", "checkpoint.every=1"),
     ]
-    first = _run([*command, "--epochs", "2", "--set", f"partition.dir={tmp_path / 'p'}"], tmp_path)
+    first = run_command(
+        [*command, "--epochs", "2", "--set", f"partition.dir={tmp_path / 'p'}"], tmp_path
+    )
     assert first.returncode == 0, first.stderr
     out = tmp_path / "results" / "runs" / "cora-gcn-vanilla-p1"
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
@@ -263,7 +272,7 @@ def test_a_refused_partition_folder_leaves_the_finished_run_in_the_default_folde
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("mine\n")
-    refused = _run([*command, "--epochs", "3", "--set", f"partition.dir={other}"], tmp_path)
+    refused = run_command([*command, "--epochs", "3", "--set", f"partition.dir={other}"], tmp_path)
     assert refused.returncode == 2, refused.stderr
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "not an AdaQP partition" in errors[0], refused.stderr

@@ -10,34 +10,15 @@ import pytest
 
 from adaqp.bench import cluster, cluster_table, costmodel, run_order
 from adaqp.emulate import ClusterError
-
-
-def _run(epoch_s, wait_s, val_curve, test_acc, nbytes, quant_s=0.0):
-    summary = {
-        "epoch_time_s": epoch_s,
-        "comm_wait_s": wait_s,
-        "quant_time_s": quant_s,
-        "dequant_time_s": 0.0,
-        "allreduce_time_s": 0.01,
-        "test_acc": test_acc,
-        "halo_bytes_per_epoch": nbytes,
-        "avg_bits": 32.0,
-        "hidden_comm_fraction": 0.0,
-        "halo_bytes_by_tag": {"layer1/forward": nbytes // 2, "layer1/backward": nbytes // 2},
-    }
-    epochs = [
-        {"epoch": i + 1, "val_acc": v, "epoch_time_s": epoch_s, "train_time_s": (i + 1) * epoch_s}
-        for i, v in enumerate(val_curve)
-    ]
-    return {"summary": summary, "epochs": epochs}
+from tests.bench.cluster_runs import cluster_run
 
 
 @pytest.fixture
 def runs():
     return {
-        "vanilla": [_run(1.0, 0.7, [0.5, 0.6, 0.7], 0.80, 1000)],
-        "adaqp": [_run(0.4, 0.1, [0.5, 0.7, 0.72], 0.79, 100, quant_s=0.05)],
-        "nocomm": [_run(0.3, 0.0, [0.4, 0.5, 0.6], 0.50, 0)],
+        "vanilla": [cluster_run(1.0, 0.7, [0.5, 0.6, 0.7], 0.80, 1000)],
+        "adaqp": [cluster_run(0.4, 0.1, [0.5, 0.7, 0.72], 0.79, 100, quant_s=0.05)],
+        "nocomm": [cluster_run(0.3, 0.0, [0.4, 0.5, 0.6], 0.50, 0)],
     }
 
 
@@ -280,7 +261,7 @@ def _bench(monkeypatch, tmp_path, failing, modes="vanilla,nocomm,adaqp,adaqp-bit
     monkeypatch.setattr(
         cluster,
         "read_run",
-        lambda run_dir: _run(
+        lambda run_dir: cluster_run(
             *made.get(run_dir.name.rsplit("-seed", 1)[0], (0.5, 0.7))[:1],
             0.1,
             [0.5, 0.7, 0.8],

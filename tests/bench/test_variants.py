@@ -21,7 +21,7 @@ from adaqp.bench import (
 from adaqp.bench.cluster_plot import pareto_points
 from adaqp.bits import planner_bits, uniform_bits
 from adaqp.config import QuantConfig
-from tests.bench.test_bench import _run as bench_run
+from tests.bench.cluster_runs import cluster_run
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = {
@@ -156,7 +156,7 @@ def test_every_uniform_width_and_nocomm_is_a_variant_of_both_benchmarks():
 
 def _run(test_acc, nbytes, epoch_s, val_curve):
     """A run's saved results as the tables read them (``test_bench._run``'s, half waiting)."""
-    return bench_run(epoch_s, epoch_s / 2, val_curve, test_acc, nbytes)
+    return cluster_run(epoch_s, epoch_s / 2, val_curve, test_acc, nbytes)
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from adaqp.quant.draws import Draw, RowKeys, draw_key
 from adaqp.quant.mixed import blend_
 from adaqp.quant.pack import unpack
 from adaqp.quant.segment import decode_segment, encode_segment
+from tests.quant import draws_reference
 from tests.quant.helpers import _gen
-from tests.quant.test_kernels import _codes
 
 COUNTS = [5, 0, 7, 3]  # a peer with nothing to receive among them
 
@@ -43,7 +43,7 @@ def test_one_call_writes_every_segment_as_a_message_of_its_own(dim: int):
     keys = RowKeys.of(3, count=rows)
     message.encode(x, layout, buf, has_full=False, kernels="compiled", keys=keys)
     # One base key for the whole buffer; row r of it draws as row r of one message.
-    codes = _codes(x, layout.bits_R, np.uint64(3))
+    codes = draws_reference.codes(x, layout.bits_R, np.uint64(3))
     decoded = message.decode(buf, layout, torch.empty(rows, dim), False, "compiled")
     for first, count, chunk in _segments(layout, buf):
         if count == 0:
@@ -149,7 +149,7 @@ def test_a_row_sent_to_several_peers_is_quantized_once_per_width():
     keys = RowKeys.of(15, count=12)
     message.encode(x, layout, buf, False, "compiled", keys)
     rows = message.decode(buf, layout, torch.empty(12, dim), False, "compiled")
-    codes = _codes(x, widths, np.uint64(15))
+    codes = draws_reference.codes(x, widths, np.uint64(15))
     offsets = layout.compiled.offsets
     repeats = {6: 3, 7: 1, 8: 0}  # row: the earlier row of the same node and width
     for r in range(12):

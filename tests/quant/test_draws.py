@@ -16,20 +16,18 @@ from adaqp.quant import kernels as kernels_module
 from adaqp.quant.draws import Draw, RowKeys, draw_key, edge_keys, keep_mask, lanes16, words
 from adaqp.quant.mixed import dequantize_mixed, quantize_mixed
 from adaqp.quant.pack import unpack
+from tests.quant.draws_reference import GAMMA, codes, lowbias32_keyed, mix64
 from tests.quant.helpers import _parse_mixed
-from tests.quant.test_kernels import _codes, _lowbias32_keyed, _mix64
-
-_GAMMA = np.uint64(0x9E3779B97F4A7C15)
 
 
 def _numpy_words(keys: RowKeys, count: int) -> np.ndarray:
     """The module docstring's words in numpy uint32 arithmetic."""
     with np.errstate(over="ignore"):
-        mixed = _mix64(keys.base + (keys.rows + np.uint64(1)) * _GAMMA)[:, None]
+        mixed = mix64(keys.base + (keys.rows + np.uint64(1)) * GAMMA)[:, None]
         low = (mixed & np.uint64(0xFFFFFFFF)).astype(np.uint32)
         high = (mixed >> np.uint64(32)).astype(np.uint32)
         j = np.arange(count, dtype=np.uint32)[None, :]
-        return _lowbias32_keyed(low + j * np.uint32(0x9E3779B9), high)
+        return lowbias32_keyed(low + j * np.uint32(0x9E3779B9), high)
 
 
 def test_base_keys_are_a_pure_function_of_their_parts():
@@ -80,7 +78,7 @@ def test_the_compiled_quantizer_draws_row_k_as_row_k_of_a_seeded_message(bits: i
     base = draw_key(0, 2, 1, Draw.FORWARD)
     widths = torch.full((20,), bits, dtype=torch.int8)
     buf = quantize_mixed(big[ids], widths, kernels="compiled", keys=RowKeys.of(base, ids))
-    expected = _codes(big, torch.full((60,), bits, dtype=torch.int8), base)[ids]
+    expected = codes(big, torch.full((60,), bits, dtype=torch.int8), base)[ids]
     got = unpack(_parse_mixed(buf, widths, 11)[bits].packed, bits, 11).numpy()
     np.testing.assert_array_equal(got, expected)
     # Another order of the same rows and keys: the same codes, row by row.

@@ -31,65 +31,10 @@ from adaqp.quant import (
 from adaqp.quant import kernels as K
 from adaqp.quant.draws import RowKeys
 from adaqp.quant.mixed import blend_
+from tests.quant.draws_reference import codes, draws, round_codes
 from tests.quant.helpers import _gen, _keys, _levels, _on_grid_rows, _parse_mixed
 
 DIMS = [1, 3, 7, 8, 9, 33, 64, 67]
-
-# --------------------------------------------------------------------------- the draws, in numpy
-
-_GAMMA = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _mix64(z: np.ndarray) -> np.ndarray:
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-def _lowbias32_keyed(z: np.ndarray, high: np.ndarray) -> np.ndarray:
-    """lowbias32 with ``high`` xored in after its first multiply (uint32 arrays)."""
-    z = z ^ (z >> np.uint32(16))
-    z = (z * np.uint32(0x7FEB352D)) ^ high
-    z = z ^ (z >> np.uint32(15))
-    z = z * np.uint32(0x846CA68B)
-    return z ^ (z >> np.uint32(16))
-
-
-def _draws(seed: np.uint64, rows: int, dim: int) -> np.ndarray:
-    """uint32 ``[R, D]`` 16-bit draws as adaqp/quant/compiled.py states them: row r's key is
-    SplitMix64 output r + 1, value (r, j) takes lane j % 2 of the keyed lowbias32 of
-    low32(key) + (j // 2)·0x9E3779B9, keyed by high32(key)."""
-    r = np.arange(rows, dtype=np.uint64)[:, None]
-    j = np.arange(dim, dtype=np.uint32)[None, :]
-    with np.errstate(over="ignore"):
-        key = _mix64(seed + (r + np.uint64(1)) * _GAMMA)
-        low = (key & np.uint64(0xFFFFFFFF)).astype(np.uint32)
-        high = (key >> np.uint64(32)).astype(np.uint32)
-        words = _lowbias32_keyed(low + (j // np.uint32(2)) * np.uint32(0x9E3779B9), high)
-    return (words >> (np.uint32(16) * (j % np.uint32(2)))) & np.uint32(0xFFFF)
-
-
-def _round(scaled: np.ndarray, draws: np.ndarray) -> np.ndarray:
-    """The stated rounding: ``(rint(s) + u) >> 16`` with ``s = 2**16·t`` (float32, clamped)."""
-    rho = np.rint(scaled).astype(np.int64)
-    return (rho + draws.astype(np.int64)) >> 16
-
-
-def _codes(x: torch.Tensor, bits_r: torch.Tensor, seed: np.uint64) -> np.ndarray:
-    """The codes the compiled path must send for rows ``x`` at widths ``bits_r``:
-    ``s = min((x - m)·(2**16 / Δ), 2**16·L)``, or ``(x - m) / Δ·2**16`` where ``2**16 / Δ``
-    overflows."""
-    x = x.numpy()
-    levels = (2 ** bits_r.numpy().astype(np.int64) - 1).astype(np.float32)[:, None]
-    m, big = x.min(1, keepdims=True), x.max(1, keepdims=True)
-    step = (big - m) / levels
-    safe = np.where(step > 0, step, np.float32(1))
-    with np.errstate(over="ignore"):
-        scale = np.float32(2**16) / safe
-    product = (x - m) * np.where(np.isfinite(scale), scale, np.float32(0))
-    quotient = (x - m) / safe * np.float32(2**16)
-    scaled = np.where(np.isfinite(scale), product, quotient)
-    return _round(np.minimum(scaled, levels * np.float32(2**16)), _draws(seed, *x.shape))
 
 
 def _needs_compiled(path: str) -> None:
@@ -181,7 +126,7 @@ def test_codes_are_the_stated_hash_of_seed_row_and_column(dim: int, path: str):
     bits_r = torch.tensor(SUPPORTED_BITS, dtype=torch.int8)[torch.randperm(50, generator=g) % 4]
     for seed in (0, 7, 12345):
         buf = quantize_mixed(x, bits_r, kernels=path, keys=_keys(seed, x))
-        expected = _codes(x, bits_r, np.uint64(seed))
+        expected = codes(x, bits_r, np.uint64(seed))
         for bits, group in _parse_mixed(buf, bits_r, dim).items():
             rows = (bits_r == bits).numpy()
             got = unpack(group.packed, bits, dim).numpy()
@@ -198,7 +143,7 @@ def _chi2_below_bound(cells: np.ndarray, count: int) -> bool:
 def test_draws_are_uniform_16_bit_lanes():
     # Every 16-bit value about equally often (chi-square on the top byte), and every bit set
     # half the time, across rows, columns and lanes.
-    u = _draws(np.uint64(2024), 256, 1024).ravel()
+    u = draws(np.uint64(2024), 256, 1024).ravel()
     assert _chi2_below_bound(u >> 8, 256)
     ones = np.array([((u >> k) & 1).mean() for k in range(16)])
     assert np.abs(ones - 0.5).max() < 5 * 0.5 / np.sqrt(u.size)
@@ -209,7 +154,7 @@ def test_neighbouring_draws_are_uncorrelated(seed: int):
     # The two lanes of a word, neighbouring words of a row, the same column of neighbouring
     # rows: each pair's joint distribution uniform (chi-square over 16 x 16 cells of their
     # top 4 bits) and their correlation within 5 standard errors of 0.
-    u = _draws(np.uint64(seed), 512, 512).astype(np.int64)
+    u = draws(np.uint64(seed), 512, 512).astype(np.int64)
     pairs = {
         "lanes of a word": (u[:, 0::2], u[:, 1::2]),
         "neighbouring words": (u[:, 0:-2:2], u[:, 2::2]),
@@ -238,7 +183,7 @@ def test_rounding_expectation_is_exact_and_the_bias_bound_tight(bits: int, path:
     )
     t = (k + frac).float().numpy()
     every = np.arange(2**16, dtype=np.uint32)[:, None]
-    mean = _round(t[None, :] * np.float32(2**16), every).mean(0)
+    mean = round_codes(t[None, :] * np.float32(2**16), every).mean(0)
     expected = np.rint(t.astype(np.float64) * 2**16) / 2**16
     np.testing.assert_array_equal(mean, expected)
     bias = np.abs(mean - t.astype(np.float64))
@@ -247,7 +192,7 @@ def test_rounding_expectation_is_exact_and_the_bias_bound_tight(bits: int, path:
     # match the statement above for the keys' draws.
     x = torch.from_numpy(np.concatenate([[0.0, levels], t]).astype(np.float32))[None]
     q = quantize(x, bits, kernels=path, keys=_keys(9, x))
-    expected_codes = _round(x.numpy() * np.float32(2**16), _draws(np.uint64(9), 1, x.shape[1]))
+    expected_codes = round_codes(x.numpy() * np.float32(2**16), draws(np.uint64(9), 1, x.shape[1]))
     np.testing.assert_array_equal(unpack(q.packed, bits, x.shape[1]).numpy(), expected_codes)
 
 
@@ -259,7 +204,7 @@ def test_a_step_whose_reciprocal_overflows_rounds_by_the_quotient(path: str):
     x = torch.rand(30, 40, generator=g) * torch.logspace(-35, -34.5, 30)[:, None]
     bits_r = torch.tensor(SUPPORTED_BITS, dtype=torch.int8).repeat(8)[:30]
     buf = quantize_mixed(x, bits_r, kernels=path, keys=_keys(3, x))
-    expected = _codes(x, bits_r, np.uint64(3))
+    expected = codes(x, bits_r, np.uint64(3))
     levels = 2 ** bits_r.numpy().astype(np.int64) - 1
     for bits, group in _parse_mixed(buf, bits_r, 40).items():
         rows = (bits_r == bits).numpy()

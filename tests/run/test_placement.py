@@ -139,14 +139,6 @@ def test_a_restart_never_continues_a_named_directory_of_another_job(tmp_path):
     assert info.value.problem is Problem.UNFINISHED
 
 
-def _finished_run(out: Path) -> None:
-    run = RunDir.claim(Placement(out))
-    (out / "metrics.jsonl").write_text('{"epoch": 1}\n')
-    (out / "summary.json").write_text("{}\n")
-    run.end()
-    run.close()
-
-
 def _tree(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
@@ -161,9 +153,9 @@ def test_without_out_a_taken_default_gives_the_next_version(tmp_path, monkeypatc
     base = Path("results/runs/cora-gcn-vanilla-p4")  # the config's stem, its mode, P
     assert Placement.of(config, 4, "cora-gcn").base == base
     assert plan() == base  # free
-    _finished_run(base)
+    assert _run(base, "first", finish=True, checkpoint=False) == base
     assert plan() == Path("results/runs/cora-gcn-vanilla-p4-v2")
-    _finished_run(Path("results/runs/cora-gcn-vanilla-p4-v2"))
+    assert _run(base, "second", finish=True, checkpoint=False).name == "cora-gcn-vanilla-p4-v2"
     before = _tree(tmp_path)
     assert plan().name == "cora-gcn-vanilla-p4-v3"
     # --resume and --overwrite without --out: the newest run of the command.
