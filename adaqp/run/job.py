@@ -16,8 +16,7 @@ import gc
 import json
 import logging
 import os
-import sys
-from contextlib import nullcontext, suppress
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from adaqp.run.checkpoint import Checkpointer, CheckpointError
 from adaqp.run.metrics import EpochRecord, RunWriter
 from adaqp.run.placement import Placement
 from adaqp.run.preflight import partition_dir
+from adaqp.run.progress import Progress, count, describe
 from adaqp.run.rundir import RunDir
 from adaqp.run.runfiles import SUMMARY_FILE, Problem, RunDirError, check_writable
 from adaqp.run.summary import RunFacts, Summary
@@ -175,7 +175,7 @@ def run(
         if run_dir is not None:
             run_dir.start()  # only now is the old run (if --overwrite) removed
         if world.is_main:
-            _describe(config, meta, world.world_size, out)
+            describe(config, meta, world.world_size, out)
         graph = LocalGraph.from_part(load_part(part_dir, world.rank, meta), world.device)
         trainer = Trainer(config, graph, meta, world)
         checkpoints = Checkpointer.for_run(config, world, placement.checkpoints(out), meta)
@@ -194,13 +194,13 @@ def run(
                     "resuming %s from the checkpoint at epoch %d (%s to redo)",
                     out,
                     resumed_from,
-                    _count(max(redone, 0), "epoch"),
+                    count(max(redone, 0), "epoch"),
                 )
         writer = RunWriter(out, enabled=world.is_main, history=history)
         writer.write_config(
             {**config.to_dict(), "world_size": world.world_size, "partition_dir": str(part_dir)}
         )
-        bar = _progress_bar(config, world, first_epoch=resumed_from + 1)
+        bar = Progress(config, world, resumed_from + 1) if world.is_main else None
         watch = StallWatch(world.rank, config.comm.stall_warn_s, config.comm.timeout_s)
         watch.at(f"epoch {resumed_from + 1}")
 
@@ -242,121 +242,6 @@ def run(
     return summary
 
 
-class _Progress:
-    """tqdm on a terminal; otherwise a log line every tenth of the run."""
-
-    def __init__(self, config: Config, world: World, first_epoch: int = 1):
-        self.total = config.train.epochs
-        self.bar = None
-        if world.is_main and config.metrics.progress and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            columns, rows = _fixed_size(sys.stderr) or (None, None)
-            self.bar = tqdm(
-                total=self.total,
-                initial=first_epoch - 1,
-                desc="train",
-                unit="epoch",
-                file=sys.stderr,
-                ncols=columns,
-                nrows=rows,
-                dynamic_ncols=columns is None,
-            )
-        self.every = max(1, self.total // 10)
-        self.estimate_at = min(first_epoch + 2, self.total)
-
-    def __call__(self, record: EpochRecord) -> None:
-        val = f"{record.val_acc:.4f}" if record.val_acc is not None else "-"
-        if record.epoch == self.estimate_at and record.epoch < self.total:
-            left = self.total - record.epoch
-            # Above the bar: tqdm clears its line, the log line takes it, the bar redraws.
-            with self.bar.external_write_mode(file=sys.stderr) if self.bar else nullcontext():
-                logger.info(
-                    "epoch %d took %.2fs: about %s for the %s left",
-                    record.epoch,
-                    record.epoch_time_s,
-                    _duration(left * record.epoch_time_s),
-                    _count(left, "epoch"),
-                )
-        if self.bar is not None:
-            # The validation accuracy first: at 80 columns tqdm cuts the line's end (the
-            # bar's own rate already says the epoch time).
-            self.bar.set_postfix_str(_postfix(record), refresh=False)
-            self.bar.update(1)
-        elif record.epoch % self.every == 0 or record.epoch == self.total:
-            logger.info(
-                "epoch %d/%d loss %.4f val %s epoch %.3fs comm %.3fs",
-                record.epoch,
-                self.total,
-                record.train_loss,
-                val,
-                record.epoch_time_s,
-                record.comm_time_s,
-            )
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-def _postfix(record: EpochRecord) -> str:
-    """The bar's figures of an epoch: ``val=0.8123, loss=1.2345``."""
-    val = f"{record.val_acc:.4f}" if record.val_acc is not None else "-"
-    return f"val={val}, loss={record.train_loss:.4f}"
-
-
-def _fixed_size(stream) -> tuple[int, int] | None:
-    """None where the terminal ``stream`` reports its size (the bar follows it), else the
-    bar's (columns, rows): ``$COLUMNS`` and ``$LINES``, or 80 x 24. A terminal whose size
-    was never set reports zero, and tqdm draws nothing on a terminal of no columns or rows."""
-    try:
-        columns, rows = os.get_terminal_size(stream.fileno())
-    except (OSError, ValueError, AttributeError):
-        columns = rows = 0
-    if columns > 0 and rows > 0:
-        return None
-
-    def value(reported: int, name: str, default: int) -> int:
-        text = os.environ.get(name, "")
-        return reported or (int(text) if text.isdigit() and int(text) > 0 else default)
-
-    return value(columns, "COLUMNS", 80), value(rows, "LINES", 24)
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-def _describe(config: Config, meta: dict, world_size: int, out: Path) -> None:
-    """The first lines a user sees once the workers are up: what trains, and where to."""
-    data = meta["dataset"]
-    logger.info(
-        "%s: %s, %s, %s, %s; %s, %s x %d hidden, mode %s, %s (edge cut %d); %s, writing to %s",
-        config.data.dataset,
-        _count(data["num_nodes"], "node"),
-        _count(data["num_edges"], "edge"),
-        _count(data["feature_dim"], "feature"),
-        _count(data["num_classes"], "class", "classes"),
-        config.model.name,
-        _count(config.model.layers, "layer"),
-        config.model.hidden,
-        config.comm.mode,
-        _count(world_size, "worker"),
-        int(meta.get("edge_cut", 0)),
-        _count(config.train.epochs, "epoch"),
-        out,
-    )
-
-
-def _count(n: int, word: str, plural: str | None = None) -> str:
-    """``1 epoch``, ``2 epochs``: a count with its noun in the right number."""
-    return f"{n} {word if n == 1 else plural or word + 's'}"
-
-
 def _finished_summary(world: World, out: Path) -> Summary:
     """The summary of the finished run in ``out``, as rank 0 reads it, on every rank."""
     payload: list[dict | None] = [None]
@@ -370,10 +255,6 @@ def _finished_summary(world: World, out: Path) -> Summary:
     except TypeError:
         what = f"{out} holds this job's finished run, but its {SUMMARY_FILE} cannot be read"
         raise RunDirError(Problem.FINISHED, what) from None
-
-
-def _progress_bar(config: Config, world: World, first_epoch: int = 1) -> _Progress | None:
-    return _Progress(config, world, first_epoch) if world.is_main else None
 
 
 def _agree(world: World, flag: bool) -> bool:

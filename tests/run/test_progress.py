@@ -1,5 +1,7 @@
-"""Rank 0's progress in adaqp/run/job.py: a bar on a terminal, of any reported size; a log
-line every tenth of the run elsewhere; never neither."""
+"""Rank 0's progress (adaqp/run/progress.py): a bar on a terminal, of any reported size; a
+log line every tenth of the run elsewhere; never neither. At 80 columns the bar keeps the
+validation accuracy in sight: tqdm cuts the end of a line too long for the terminal, where
+the accuracy used to be."""
 
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ import termios
 
 import pytest
 import torch
+from tqdm import tqdm
 
 from adaqp.config import load_config
-from adaqp.run.job import _Progress
 from adaqp.run.metrics import EpochRecord
+from adaqp.run.progress import Progress, postfix
 from adaqp.runtime import World
 
 EPOCHS = 30
@@ -37,7 +40,7 @@ def _train(monkeypatch, stream) -> None:
     logger.addHandler(handler)
     monkeypatch.setattr(logger, "level", logging.INFO)
     try:
-        progress = _Progress(load_config(None, [f"train.epochs={EPOCHS}"]), WORLD)
+        progress = Progress(load_config(None, [f"train.epochs={EPOCHS}"]), WORLD)
         for epoch in range(1, EPOCHS + 1):
             progress(_record(epoch))
         progress.close()
@@ -89,3 +92,25 @@ def test_elsewhere_a_line_every_tenth_of_the_run(monkeypatch, tmp_path):
     shown = [int(n) for n in re.findall(r"epoch (\d+)/30 loss", out)]
     assert shown == list(range(3, 31, 3)), out
     assert "epoch 3 took" in out and not re.search(r"train: +\d+%", out)
+
+
+def test_an_80_column_bar_shows_the_validation_accuracy(monkeypatch):
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    monkeypatch.delenv("COLUMNS", raising=False)
+    with open(slave, "w", closefd=True) as stream:
+        _train(monkeypatch, stream)
+    out = _read_all(master)
+    os.close(master)
+    bars = [s for s in re.split(r"[\r\n]", out) if re.match(r"train: +\d+%.*/30 ", s)]
+    drawn = [s for s in bars if "loss" in s]  # after the first epoch
+    assert drawn and all("val=0.5000" in s and len(s) <= 80 for s in drawn), bars
+
+
+def test_the_validation_accuracy_stays_in_a_long_run_at_80_columns():
+    """Hours elapsed and left, and a slow epoch: the longest line tqdm draws."""
+    record = EpochRecord(999, 1.2345, 100.1, 0.01, 0.0, 0.0, 0, val_acc=0.8123)
+    line = tqdm.format_meter(
+        999, 1000, 1e5, ncols=80, prefix="train", unit="epoch", postfix=postfix(record)
+    )
+    assert "val=0.8123" in line and len(line) <= 80, line
