@@ -160,6 +160,16 @@ class NullWriter:
         pass
 
 
+class RecordingWriter:
+    """Stands in for ``RunWriter``, keeping every epoch's record in ``records``."""
+
+    def __init__(self) -> None:
+        self.records = []
+
+    def log_epoch(self, record) -> None:
+        self.records.append(record)
+
+
 def owner_of(global_ids: list[np.ndarray], num_nodes: int) -> np.ndarray:
     """The rank that owns each node, from every rank's global ids (each node exactly once)."""
     owner = np.full(num_nodes, -1, dtype=np.int64)

@@ -1,8 +1,10 @@
-"""When exchanges land, decided by a test: a slow link, or a schedule of landings.
+"""When exchanges land, decided by a test: a slow link, or a schedule of landings, or
+(without collectives) a transport whose rows say when they were sent.
 
-Both wrap the collective handles that a ``HaloTransport`` launches (the project's code
-runs unchanged): a policy asking whether an exchange has landed gets the test's answer,
-and a wait still waits for the real rows (then the exchange has landed for good).
+The first two wrap the collective handles that a ``HaloTransport`` launches (the project's
+code runs unchanged): a policy asking whether an exchange has landed gets the test's
+answer, and a wait still waits for the real rows (then the exchange has landed for good).
+``EpochRows`` is one rank's transport with no peers, for the policies' own tests.
 """
 
 from __future__ import annotations
@@ -10,8 +12,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from types import SimpleNamespace
 
-from adaqp.exchange.transport import ExchangeKey, HaloTransport
+import torch
+
+from adaqp.exchange.transport import ExchangeKey, HaloTransport, NoCommTransport, PendingExchange
 
 
 class _Work:
@@ -80,3 +85,33 @@ def schedule_landings(trainer, landed: Callable[[ExchangeKey, int, int], bool]) 
         return _Work(work, lambda: landed(key, started, epoch[0]))
 
     _wrap_launches(trainer.transport, wrap)
+
+
+class EpochRows(NoCommTransport):
+    """Every row of the exchange started at epoch ``epoch`` is that epoch's number, so that
+    what a layer reads is the weighted mean start epoch of the buffers it averaged; the
+    exchange started at epoch s has landed at epoch t iff ``landed(s, t)``."""
+
+    class _Work:
+        def __init__(self, transport: EpochRows, started: int):
+            self._transport, self._started = transport, started
+
+        def is_completed(self) -> bool:
+            return self._transport.landed(self._started, self._transport.epoch)
+
+        def wait(self, timeout=None) -> bool:
+            return True
+
+        def get_future(self):
+            return SimpleNamespace(add_done_callback=lambda callback: None)
+
+    def __init__(self, landed):
+        super().__init__(0, [0, 2], [0, 3])
+        self.landed = landed
+        self.epoch = 0
+
+    def start(self, rows_RD, key, plan=None, ranges=False) -> PendingExchange:
+        _, in_counts = self.counts(key)
+        recv = torch.full((sum(in_counts), rows_RD.shape[1]), float(self.epoch))
+        work = self._Work(self, self.epoch)
+        return PendingExchange(self, key, work, recv, bytes_sent=0, bits_histogram={})

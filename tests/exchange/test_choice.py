@@ -18,12 +18,9 @@ from adaqp.exchange.counters import EpochCounters
 from adaqp.exchange.stale import StalePolicy
 from adaqp.exchange.transport import ExchangeKey
 from adaqp.partitioning.build import make_partition
-from tests.distributed import run_workers
-from tests.exchange.landings import delay_landings
-from tests.exchange.test_stale import _EpochRows
-from tests.run.test_checkpoint import _Records
-from tests.run.test_trainer import _config as exact_config
-from tests.run.test_trainer import rank_trainer
+from tests.distributed import RecordingWriter, run_workers
+from tests.exchange.landings import EpochRows, delay_landings
+from tests.run.exactness import exact_config, rank_trainer
 
 EPOCHS = 8
 CYCLE = 4
@@ -58,7 +55,7 @@ def _worker(rank, world_size, init_method, part_dir: str, cases: dict):
                     return end(epoch, *args, epoch_s=1000 * epoch_s, **kw)
 
                 trainer.policy.end_epoch = slow_clock
-            records = _Records()
+            records = RecordingWriter()
             summary = trainer.fit(records)
             result[f"{name}/stale"] = np.array(sorted(summary.stale_exchanges))
             result[f"{name}/max_staleness"] = np.array([r.max_staleness for r in records.records])
@@ -235,9 +232,9 @@ def test_effective_staleness_is_one_figure_for_one_read_history(monkeypatch):
         policy.close()
         return figures
 
-    transport = _EpochRows(lambda s, t: True)
+    transport = EpochRows(lambda s, t: True)
     onebit = run(StalePolicy(transport, config, "cpu", last_layer=2), transport)
-    transport = _EpochRows(lambda s, t: True)
+    transport = EpochRows(lambda s, t: True)
     chooser = ChoicePolicy(transport, _Planner(), config, "cpu", last_layer=2)
     adaqp_s = run(chooser, transport)
     assert chooser.stale_keys == {keys[0]}  # the history is the one described

@@ -49,17 +49,16 @@ from adaqp.model.gnn import CONVS, GNN
 from adaqp.partitioning.build import make_partition
 from adaqp.quant import dequantize_mixed, quantize_mixed
 from adaqp.quant.draws import Draw, RowKeys, draw_key
-from tests.distributed import owner_of, run_workers
-from tests.run.test_checkpoint import _Records
-from tests.run.test_trainer import (
-    _close,
-    _close_weights,
-    _flat_params,
-    _full_adjacency,
-    _set_flat,
+from tests.distributed import RecordingWriter, owner_of, run_workers
+from tests.run.exactness import (
+    close,
+    close_weights,
+    exact_config,
+    flat_params,
+    full_adjacency,
     rank_trainer,
+    set_flat,
 )
-from tests.run.test_trainer import _config as exact_config
 
 EPOCHS = 4
 SEED = 7
@@ -114,11 +113,11 @@ def _worker(rank, world_size, init_method, part_dir: str, cases):
             trainer,
             graph,
         ):
-            result[f"{name}/initial"] = _flat_params(trainer.model)
-            records = _Records()
+            result[f"{name}/initial"] = flat_params(trainer.model)
+            records = RecordingWriter()
             trainer.fit(records)
             result[f"{name}/losses"] = np.array([r.train_loss for r in records.records])
-            result[f"{name}/weights"] = _flat_params(trainer.model)
+            result[f"{name}/weights"] = flat_params(trainer.model)
             result["global_ids"] = graph.global_ids  # one partition: every case's
     return result
 
@@ -188,7 +187,7 @@ def _halo_adjacency(graph, owner: np.ndarray, norm: str) -> SparseAdjacency:
         src = np.concatenate([graph.indices, np.arange(n)]).astype(np.int64)
         values = np.ones(len(src), dtype=np.float32)
     else:
-        full = _full_adjacency(graph, norm).numpy()
+        full = full_adjacency(graph, norm).numpy()
         dst, src = np.nonzero(full)
         values = full[dst, src]
     cols = np.where(owner[src] != owner[dst], n + owner[dst] * n + src, src)
@@ -209,7 +208,7 @@ def _reference(graph, adjacency, case: tuple, initial: np.ndarray, rounding: Rou
     model = GNN(
         config.model, graph.feature_dim, graph.num_classes, True, True, seed=config.train.seed
     )
-    _set_flat(model, initial)
+    set_flat(model, initial)
     x = torch.from_numpy(graph.features)
     y = torch.from_numpy(graph.labels).long()
     mask = torch.from_numpy(graph.train_mask)
@@ -257,7 +256,7 @@ def cora():
 
 
 def _loss_error(result, name: str, losses: torch.Tensor) -> float:
-    """The largest loss difference, relative to the largest loss (what ``_close`` bounds)."""
+    """The largest loss difference, relative to the largest loss (what ``close`` bounds)."""
     return float(np.abs(result[f"{name}/losses"] - losses.numpy()).max() / losses.abs().max())
 
 
@@ -281,12 +280,12 @@ def test_quantized_mode_matches_the_single_process_reference(world_size, cora, t
         rounding = Rounding(case[1], world_size)
         losses, weights = _reference(cora, adjacencies[norm], case, initial, rounding)
         for r in results:
-            _close(r[f"{name}/losses"], losses, LOSS_RTOL, f"{name} losses, P={world_size}")
-            _close_weights(r[f"{name}/weights"], weights, WEIGHTS_RTOL, f"{name} weights")
+            close(r[f"{name}/losses"], losses, LOSS_RTOL, f"{name} losses, P={world_size}")
+            close_weights(r[f"{name}/weights"], weights, WEIGHTS_RTOL, f"{name} weights")
         said = [f"P={world_size} {name}: {_loss_error(results[0], name, losses):.1e}"]
         for what, wrong in _wrong(rounding).items():
             wrong_losses, _ = _reference(cora, adjacencies[norm], case, initial, wrong)
             said.append(f"{what} {_loss_error(results[0], name, wrong_losses):.1e}")
             with pytest.raises(AssertionError):
-                _close(results[0][f"{name}/losses"], wrong_losses, LOSS_RTOL, what)
+                close(results[0][f"{name}/losses"], wrong_losses, LOSS_RTOL, what)
         print(", ".join(said))  # the measured loss differences (pytest -s)

@@ -5,7 +5,6 @@ link is slow), and the ownership of exchange state."""
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -23,7 +22,7 @@ from adaqp.quant.mixed import blend_
 from adaqp.run.trainer import Trainer
 from adaqp.runtime import init_distributed, shutdown
 from tests.distributed import NullWriter, run_workers
-from tests.exchange.landings import delay_landings
+from tests.exchange.landings import EpochRows, delay_landings
 
 
 def _two_components(size_a: int = 24, size_b: int = 48, seed: int = 0) -> GraphData:
@@ -230,40 +229,10 @@ def test_a_layer_splits_its_rows_only_where_an_exchange_may_wait(settings, waiti
     assert waits == waiting_epochs
 
 
-class _EpochRows(NoCommTransport):
-    """Every row of the exchange started at epoch ``epoch`` is that epoch's number, so that
-    what a layer reads is the weighted mean start epoch of the buffers it averaged; the
-    exchange started at epoch s has landed at epoch t iff ``landed(s, t)``."""
-
-    class _Work:
-        def __init__(self, transport: _EpochRows, started: int):
-            self._transport, self._started = transport, started
-
-        def is_completed(self) -> bool:
-            return self._transport.landed(self._started, self._transport.epoch)
-
-        def wait(self, timeout=None) -> bool:
-            return True
-
-        def get_future(self):
-            return SimpleNamespace(add_done_callback=lambda callback: None)
-
-    def __init__(self, landed):
-        super().__init__(0, [0, 2], [0, 3])
-        self.landed = landed
-        self.epoch = 0
-
-    def start(self, rows_RD, key, plan=None, ranges=False) -> PendingExchange:
-        _, in_counts = self.counts(key)
-        recv = torch.full((sum(in_counts), rows_RD.shape[1]), float(self.epoch))
-        work = self._Work(self, self.epoch)
-        return PendingExchange(self, key, work, recv, bytes_sent=0, bits_histogram={})
-
-
 def _reads(landed, epochs: int, **settings) -> tuple[list[float], list[float], list[int]]:
     """Per epoch: what one stale exchange's layer read (its rows' value), and the epoch's
     ``effective_staleness`` and ``max_staleness``."""
-    transport = _EpochRows(landed)
+    transport = EpochRows(landed)
     policy = StalePolicy(transport, StalenessConfig(**settings), "cpu")
     read, effective, oldest = [], [], []
     for epoch in range(1, epochs + 1):
@@ -321,8 +290,8 @@ def test_effective_staleness_is_the_age_of_what_the_average_holds(landing, smoot
         assert effective[-1] == pytest.approx(10.0 if landing == "fixed" else 9.0, abs=0.02)
 
 
-class _QuantizedEpochRows(_EpochRows):
-    """``_EpochRows`` whose rows must be decoded before use, as quantized rows are (into a
+class _QuantizedEpochRows(EpochRows):
+    """``EpochRows`` whose rows must be decoded before use, as quantized rows are (into a
     new tensor, or blended straight into an average); counts the decodes."""
 
     def __init__(self, landed):

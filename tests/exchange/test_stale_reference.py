@@ -31,18 +31,17 @@ from adaqp.exchange.transport import Direction, ExchangeKey
 from adaqp.graph.aggregate import SparseAdjacency
 from adaqp.model.gnn import GNN
 from adaqp.partitioning.build import make_partition
-from tests.distributed import owner_of, run_workers
+from tests.distributed import RecordingWriter, owner_of, run_workers
 from tests.exchange.landings import delay_landings, schedule_landings
-from tests.run.test_checkpoint import _Records
-from tests.run.test_trainer import (
-    _close,
-    _close_weights,
-    _flat_params,
-    _full_adjacency,
-    _set_flat,
+from tests.run.exactness import (
+    close,
+    close_weights,
+    exact_config,
+    flat_params,
+    full_adjacency,
     rank_trainer,
+    set_flat,
 )
-from tests.run.test_trainer import _config as exact_config
 
 EPOCHS = 6
 MODELS = ("gcn", "sage", "gat")
@@ -111,15 +110,15 @@ def _worker(
             delay_landings(trainer.transport, delay if rank == 1 else 0.0)
             if landed is not None:
                 schedule_landings(trainer, landed)
-            result[f"{model}/initial"] = _flat_params(trainer.model)
-            records = _Records()
+            result[f"{model}/initial"] = flat_params(trainer.model)
+            records = RecordingWriter()
             trainer.fit(records)
             result[f"{model}/losses"] = np.array([r.train_loss for r in records.records])
             result[f"{model}/staleness"] = np.array([r.max_staleness for r in records.records])
             result[f"{model}/effective"] = np.array(
                 [r.effective_staleness for r in records.records]
             )
-            result[f"{model}/weights"] = _flat_params(trainer.model)
+            result[f"{model}/weights"] = flat_params(trainer.model)
             result[f"{model}/global_ids"] = graph.global_ids
     return result
 
@@ -218,11 +217,11 @@ def _stale_reference(
     torch.manual_seed(0)
     # The distributed run's flags: they decide which tensor a layer exchanges (h or h W).
     model = GNN(config.model, graph.feature_dim, graph.num_classes, True, cached_input=True)
-    _set_flat(model, initial)
+    set_flat(model, initial)
     if model_name == "gat":
         whole, mixed = _attention_edges(graph, owner)
     else:
-        full = _full_adjacency(graph, model.norm)
+        full = full_adjacency(graph, model.norm)
         own = torch.from_numpy(owner)
         cross = full * (own[:, None] != own[None, :])
         inside = full - cross
@@ -311,17 +310,17 @@ def test_stale_mode_matches_the_single_process_stale_reference(world_size, model
         losses, weights, _ = _stale_reference(cora, owner, model, initial, staleness=1)
         for r in results:
             assert r[f"{model}/staleness"].tolist() == [0] + [1] * (EPOCHS - 1)
-            _close(r[f"{model}/losses"], losses, LOSS_RTOL, f"{model} losses, P={world_size}")
-            _close_weights(
+            close(r[f"{model}/losses"], losses, LOSS_RTOL, f"{model} losses, P={world_size}")
+            close_weights(
                 r[f"{model}/weights"], weights, WEIGHTS_RTOL, f"{model} weights, P={world_size}"
             )
         # Both comparisons can fail: one epoch fresher or staler is another run.
         for other in (0, 2):
             wrong_losses, wrong, _ = _stale_reference(cora, owner, model, initial, staleness=other)
             with pytest.raises(AssertionError):
-                _close(results[0][f"{model}/losses"], wrong_losses, LOSS_RTOL, f"S={other}")
+                close(results[0][f"{model}/losses"], wrong_losses, LOSS_RTOL, f"S={other}")
             with pytest.raises(AssertionError):
-                _close_weights(results[0][f"{model}/weights"], wrong, WEIGHTS_RTOL, f"S={other}")
+                close_weights(results[0][f"{model}/weights"], wrong, WEIGHTS_RTOL, f"S={other}")
 
 
 @pytest.mark.distributed
@@ -361,13 +360,13 @@ def test_compensations_match_the_reference_with_the_same_compensations(cora, tmp
         for r in results:
             # Layer 1 is stale from epoch 3 on; the last layer (2) never is.
             assert r[f"{model}/staleness"].tolist() == [0, 0] + [1] * (EPOCHS - 2)
-            _close(r[f"{model}/losses"], losses, LOSS_RTOL, f"{model} losses")
-            _close_weights(r[f"{model}/weights"], weights, WEIGHTS_RTOL, f"{model} weights")
+            close(r[f"{model}/losses"], losses, LOSS_RTOL, f"{model} losses")
+            close_weights(r[f"{model}/weights"], weights, WEIGHTS_RTOL, f"{model} weights")
         plain_losses, plain, _ = _stale_reference(cora, owner, model, initial, 1)
         with pytest.raises(AssertionError):
-            _close(results[0][f"{model}/losses"], plain_losses, LOSS_RTOL, "without them")
+            close(results[0][f"{model}/losses"], plain_losses, LOSS_RTOL, "without them")
         with pytest.raises(AssertionError):
-            _close_weights(results[0][f"{model}/weights"], plain, WEIGHTS_RTOL, "without them")
+            close_weights(results[0][f"{model}/weights"], plain, WEIGHTS_RTOL, "without them")
 
 
 @pytest.mark.distributed
@@ -393,12 +392,12 @@ def test_newest_landing_matches_the_reference_under_a_landing_schedule(cora, tmp
         for r in results:
             assert r[f"{model}/staleness"].tolist() == [0, 1, 2, 2, 0, 1]
             np.testing.assert_allclose(r[f"{model}/effective"], ages, rtol=1e-9)
-            _close(r[f"{model}/losses"], losses, LOSS_RTOL, f"{model} losses")
-            _close_weights(r[f"{model}/weights"], weights, WEIGHTS_RTOL, f"{model} weights")
+            close(r[f"{model}/losses"], losses, LOSS_RTOL, f"{model} losses")
+            close_weights(r[f"{model}/weights"], weights, WEIGHTS_RTOL, f"{model} weights")
         # The losses tell it apart (by 1.7-6.9e-4, measured); after 6 epochs the final
         # weights are only 4-5e-3 apart, inside their loose bound.
         twice_losses, _, _ = _stale_reference(
             cora, owner, model, initial, 2, **options, blend_again=True
         )
         with pytest.raises(AssertionError):
-            _close(results[0][f"{model}/losses"], twice_losses, LOSS_RTOL, "blended twice")
+            close(results[0][f"{model}/losses"], twice_losses, LOSS_RTOL, "blended twice")

@@ -36,15 +36,7 @@ from adaqp.run.checkpoint import (
 from adaqp.run.placement import Placement
 from adaqp.run.trainer import Trainer
 from adaqp.runtime import init_distributed, shutdown
-from tests.distributed import QUANTIZED, run_workers, worker_pid
-
-
-class _Records:
-    def __init__(self):
-        self.records = []
-
-    def log_epoch(self, record) -> None:
-        self.records.append(record)
+from tests.distributed import QUANTIZED, RecordingWriter, run_workers, worker_pid
 
 
 def _pin_timings() -> None:
@@ -94,7 +86,7 @@ def _worker(rank, world_size, init_method, part_dir, ckpt_dir, overrides, stop_a
                 epoch, tensors, history = ckpt.load_latest()
                 trainer.load_state_dict(tensors)
                 result["resumed_at"] = np.array(epoch)
-            records = _Records()
+            records = RecordingWriter()
             summary = trainer.fit(records, checkpoints=ckpt, resume=history)
             result["loss"] = np.array(summary.final_train_loss)
             result["epochs_run"] = np.array([r.epoch for r in records.records])

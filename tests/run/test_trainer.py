@@ -11,58 +11,33 @@ parameters and the mask function (``adaqp.quant.draws.keep_mask``).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from adaqp.config import load_config
 from adaqp.data import load_dataset
-from adaqp.graph.local import LocalGraph
 from adaqp.model.gnn import GNN
 from adaqp.partitioning.build import make_partition
-from adaqp.partitioning.format import load_part, read_metadata
 from adaqp.quant import kernels as quant_kernels
-from adaqp.run.trainer import Trainer
-from adaqp.runtime import init_distributed, shutdown
 from tests.distributed import QUANTIZED, run_workers
 from tests.model.gat_reference import dense_gat, edge_mask
+from tests.run.exactness import (
+    close,
+    close_weights,
+    exact_config,
+    flat_params,
+    full_adjacency,
+    rank_trainer,
+    set_flat,
+)
 
 EPOCHS = 5
 MODELS = ("gcn", "sage", "gat")
-
-
-DROPOUT = {
-    "gcn": ("model.dropout=0.5",),
-    "sage": ("model.dropout=0.5",),
-    "gat": ("model.dropout=0.5", "model.attn_dropout=0.6"),
-}
-"""The exactness tests' dropout: input 0.5, GAT's attention 0.6."""
-
-
-def _config(model: str, part_dir: str, extra: tuple[str, ...] = (), dropout: bool = False):
-    """The exactness tests' config (3 layers, LayerNorm), dropout 0 unless ``dropout``."""
-    # GAT: 2 heads of 8 (16 wide, as the others) and 2 averaged output heads.
-    hidden = ("model.hidden=8", "model.heads=2", "model.output_heads=2")
-    return load_config(
-        None,
-        [
-            *extra,
-            "data.dataset=cora",
-            f"model.name={model}",
-            "model.layers=3",
-            *(hidden if model == "gat" else ("model.hidden=16",)),
-            *(DROPOUT[model] if dropout else ("model.dropout=0",)),
-            "model.layernorm=true",
-            "train.lr=0.01",
-            f"partition.dir={part_dir}",
-        ],
-    )
 
 
 WEIGHTS_RTOL = {"gcn": 1e-4, "sage": 1e-4, "gat": 1e-3}
@@ -87,30 +62,17 @@ def _sum_gradients(model: torch.nn.Module) -> None:
         offset += n
 
 
-@contextmanager
-def rank_trainer(config, init_method: str, rank: int, world_size: int, part_dir: str):
-    """This rank's ``(trainer, local graph)`` on the partition in ``part_dir``, inside its
-    process group (left on exit)."""
-    world = init_distributed(config.comm, init_method, rank, world_size)
-    try:
-        meta = read_metadata(part_dir)
-        graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
-        yield Trainer(config, graph, meta, world), graph
-    finally:
-        shutdown()
-
-
 def _worker(
     rank: int, world_size: int, init_method: str, part_dir: str, extra: tuple[str, ...] = ()
 ):
     result = {}
     for model in MODELS:
-        config = _config(model, part_dir, extra, dropout=True)
+        config = exact_config(model, part_dir, extra, dropout=True)
         with rank_trainer(config, init_method + model, rank, world_size, part_dir) as (
             trainer,
             graph,
         ):
-            result[f"{model}/initial"] = _flat_params(trainer.model)
+            result[f"{model}/initial"] = flat_params(trainer.model)
             trainer.model.train()
             logits = trainer.logits(epoch=1)
             (trainer.local_loss_sum(logits) / trainer.num_train).backward()
@@ -124,34 +86,8 @@ def _worker(
             trainer.optimizer.step()
             losses = [trainer.train_step(epoch=epoch) for epoch in range(2, EPOCHS + 1)]
             result[f"{model}/losses"] = np.array(losses)
-            result[f"{model}/weights"] = _flat_params(trainer.model)
+            result[f"{model}/weights"] = flat_params(trainer.model)
     return result
-
-
-def _flat_params(model) -> np.ndarray:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().copy()
-
-
-def _set_flat(model, flat: np.ndarray) -> None:
-    offset = 0
-    with torch.no_grad():
-        for p in model.parameters():
-            n = p.numel()
-            p.copy_(torch.from_numpy(flat[offset : offset + n]).view_as(p))
-            offset += n
-
-
-def _full_adjacency(graph, norm: str) -> torch.Tensor:
-    """Dense normalised adjacency of the whole graph, built straight from the CSR."""
-    n = graph.num_nodes
-    a = sp.csr_matrix((np.ones(graph.num_edges), graph.indices, graph.indptr), shape=(n, n))
-    deg = np.asarray(a.sum(1)).ravel()
-    if norm == "gcn":
-        d = 1.0 / np.sqrt(deg + 1.0)
-        a = sp.diags(d) @ (a + sp.eye(n)) @ sp.diags(d)
-    else:
-        a = sp.diags(1.0 / np.maximum(deg, 1.0)) @ a
-    return torch.tensor(a.toarray(), dtype=torch.float32)
 
 
 def _whole_graph_propagate(adj: torch.Tensor):
@@ -175,10 +111,10 @@ def _reference(graph, model_name: str, initial: np.ndarray):
 
 
 def _train_reference(graph, model_name: str, initial: np.ndarray):
-    config = _config(model_name, "unused", dropout=True)
+    config = exact_config(model_name, "unused", dropout=True)
     torch.manual_seed(0)
     model = GNN(config.model, graph.feature_dim, graph.num_classes)
-    _set_flat(model, initial)
+    set_flat(model, initial)
     x = torch.from_numpy(graph.features)
     if model_name == "gat":
         edges = edge_mask(graph.indptr, graph.indices, graph.num_nodes)
@@ -186,7 +122,7 @@ def _train_reference(graph, model_name: str, initial: np.ndarray):
         def forward(epoch):
             return dense_gat(model, x, edges, epoch)
     else:
-        propagate = _whole_graph_propagate(_full_adjacency(graph, model.norm))
+        propagate = _whole_graph_propagate(full_adjacency(graph, model.norm))
 
         def forward(epoch):
             return model(x, propagate, epoch)  # rows keyed by their index: the global id
@@ -212,21 +148,6 @@ def _train_reference(graph, model_name: str, initial: np.ndarray):
     out["losses"] = torch.tensor(losses)
     out["weights"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return out
-
-
-def _close_weights(actual, expected, rtol: float, what: str) -> None:
-    """``actual`` within ``rtol`` of ``expected`` in relative L2 norm (see WEIGHTS_RTOL)."""
-    actual = torch.as_tensor(actual, dtype=torch.float32)
-    error = float((actual - expected).norm() / expected.norm())
-    assert error <= rtol, f"{what}: relative L2 error {error:.2e} > {rtol:.0e}"
-
-
-def _close(actual, expected, rtol: float, what: str) -> None:
-    actual = torch.as_tensor(actual, dtype=torch.float32)
-    scale = float(expected.abs().max())
-    torch.testing.assert_close(
-        actual, expected, rtol=rtol, atol=rtol * scale, msg=lambda detail: f"{what}: {detail}"
-    )
 
 
 @pytest.fixture(scope="module")
@@ -277,7 +198,7 @@ def test_exact_modes_match_single_process(world_size, variant, cora, tmp_path):
     are dropped as their owners drop them, and transform-first), computing only the rows
     the loss reads (the default) or every row."""
     part_dir = tmp_path / "parts"
-    spec = _config("gcn", str(part_dir)).data.spec()
+    spec = exact_config("gcn", str(part_dir)).data.spec()
     make_partition(cora, part_dir, num_parts=world_size, spec=spec)
     results = run_workers(_worker, world_size, tmp_path, str(part_dir), EXACT_VARIANTS[variant])
 
@@ -298,11 +219,11 @@ def test_exact_modes_match_single_process(world_size, variant, cora, tmp_path):
             # The rows the loss reads: the training rows, and not every row.
             np.testing.assert_array_equal(np.flatnonzero(seen), np.flatnonzero(cora.train_mask))
             expected[~seen] = 0.0
-        _close(logits, torch.from_numpy(expected), 1e-5, f"{model} logits, P={world_size}")
+        close(logits, torch.from_numpy(expected), 1e-5, f"{model} logits, P={world_size}")
         for r in results:
-            _close(r[f"{model}/grads"], ref["grads"], 1e-5, f"{model} grads, P={world_size}")
-            _close(r[f"{model}/losses"], ref["losses"], 1e-5, f"{model} losses")
-            _close_weights(
+            close(r[f"{model}/grads"], ref["grads"], 1e-5, f"{model} grads, P={world_size}")
+            close(r[f"{model}/losses"], ref["losses"], 1e-5, f"{model} losses")
+            close_weights(
                 r[f"{model}/weights"], ref["weights"], WEIGHTS_RTOL[model], f"{model} weights"
             )
         # The comparison must be able to fail: training moved the weights a lot.
@@ -382,7 +303,7 @@ def _compile_notice(rank: int, world_size: int, init_method: str, part_dir: str)
     logger = logging.getLogger("adaqp.run.trainer")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
-    config = _config("gcn", part_dir, ("model.dropout=0.5",))
+    config = exact_config("gcn", part_dir, ("model.dropout=0.5",))
     counts, warmed = [], []
     trainer_module.warm_up = lambda: warmed.append(True)
     for cold in (True, False):
@@ -399,7 +320,7 @@ def test_rank_0_says_once_that_the_kernels_compile_on_a_cold_cache(cora, tmp_pat
     """A first run used to sit silent for a minute after "writing to ..." while numba
     compiled; with numba's cache warm nothing is said."""
     part_dir = tmp_path / "parts"
-    make_partition(cora, part_dir, num_parts=2, spec=_config("gcn", str(part_dir)).data.spec())
+    make_partition(cora, part_dir, num_parts=2, spec=exact_config("gcn", str(part_dir)).data.spec())
     results = run_workers(_compile_notice, 2, tmp_path, str(part_dir))
     assert results[0]["counts"].tolist() == [[1, 1], [0, 0]]
     assert results[1]["counts"].tolist() == [[0, 0], [0, 0]]
@@ -450,7 +371,7 @@ def _wall_times(rank: int, world_size: int, init_method: str, part_dir: str):
     import time
     from types import SimpleNamespace
 
-    config = _config("gcn", part_dir, ("comm.mode=adaqp", *QUANTIZED, "train.epochs=3"))
+    config = exact_config("gcn", part_dir, ("comm.mode=adaqp", *QUANTIZED, "train.epochs=3"))
     records = []
     with rank_trainer(config, init_method, rank, world_size, part_dir) as (trainer, _):
         solve = trainer.policy.end_epoch
@@ -473,6 +394,6 @@ def test_an_epochs_wall_time_includes_the_re_solve_after_it(cora, tmp_path):
     """Time to accuracy reads ``wall_time_s``: the ranks wait for a re-solve before the next
     epoch, so an epoch's wall time must count the one after it (it was read before)."""
     part_dir = tmp_path / "parts"
-    make_partition(cora, part_dir, num_parts=2, spec=_config("gcn", str(part_dir)).data.spec())
+    make_partition(cora, part_dir, num_parts=2, spec=exact_config("gcn", str(part_dir)).data.spec())
     for result in run_workers(_wall_times, 2, tmp_path, str(part_dir)):
         assert (result["wall"] >= result["spent"]).all(), result
