@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     # missing, not a traceback.
     require(PROG)
     from adaqp.partitioning.build import ensure_partition
-    from adaqp.partitioning.format import PartitionError
+    from adaqp.partitioning.schema import PartitionError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 

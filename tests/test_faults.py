@@ -231,7 +231,8 @@ def test_a_run_killed_for_memory_ends_failed_saying_so(tmp_path):
 def _citeseer_worker(rank, world_size, init_method, part_dir: str):
     from adaqp.config import load_config
     from adaqp.graph.local import LocalGraph
-    from adaqp.partitioning.format import load_part, read_metadata
+    from adaqp.partitioning.schema import read_metadata
+    from adaqp.partitioning.store import load_part
     from adaqp.run.trainer import Trainer
     from adaqp.runtime import init_distributed, shutdown
 

@@ -15,7 +15,8 @@ from adaqp.config import load_config
 from adaqp.data import load_dataset
 from adaqp.graph.local import LocalGraph
 from adaqp.partitioning.build import make_partition
-from adaqp.partitioning.format import load_part, read_metadata
+from adaqp.partitioning.schema import read_metadata
+from adaqp.partitioning.store import load_part
 from adaqp.run.trainer import Trainer
 from adaqp.runtime import init_distributed, shutdown
 from tests.distributed import NullWriter, expect_worker_failure

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from adaqp.graph.aggregate import SparseAdjacency
-from adaqp.partitioning.format import Part
+from adaqp.partitioning.schema import Part
 
 NORMS = ("gcn", "mean", "gat")
 

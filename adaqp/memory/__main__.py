@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--halo-per-inner must be >= 0, got {args.halo_per_inner}")
     from adaqp.config import ConfigError, load_config
     from adaqp.memory.estimate import predict
-    from adaqp.partitioning.format import PartitionError
+    from adaqp.partitioning.schema import PartitionError
 
     overrides = list(args.set) + ([f"comm.mode={args.mode}"] if args.mode else [])
     try:

@@ -34,7 +34,7 @@ def refusal(
     """
     from adaqp.config import ConfigError, load_config
     from adaqp.memory.estimate import predict
-    from adaqp.partitioning.format import PartitionError
+    from adaqp.partitioning.schema import PartitionError
 
     try:
         config = load_config(config_path, train_overrides(train_args))

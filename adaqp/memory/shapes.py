@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from adaqp.config import Config
-from adaqp.partitioning.format import METADATA_FILE, PartitionError, read_metadata
+from adaqp.partitioning.schema import METADATA_FILE, PartitionError, read_metadata
 from adaqp.run.preflight import partition_dir
 
 BALANCE = 1.03

@@ -20,7 +20,7 @@ import numpy as np
 
 from adaqp.config import DataConfig, PartitionConfig
 from adaqp.data import GraphData
-from adaqp.partitioning import format as fmt
+from adaqp.partitioning import schema, store
 from adaqp.partitioning.cut import assign_parts
 from adaqp.partitioning.parts import PartBuilder, part_stats, total_stats
 from adaqp.partitioning.source import GraphSource
@@ -79,7 +79,7 @@ def make_partition(
 
     Raises:
         PartitionError: ``out_dir`` holds files that are not a partition, or cannot be
-            written (see ``adaqp.partitioning.format.write_partition``).
+            written (see ``adaqp.partitioning.store.write_partition``).
     """
     return _make(
         graph,
@@ -113,7 +113,7 @@ def _make(
     start = time.perf_counter()
     source = graph if isinstance(graph, GraphSource) else GraphSource.of(graph)
     with source:
-        fmt.check_target(out_dir)
+        store.check_target(out_dir)
         with log.stage("cut"):
             parts = assign_parts(
                 source.indptr,
@@ -149,8 +149,8 @@ def _make(
             log.end()  # every part is written: what is left is this file
             stats = total_stats(per_part, source.num_nodes, source.record["num_edges"])
             return {
-                "format": fmt.FORMAT,
-                "format_version": fmt.FORMAT_VERSION,
+                "format": schema.FORMAT,
+                "format_version": schema.FORMAT_VERSION,
                 "dataset": {"spec": spec, **source.record},
                 "params": {
                     "method": method,
@@ -171,7 +171,7 @@ def _make(
             }
 
         with log.stage("build and write"):
-            meta = fmt.write_partition(out_dir, metadata, built(), exclusive=exclusive)
+            meta = store.write_partition(out_dir, metadata, built(), exclusive=exclusive)
     stats = meta["stats"]
     logger.info(
         "partitioned %s into %d parts with %s (%s): edge cut %d of %d (%.1f%%), halo rows "
@@ -211,9 +211,9 @@ def ensure_partition(
     (a training run's name ``partition.dir``; see ``check_matches``).
     """
     out_dir = Path(out_dir)
-    if not force and (out_dir / fmt.METADATA_FILE).is_file():
+    if not force and (out_dir / schema.METADATA_FILE).is_file():
         return _reuse(data, part, num_parts, out_dir, tool)
-    fmt.check_target(out_dir)  # before the dataset is loaded: a bad path fails at once
+    store.check_target(out_dir)  # before the dataset is loaded: a bad path fails at once
     log = StageLog(reset_peaks=tool)  # a training process reports its own lifetime peak
     with log.stage("load"):
         graph = data.load()
@@ -222,7 +222,7 @@ def ensure_partition(
             source = GraphSource.take(graph, out_dir.absolute().parent)
         del graph
     except OSError as exc:
-        raise fmt.PartitionError(
+        raise schema.PartitionError(
             f"cannot write scratch files beside {out_dir}: {exc}; free space there or "
             "choose another --out / partition.dir"
         ) from None
@@ -240,7 +240,7 @@ def ensure_partition(
             threads=1,
             exclusive=not force,
         )
-    except fmt.PartitionExists:
+    except store.PartitionExists:
         # Two runs started together and the other one wrote it first: use its partition.
         logger.info("another process wrote %s first", out_dir)
         return _reuse(data, part, num_parts, out_dir, tool)
@@ -250,8 +250,8 @@ def _reuse(
     data: DataConfig, part: PartitionConfig, num_parts: int, out_dir: Path, tool: bool
 ) -> dict[str, Any]:
     """The metadata of the partition in ``out_dir``, checked against the config."""
-    meta = fmt.read_metadata(out_dir)
-    fmt.check_matches(
+    meta = schema.read_metadata(out_dir)
+    schema.check_matches(
         meta,
         out_dir,
         spec=data.spec(),

@@ -46,8 +46,7 @@ Arrays in ``part-NNNNN.npz`` (local ids: inner nodes 0..I-1, halo nodes I..I+H-1
 - ``send_idx`` int64 [S]: local ids of inner nodes to send, peer by peer in rank order;
   ``send_counts`` int64 [P], ``recv_counts`` int64 [P] (halo rows owned by each peer).
 
-:mod:`adaqp.partitioning.store` writes and loads these files; :mod:`adaqp.partitioning.format`
-re-exports both modules' public names.
+:mod:`adaqp.partitioning.store` writes and loads these files.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ import torch
 
 from adaqp.atomic import write_atomic
 from adaqp.config import RENAMED_KEYS
-from adaqp.partitioning.format import sha256_file
+from adaqp.partitioning.store import sha256_file
 from adaqp.quant import kernels as quant_kernels
 from adaqp.run.ckptdir import MANIFEST, complete_epochs
 from adaqp.run.ckptdir import epoch_of as _epoch_of

@@ -26,7 +26,8 @@ import torch.distributed as dist
 from adaqp.config import Config
 from adaqp.exchange.transport import ExchangeError
 from adaqp.graph.local import LocalGraph
-from adaqp.partitioning.format import PartitionError, check_matches, load_part, read_metadata
+from adaqp.partitioning.schema import PartitionError, check_matches, read_metadata
+from adaqp.partitioning.store import load_part
 from adaqp.run.checkpoint import Checkpointer, CheckpointError
 from adaqp.run.metrics import EpochRecord, RunWriter
 from adaqp.run.placement import Placement

@@ -17,13 +17,8 @@ from pathlib import Path
 
 from adaqp.config import Config
 from adaqp.data.load import check_source
-from adaqp.partitioning.format import (
-    METADATA_FILE,
-    PartitionError,
-    check_matches,
-    check_target,
-    read_metadata,
-)
+from adaqp.partitioning.schema import METADATA_FILE, PartitionError, check_matches, read_metadata
+from adaqp.partitioning.store import check_target
 from adaqp.run.placement import Placement
 from adaqp.run.runfiles import RunDirError
 

@@ -17,7 +17,8 @@ from adaqp.exchange.first_plans import FirstPlans
 from adaqp.exchange.transport import Direction, ExchangeKey
 from adaqp.graph.local import LocalGraph
 from adaqp.partitioning.build import make_partition
-from adaqp.partitioning.format import load_part, read_metadata
+from adaqp.partitioning.schema import read_metadata
+from adaqp.partitioning.store import load_part
 from adaqp.run.trainer import Trainer
 from adaqp.runtime import init_distributed, shutdown
 from tests.distributed import NullWriter, run_workers

@@ -9,7 +9,7 @@ import torch
 
 from adaqp.data import GraphData, csr_from_edges
 from adaqp.graph.local import LocalGraph
-from adaqp.partitioning import format as fmt
+from adaqp.partitioning import schema, store
 from adaqp.partitioning.build import build_parts, make_partition
 
 NUM_NODES = 10
@@ -70,7 +70,7 @@ def _locals(name: str) -> tuple[np.ndarray, list[LocalGraph]]:
     arrays, _ = build_parts(graph, parts)
     num_parts = len(arrays)
     return parts, [
-        LocalGraph.from_part(fmt.Part(rank, num_parts, a)) for rank, a in enumerate(arrays)
+        LocalGraph.from_part(schema.Part(rank, num_parts, a)) for rank, a in enumerate(arrays)
     ]
 
 
@@ -249,7 +249,7 @@ def test_from_a_partition_on_disk(tmp_path):
     meta = make_partition(
         graph, tmp_path / "parts", num_parts=2, spec={"name": "tiny"}, method="random"
     )
-    locals_ = [LocalGraph.from_part(fmt.load_part(tmp_path / "parts", r, meta)) for r in (0, 1)]
+    locals_ = [LocalGraph.from_part(store.load_part(tmp_path / "parts", r, meta)) for r in (0, 1)]
     parts = np.empty(NUM_NODES, dtype=np.int64)
     for g in locals_:
         parts[g.global_ids] = g.rank

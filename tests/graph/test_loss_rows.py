@@ -14,7 +14,7 @@ import pytest
 from adaqp.data import GraphData, csr_from_edges
 from adaqp.graph.local import LocalGraph
 from adaqp.graph.loss_rows import layer_adjacency, layer_rows, order_by_ring, rings
-from adaqp.partitioning import format as fmt
+from adaqp.partitioning import schema
 from adaqp.partitioning.build import build_parts
 
 NUM_NODES = 40
@@ -93,7 +93,7 @@ def _parts(graph: GraphData, num_parts: int, seed: int) -> list[LocalGraph]:
     parts = np.random.default_rng(seed).integers(0, num_parts, NUM_NODES)
     parts[:num_parts] = np.arange(num_parts)  # no empty part
     arrays, _ = build_parts(graph, parts)
-    return [LocalGraph.from_part(fmt.Part(r, len(arrays), a)) for r, a in enumerate(arrays)]
+    return [LocalGraph.from_part(schema.Part(r, len(arrays), a)) for r, a in enumerate(arrays)]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])

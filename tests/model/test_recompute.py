@@ -23,7 +23,7 @@ from adaqp.model.dropout import Dropout
 from adaqp.model.gnn import GNN
 from adaqp.model.layers import Propagation
 from adaqp.model.recompute import SavedTensors, norm_relu
-from adaqp.partitioning import format as fmt
+from adaqp.partitioning import schema
 from adaqp.partitioning.build import build_parts
 from adaqp.quant.draws import Draw, RowKeys, draw_key
 from adaqp.quant.pack import pack, unpack
@@ -50,7 +50,7 @@ def _local() -> LocalGraph:
         num_classes=C,
     )
     arrays, _ = build_parts(graph, np.zeros(N, dtype=np.int64))
-    return LocalGraph.from_part(fmt.Part(0, 1, arrays[0]))
+    return LocalGraph.from_part(schema.Part(0, 1, arrays[0]))
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from adaqp.data import GraphData, csr_from_edges
 from adaqp.graph.local import LocalGraph
 from adaqp.model.gnn import GNN
 from adaqp.model.layers import Propagation
-from adaqp.partitioning import format as fmt
+from adaqp.partitioning import schema
 from adaqp.partitioning.build import build_parts
 
 N, F, C = 12, 6, 3
@@ -53,5 +53,5 @@ def tiny_graph() -> GraphData:
 def propagation(model: GNN) -> tuple[Propagation, LocalGraph]:
     """``model``'s propagation over the whole graph as one part, and that part."""
     arrays, _ = build_parts(tiny_graph(), np.zeros(N, dtype=np.int64))
-    graph = LocalGraph.from_part(fmt.Part(0, 1, arrays[0]))
+    graph = LocalGraph.from_part(schema.Part(0, 1, arrays[0]))
     return Propagation(graph, graph.adjacency(model.norm), policy=None), graph

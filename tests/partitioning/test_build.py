@@ -12,7 +12,7 @@ import torch
 from adaqp.config import load_config
 from adaqp.data import SyntheticSpec, load_dataset
 from adaqp.graph.local import LocalGraph
-from adaqp.partitioning import format as fmt
+from adaqp.partitioning import schema, store
 from adaqp.partitioning.build import ensure_partition, make_partition
 from adaqp.partitioning.cut import assign_parts
 from partition.__main__ import main as partition_main
@@ -32,7 +32,7 @@ def _spec(graph):
 def parted(request, graph, tmp_path_factory):
     out = tmp_path_factory.mktemp(request.param) / "parts"
     meta = make_partition(graph, out, num_parts=4, spec=_spec(graph), method=request.param)
-    parts = [fmt.load_part(out, rank) for rank in range(4)]
+    parts = [store.load_part(out, rank) for rank in range(4)]
     return out, meta, parts
 
 
@@ -96,7 +96,7 @@ def test_local_aggregation_equals_full_graph_aggregation(graph, parted):
 
 def test_metadata_counts_and_edge_cut(graph, parted):
     out, meta, parts = parted
-    again = fmt.read_metadata(out)
+    again = schema.read_metadata(out)
     assert again == json.loads(json.dumps(meta))
     assert sum(e["num_inner"] for e in meta["parts"]) == graph.num_nodes
     assert sum(e["num_edges"] for e in meta["parts"]) == graph.num_edges
@@ -124,43 +124,43 @@ def test_metis_balances_training_nodes(graph):
 def test_tampered_part_file_is_rejected(graph, tmp_path):
     out = tmp_path / "parts"
     make_partition(graph, out, num_parts=2, spec=_spec(graph))
-    path = out / fmt.part_file(1)
+    path = out / schema.part_file(1)
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
-    fmt.load_part(out, 0)
-    with pytest.raises(fmt.PartitionError, match="checksum"):
-        fmt.load_part(out, 1)
+    store.load_part(out, 0)
+    with pytest.raises(schema.PartitionError, match="checksum"):
+        store.load_part(out, 1)
     path.unlink()
-    with pytest.raises(fmt.PartitionError, match="missing"):
-        fmt.load_part(out, 1)
+    with pytest.raises(schema.PartitionError, match="missing"):
+        store.load_part(out, 1)
 
 
 def test_missing_and_foreign_metadata_are_rejected(tmp_path):
-    with pytest.raises(fmt.PartitionError, match="no partition"):
-        fmt.read_metadata(tmp_path)
-    (tmp_path / fmt.METADATA_FILE).write_text("{not json")
-    with pytest.raises(fmt.PartitionError, match="not valid JSON"):
-        fmt.read_metadata(tmp_path)
-    (tmp_path / fmt.METADATA_FILE).write_text('{"format": "something-else"}')
-    with pytest.raises(fmt.PartitionError, match="not an AdaQP partition"):
-        fmt.read_metadata(tmp_path)
+    with pytest.raises(schema.PartitionError, match="no partition"):
+        schema.read_metadata(tmp_path)
+    (tmp_path / schema.METADATA_FILE).write_text("{not json")
+    with pytest.raises(schema.PartitionError, match="not valid JSON"):
+        schema.read_metadata(tmp_path)
+    (tmp_path / schema.METADATA_FILE).write_text('{"format": "something-else"}')
+    with pytest.raises(schema.PartitionError, match="not an AdaQP partition"):
+        schema.read_metadata(tmp_path)
 
 
 def test_partition_made_for_other_graph_or_params_is_not_reused(tmp_path):
     out = tmp_path / "parts"
     config = load_config(None, ["data.dataset=cora"])
     ensure_partition(config.data, config.partition, 2, out)
-    stamp = (out / fmt.METADATA_FILE).stat().st_mtime_ns
+    stamp = (out / schema.METADATA_FILE).stat().st_mtime_ns
     ensure_partition(config.data, config.partition, 2, out)  # same: reused, not rewritten
-    assert (out / fmt.METADATA_FILE).stat().st_mtime_ns == stamp
-    with pytest.raises(fmt.PartitionError, match="world size is 4"):
+    assert (out / schema.METADATA_FILE).stat().st_mtime_ns == stamp
+    with pytest.raises(schema.PartitionError, match="world size is 4"):
         ensure_partition(config.data, config.partition, 4, out)
     other = load_config(None, ["data.dataset=cora", "data.split_seed=7"])
-    with pytest.raises(fmt.PartitionError, match="made from dataset"):
+    with pytest.raises(schema.PartitionError, match="made from dataset"):
         ensure_partition(other.data, other.partition, 2, out)
     random = load_config(None, ["data.dataset=cora", "partition.method=random"])
-    with pytest.raises(fmt.PartitionError, match="made with"):
+    with pytest.raises(schema.PartitionError, match="made with"):
         ensure_partition(random.data, random.partition, 2, out)
     meta = ensure_partition(other.data, other.partition, 2, out, force=True)
     assert meta["dataset"]["spec"]["split_seed"] == 7
@@ -171,7 +171,7 @@ def test_a_partition_of_row_normalised_features_stores_them(tmp_path):
     meta = ensure_partition(config.data, config.partition, 2, tmp_path / "parts")
     assert meta["dataset"]["spec"]["feature_norm"] == "row"
     for rank in range(2):
-        features = fmt.load_part(tmp_path / "parts", rank, meta).features
+        features = store.load_part(tmp_path / "parts", rank, meta).features
         np.testing.assert_allclose(features.sum(axis=1), 1.0, rtol=1e-5)
 
 
@@ -180,7 +180,7 @@ def test_command_line_writes_partition_and_reports_cut(tmp_path, capsys):
     assert partition_main(["--dataset", "cora", "--num-parts", "4", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "edge cut" in printed and "balance" in printed
-    assert fmt.read_metadata(out)["params"]["num_parts"] == 4
+    assert schema.read_metadata(out)["params"]["num_parts"] == 4
     assert (
         partition_main(["--dataset", "nope", "--num-parts", "2", "--out", str(tmp_path / "x")]) == 2
     )
@@ -239,15 +239,15 @@ def test_partition_made_with_another_objective_is_not_reused(tmp_path):
     volume = load_config(None, ["data.dataset=cora", "partition.objective=volume"])
     meta = ensure_partition(volume.data, volume.partition, 2, out)
     assert meta["params"]["objective"] == "volume"
-    assert ensure_partition(volume.data, volume.partition, 2, out) == fmt.read_metadata(out)
-    with pytest.raises(fmt.PartitionError, match="'objective': 'volume'"):
+    assert ensure_partition(volume.data, volume.partition, 2, out) == schema.read_metadata(out)
+    with pytest.raises(schema.PartitionError, match="'objective': 'volume'"):
         ensure_partition(cut.data, cut.partition, 2, out)
     # Metadata from before the option has no objective: it counts as cut.
     old = {**meta, "params": {k: v for k, v in meta["params"].items() if k != "objective"}}
     kwargs = {"spec": cut.data.spec(), "num_parts": 2, "method": "metis", "seed": 0}
-    fmt.check_matches(old, out, **kwargs, balance_train=True, objective="cut")
-    with pytest.raises(fmt.PartitionError, match="made with"):
-        fmt.check_matches(old, out, **kwargs, balance_train=True, objective="volume")
+    schema.check_matches(old, out, **kwargs, balance_train=True, objective="cut")
+    with pytest.raises(schema.PartitionError, match="made with"):
+        schema.check_matches(old, out, **kwargs, balance_train=True, objective="volume")
 
 
 def test_ensure_partition_never_removes_foreign_files(tmp_path):
@@ -256,7 +256,7 @@ def test_ensure_partition_never_removes_foreign_files(tmp_path):
     (out / "notes.txt").write_text("keep")
     config = load_config(None, ["data.dataset=cora"])
     for force in (False, True):
-        with pytest.raises(fmt.PartitionError, match="nothing was removed"):
+        with pytest.raises(schema.PartitionError, match="nothing was removed"):
             ensure_partition(config.data, config.partition, 2, out, force=force)
         assert (out / "notes.txt").read_text() == "keep" and (out / "sub").is_dir()
 
@@ -265,15 +265,15 @@ def test_ensure_partition_refuses_an_older_format_until_forced(tmp_path):
     out = tmp_path / "parts"
     config = load_config(None, ["data.dataset=cora"])
     ensure_partition(config.data, config.partition, 2, out)
-    meta = json.loads((out / fmt.METADATA_FILE).read_text())
+    meta = json.loads((out / schema.METADATA_FILE).read_text())
     meta["format_version"] = 1
-    del meta[fmt.CHECKSUM_KEY]
-    (out / fmt.METADATA_FILE).write_text(json.dumps(meta))
-    with pytest.raises(fmt.PartitionError, match="format version 1.*re-create"):
+    del meta[schema.CHECKSUM_KEY]
+    (out / schema.METADATA_FILE).write_text(json.dumps(meta))
+    with pytest.raises(schema.PartitionError, match="format version 1.*re-create"):
         ensure_partition(config.data, config.partition, 2, out)
     again = ensure_partition(config.data, config.partition, 2, out, force=True)
-    assert again["format_version"] == fmt.FORMAT_VERSION
-    fmt.load_part(out, 1)
+    assert again["format_version"] == schema.FORMAT_VERSION
+    store.load_part(out, 1)
 
 
 def test_command_line_objective_stats_and_refusals(tmp_path, capsys):
@@ -281,7 +281,7 @@ def test_command_line_objective_stats_and_refusals(tmp_path, capsys):
     args = ["--dataset", "cora", "--num-parts", "4", "--out", str(out)]
     assert partition_main([*args, "--objective", "volume"]) == 0
     printed = capsys.readouterr().out
-    meta = fmt.read_metadata(out)
+    meta = schema.read_metadata(out)
     assert meta["params"]["objective"] == "volume"
     assert "objective volume" in printed and "halo rows" in printed and "central" in printed
     assert printed.count("  part ") == 4
@@ -338,8 +338,8 @@ def test_two_runs_making_one_partition_at_once_both_use_it(tmp_path, monkeypatch
 
         monkeypatch.setattr(store.os, "rename", rename)
     meta = ensure_partition(config.data, config.partition, 2, out)
-    written = (out / fmt.METADATA_FILE).read_bytes()
-    assert written == (other / fmt.METADATA_FILE).read_bytes()  # the winner's, untouched
-    assert meta == fmt.read_metadata(out)
+    written = (out / schema.METADATA_FILE).read_bytes()
+    assert written == (other / schema.METADATA_FILE).read_bytes()  # the winner's, untouched
+    assert meta == schema.read_metadata(out)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no stage left
-    fmt.load_part(out, 1)
+    store.load_part(out, 1)

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from adaqp.data import SyntheticSpec, load_dataset
-from adaqp.partitioning import format as fmt
-from adaqp.partitioning import store
+from adaqp.partitioning import schema, store
 from adaqp.partitioning.build import make_partition
 
 
@@ -37,29 +36,29 @@ def copy(base, tmp_path) -> Path:
 
 
 def _load_all(part_dir: Path) -> None:
-    meta = fmt.read_metadata(part_dir)
+    meta = schema.read_metadata(part_dir)
     for rank in range(meta["params"]["num_parts"]):
-        fmt.load_part(part_dir, rank, meta)
+        store.load_part(part_dir, rank, meta)
 
 
 def _edit_meta(part_dir: Path, edit, *, resign: bool = True) -> None:
-    path = part_dir / fmt.METADATA_FILE
+    path = part_dir / schema.METADATA_FILE
     meta = json.loads(path.read_text())
     edit(meta)
     if resign:
-        meta[fmt.CHECKSUM_KEY] = fmt.metadata_checksum(meta)
+        meta[schema.CHECKSUM_KEY] = schema.metadata_checksum(meta)
     path.write_text(json.dumps(meta, indent=2))
 
 
 def _resign_part(part_dir: Path, rank: int) -> None:
     """Makes the metadata vouch for part ``rank`` as it is now: the structural checks
     behind the checksums must catch what a buggy writer could produce."""
-    digest = fmt.sha256_file(part_dir / fmt.part_file(rank))
+    digest = store.sha256_file(part_dir / schema.part_file(rank))
     _edit_meta(part_dir, lambda meta: meta["parts"][rank].update(sha256=digest))
 
 
 def _rewrite_arrays(part_dir: Path, rank: int, edit) -> None:
-    path = part_dir / fmt.part_file(rank)
+    path = part_dir / schema.part_file(rank)
     with np.load(path) as data:
         arrays = {name: data[name] for name in data.files}
     edit(arrays)
@@ -74,7 +73,7 @@ def _set(name, make):
 
 def _raw(edit_bytes, resign: bool):
     def apply(part_dir: Path) -> None:
-        path = part_dir / fmt.part_file(1)
+        path = part_dir / schema.part_file(1)
         path.write_bytes(edit_bytes(bytearray(path.read_bytes())))
         if resign:
             _resign_part(part_dir, 1)
@@ -112,7 +111,7 @@ CORRUPTIONS = [
     ("bit flip, re-signed", _raw(_flip, True), "cannot read.*CRC"),
     ("not a zip, re-signed", _raw(lambda b: b"garbage" * 10, True), "cannot read"),
     ("empty file, re-signed", _raw(lambda b: b"", True), "cannot read"),
-    ("missing part file", lambda d: (d / fmt.part_file(1)).unlink(), "is missing"),
+    ("missing part file", lambda d: (d / schema.part_file(1)).unlink(), "is missing"),
     ("missing array", _arrays(lambda a: a.pop("halo_degree")), "lacks the array 'halo_degree'"),
     (
         "object array",
@@ -202,7 +201,7 @@ CORRUPTIONS = [
         _arrays(_set("train_mask", lambda a: ~a["train_mask"])),
         "train_mask holds",
     ),
-    ("missing metadata", lambda d: (d / fmt.METADATA_FILE).unlink(), "no partition at"),
+    ("missing metadata", lambda d: (d / schema.METADATA_FILE).unlink(), "no partition at"),
     (
         "metadata edge_cut edited",
         lambda d: _edit_meta(d, lambda m: m.update(edge_cut=0), resign=False),
@@ -215,7 +214,7 @@ CORRUPTIONS = [
     ),
     (
         "metadata checksum removed",
-        lambda d: _edit_meta(d, lambda m: m.pop(fmt.CHECKSUM_KEY), resign=False),
+        lambda d: _edit_meta(d, lambda m: m.pop(schema.CHECKSUM_KEY), resign=False),
         "does not match its metadata_sha256",
     ),
     (
@@ -238,7 +237,7 @@ CORRUPTIONS = [
         lambda d: _edit_meta(d, lambda m: m.update(format_version=1)),
         "format version 1, this build reads 2; re-create the partition",
     ),
-    ("metadata not json", lambda d: (d / fmt.METADATA_FILE).write_text("{"), "not valid JSON"),
+    ("metadata not json", lambda d: (d / schema.METADATA_FILE).write_text("{"), "not valid JSON"),
 ]
 
 
@@ -251,7 +250,7 @@ def test_damaged_partition_is_refused_naming_the_file(copy, damage, expected):
     if expected is None:
         _load_all(copy)
         return
-    with pytest.raises(fmt.PartitionError, match=expected) as info:
+    with pytest.raises(schema.PartitionError, match=expected) as info:
         _load_all(copy)
     assert str(copy) in str(info.value)
 
@@ -260,17 +259,18 @@ def test_resigned_arrays_really_changed(copy):
     """The re-signing helper must not hide the damage: the control case above shows an
     unchanged rewrite loads, this one that a real change reaches the checks."""
     _rewrite_arrays(copy, 1, _set("send_idx", lambda a: a["send_idx"] + 10**6))
-    with np.load(copy / fmt.part_file(1)) as data:
+    with np.load(copy / schema.part_file(1)) as data:
         assert data["send_idx"].min() >= 10**6
-    with pytest.raises(fmt.PartitionError):
+    with pytest.raises(schema.PartitionError):
         _load_all(copy)
 
 
 def test_metadata_checksum_is_written_and_canonical(base):
-    meta = fmt.read_metadata(base)
-    assert meta[fmt.CHECKSUM_KEY] == fmt.metadata_checksum(meta)
+    meta = schema.read_metadata(base)
+    assert meta[schema.CHECKSUM_KEY] == schema.metadata_checksum(meta)
     assert (
-        fmt.metadata_checksum({**meta, "edge_cut": meta["edge_cut"] + 1}) != meta[fmt.CHECKSUM_KEY]
+        schema.metadata_checksum({**meta, "edge_cut": meta["edge_cut"] + 1})
+        != meta[schema.CHECKSUM_KEY]
     )
 
 
@@ -287,7 +287,7 @@ def test_foreign_directory_is_refused_and_left_intact(graph, tmp_path):
     (out / "notes.txt").write_text("keep")
     (out / "sub" / "data.bin").write_bytes(b"\x00\x01")
     before = _tree(out)
-    with pytest.raises(fmt.PartitionError, match="not an AdaQP partition.*nothing was removed"):
+    with pytest.raises(schema.PartitionError, match="not an AdaQP partition.*nothing was removed"):
         make_partition(graph, out, num_parts=2, spec={})
     assert _tree(out) == before and sorted(os.listdir(out)) == ["notes.txt", "sub"]
     assert sorted(os.listdir(tmp_path)) == ["scratch"]  # no staging leftovers
@@ -296,19 +296,19 @@ def test_foreign_directory_is_refused_and_left_intact(graph, tmp_path):
 def test_foreign_metadata_file_is_not_ours(graph, tmp_path):
     out = tmp_path / "scratch"
     out.mkdir()
-    (out / fmt.METADATA_FILE).write_text('{"format": "someone-else"}')
-    with pytest.raises(fmt.PartitionError, match="not an AdaQP partition"):
+    (out / schema.METADATA_FILE).write_text('{"format": "someone-else"}')
+    with pytest.raises(schema.PartitionError, match="not an AdaQP partition"):
         make_partition(graph, out, num_parts=2, spec={})
-    assert (out / fmt.METADATA_FILE).read_text() == '{"format": "someone-else"}'
+    assert (out / schema.METADATA_FILE).read_text() == '{"format": "someone-else"}'
 
 
 def test_leftovers_of_an_interrupted_write_are_named(graph, tmp_path):
     out = tmp_path / "parts"
     out.mkdir()
-    (out / fmt.part_file(0)).write_bytes(b"half")
-    with pytest.raises(fmt.PartitionError, match="interrupted write"):
+    (out / schema.part_file(0)).write_bytes(b"half")
+    with pytest.raises(schema.PartitionError, match="interrupted write"):
         make_partition(graph, out, num_parts=2, spec={})
-    assert (out / fmt.part_file(0)).read_bytes() == b"half"
+    assert (out / schema.part_file(0)).read_bytes() == b"half"
 
 
 def test_empty_directory_is_used(graph, tmp_path):
@@ -316,7 +316,11 @@ def test_empty_directory_is_used(graph, tmp_path):
     out.mkdir()
     make_partition(graph, out, num_parts=2, spec={})
     _load_all(out)
-    assert sorted(os.listdir(out)) == [fmt.METADATA_FILE, fmt.part_file(0), fmt.part_file(1)]
+    assert sorted(os.listdir(out)) == [
+        schema.METADATA_FILE,
+        schema.part_file(0),
+        schema.part_file(1),
+    ]
 
 
 def test_rewrite_replaces_only_the_files_it_wrote(graph, tmp_path):
@@ -328,9 +332,9 @@ def test_rewrite_replaces_only_the_files_it_wrote(graph, tmp_path):
     _load_all(out)
     assert sorted(os.listdir(out)) == [
         "README.txt",
-        fmt.METADATA_FILE,
-        fmt.part_file(0),
-        fmt.part_file(1),
+        schema.METADATA_FILE,
+        schema.part_file(0),
+        schema.part_file(1),
         "part-00099.npz",
     ]
     assert (out / "README.txt").read_text() == "mine"
@@ -354,14 +358,14 @@ def test_crash_while_staging_leaves_nothing_or_the_old_partition(graph, tmp_path
     before = _tree(old)
     calls = []
     _fail_on_call(monkeypatch, store.np, "savez", lambda *a: calls.append(1) or len(calls) == 2)
-    with pytest.raises(fmt.PartitionError, match="cannot write a partition to .*fresh"):
+    with pytest.raises(schema.PartitionError, match="cannot write a partition to .*fresh"):
         make_partition(graph, fresh, num_parts=2, spec={"v": 2})
     assert not fresh.exists()
     calls.clear()
-    with pytest.raises(fmt.PartitionError, match="No space left"):
+    with pytest.raises(schema.PartitionError, match="No space left"):
         make_partition(graph, old, num_parts=2, spec={"v": 2})
     assert _tree(old) == before  # untouched, and no staging directory left inside
-    assert fmt.read_metadata(old)["dataset"]["spec"] == {"v": 1}
+    assert schema.read_metadata(old)["dataset"]["spec"] == {"v": 1}
     assert sorted(os.listdir(tmp_path)) == ["old"]
 
 
@@ -369,12 +373,12 @@ def test_crash_while_swapping_leaves_no_complete_looking_directory(graph, tmp_pa
     out = tmp_path / "parts"
     make_partition(graph, out, num_parts=2, spec={"v": 1})
     _fail_on_call(monkeypatch, store.os, "replace", lambda src, dst: str(dst).endswith(".json"))
-    with pytest.raises(fmt.PartitionError):
+    with pytest.raises(schema.PartitionError):
         make_partition(graph, out, num_parts=2, spec={"v": 2})
     monkeypatch.undo()
-    with pytest.raises(fmt.PartitionError, match="no partition at"):
-        fmt.read_metadata(out)
-    with pytest.raises(fmt.PartitionError, match="interrupted write"):
+    with pytest.raises(schema.PartitionError, match="no partition at"):
+        schema.read_metadata(out)
+    with pytest.raises(schema.PartitionError, match="interrupted write"):
         make_partition(graph, out, num_parts=2, spec={"v": 3})
 
 
@@ -393,7 +397,7 @@ def test_unwritable_target_is_a_clear_error(graph, tmp_path, where, expected):
     out = where(tmp_path)
     if str(out).startswith("/proc") and not Path("/proc/self").is_dir():
         pytest.skip("no /proc here")
-    with pytest.raises(fmt.PartitionError, match=expected):
+    with pytest.raises(schema.PartitionError, match=expected):
         make_partition(graph, out, num_parts=2, spec={})
     assert (tmp_path / "file").read_text() == "x"
 
@@ -403,7 +407,7 @@ def test_read_only_directory_is_read_but_not_rewritten(graph, copy):
     copy.chmod(0o555)
     try:
         _load_all(copy)
-        with pytest.raises(fmt.PartitionError, match="Permission denied"):
+        with pytest.raises(schema.PartitionError, match="Permission denied"):
             make_partition(graph, copy, num_parts=2, spec={})
         _load_all(copy)
     finally:
@@ -421,7 +425,7 @@ def test_permission_error_is_a_clear_error(graph, copy, monkeypatch):
         return real_mkdir(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "mkdir", refuse)
-    with pytest.raises(fmt.PartitionError, match="cannot write a partition to .*Permission"):
+    with pytest.raises(schema.PartitionError, match="cannot write a partition to .*Permission"):
         make_partition(graph, copy, num_parts=2, spec={})
     monkeypatch.undo()
     assert _tree(copy) == before

@@ -15,7 +15,7 @@ import pytest
 
 from adaqp.config import ConfigError, load_config
 from adaqp.data import SyntheticSpec, load_dataset
-from adaqp.partitioning import format as fmt
+from adaqp.partitioning import schema
 from adaqp.partitioning.cut import IMBALANCE, assign_parts, write_parhip
 from partition.__main__ import main as partition_main
 
@@ -121,7 +121,7 @@ def test_command_line_makes_a_kaminpar_partition_and_rejects_a_typo(tmp_path, ca
     args = ["--dataset", "cora", "--num-parts", "2", "--out", str(out)]
     assert partition_main([*args, "--method", "kaminpar"]) == 0
     assert "(kaminpar, objective cut)" in capsys.readouterr().out
-    meta = fmt.read_metadata(out)
+    meta = schema.read_metadata(out)
     assert meta["params"]["method"] == "kaminpar"
     assert all(entry["num_inner"] > 0 for entry in meta["parts"])
     # A METIS run on the same directory is refused, not silently reused.

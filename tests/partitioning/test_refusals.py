@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from adaqp.config import load_config
-from adaqp.partitioning import format as fmt
+from adaqp.partitioning import schema
 from adaqp.partitioning.build import ensure_partition
 from partition.__main__ import main as partition_main
 
@@ -24,7 +24,7 @@ def made(tmp_path_factory):
 def _refusal(made, num_parts: int, overrides: list[str], *, tool: bool) -> str:
     out, _ = made
     config = load_config(None, ["data.dataset=cora", *overrides])
-    with pytest.raises(fmt.PartitionError) as info:
+    with pytest.raises(schema.PartitionError) as info:
         ensure_partition(config.data, config.partition, num_parts, out, tool=tool)
     return str(info.value)
 
@@ -66,9 +66,9 @@ def test_partition_tool_says_pass_force(made, num_parts, overrides, what):
 def test_every_rank_check_gives_the_training_message(made):
     """``adaqp.train`` checks the partition on every rank with ``check_matches``."""
     out, config = made
-    meta = fmt.read_metadata(out)
-    with pytest.raises(fmt.PartitionError, match="launch 2 workers, or delete") as info:
-        fmt.check_matches(
+    meta = schema.read_metadata(out)
+    with pytest.raises(schema.PartitionError, match="launch 2 workers, or delete") as info:
+        schema.check_matches(
             meta,
             out,
             spec=config.data.spec(),
@@ -88,8 +88,8 @@ def test_command_line_refuses_another_part_count_until_forced(tmp_path, capsys):
     assert partition_main(["--dataset", "cora", "--num-parts", "3", "--out", out]) == 2
     err = capsys.readouterr().err
     assert f"partition {out} has 2 parts, not the 3 asked for; pass --force" in err
-    assert fmt.read_metadata(out)["params"]["num_parts"] == 2  # untouched
+    assert schema.read_metadata(out)["params"]["num_parts"] == 2  # untouched
     argv = ["--dataset", "cora", "--num-parts", "3", "--out", out, "--force"]
     assert partition_main(argv) == 0
-    assert fmt.read_metadata(out)["params"]["num_parts"] == 3
+    assert schema.read_metadata(out)["params"]["num_parts"] == 3
     assert partition_main(["--dataset", "cora", "--num-parts", "3", "--out", out]) == 0  # reused

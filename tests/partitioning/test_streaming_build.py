@@ -8,7 +8,7 @@ import pytest
 
 from adaqp.config import DataConfig, PartitionConfig
 from adaqp.data import SyntheticSpec, load_dataset
-from adaqp.partitioning import format as fmt
+from adaqp.partitioning import schema, store
 from adaqp.partitioning import source as source_module
 from adaqp.partitioning.build import build_parts, ensure_partition, make_partition
 from adaqp.partitioning.cut import assign_parts
@@ -145,8 +145,8 @@ def test_python_m_partition_path_writes_what_make_partition_writes(tmp_path) -> 
     assert lean["stats"] == plain["stats"]
     for rank in range(3):
         _assert_same(
-            fmt.load_part(tmp_path / "lean", rank).arrays,
-            fmt.load_part(tmp_path / "plain", rank).arrays,
+            store.load_part(tmp_path / "lean", rank).arrays,
+            store.load_part(tmp_path / "plain", rank).arrays,
         )
     names = [s["name"] for s in lean["stages"]]
     assert names == ["load", "take over", "cut", "halos", "build and write"]
@@ -163,6 +163,6 @@ def test_a_full_disk_while_spilling_leaves_nothing_behind(tmp_path, monkeypatch)
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(source_module, "open", no_space, raising=False)
-    with pytest.raises(fmt.PartitionError, match="No space left"):
+    with pytest.raises(schema.PartitionError, match="No space left"):
         ensure_partition(DataConfig(dataset="cora"), PartitionConfig(), 2, tmp_path / "p")
     assert not any(tmp_path.iterdir())

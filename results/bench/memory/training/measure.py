@@ -61,7 +61,7 @@ import torch  # noqa: E402
 
 from adaqp.exchange.counters import EpochCounters  # noqa: E402
 from adaqp.graph.local import LocalGraph  # noqa: E402
-from adaqp.partitioning.format import load_part  # noqa: E402
+from adaqp.partitioning.store import load_part  # noqa: E402
 from adaqp.run.job import prepare_partition  # noqa: E402
 from adaqp.run.metrics import EpochRecord  # noqa: E402
 from adaqp.run.preflight import partition_dir  # noqa: E402
