@@ -197,7 +197,7 @@ class CheckpointConfig:
     dir: str = ""
     """Checkpoint directory; empty means <out>/checkpoints. Set, each run keeps its own
     checkpoints in <dir>/<out's folder name>/, marked by an owner.json, so runs sharing it
-    never read or remove each other's (adaqp/run/ckptdir.py)."""
+    never read or remove each other's (adaqp/run/placement.py)."""
 
     def __post_init__(self) -> None:
         check(self.every >= 0, "checkpoint.every", f"must be non-negative, got {self.every}")
