@@ -82,11 +82,11 @@ class Verdict:
 class Placement:
     """Where one run goes: the directory asked for, and what to do with a run found there."""
 
-    base: Path | str
+    base: Path
     """``--out``, or (not ``named``) the default directory whose versions the run may take."""
     named: bool = True
     """The directory was given (``--out``): the run takes it, or is refused."""
-    checkpoint_dir: Path | str | None = None
+    checkpoint_dir: Path | None = None
     """The config's ``checkpoint.dir``; None keeps each run's checkpoints in its directory."""
     overwrite: bool = False
     """``--overwrite``: start fresh over a run there (its files and own checkpoints go)."""
@@ -98,7 +98,7 @@ class Placement:
     def __post_init__(self) -> None:
         if self.overwrite and self.resume:
             raise ValueError("overwrite and resume exclude each other")
-        # Paths as given (a config's strings among them); an empty checkpoint.dir is none.
+        # Strings (a config's values) become paths; an empty checkpoint.dir is none.
         object.__setattr__(self, "base", Path(self.base))
         shared = Path(self.checkpoint_dir) if self.checkpoint_dir else None
         object.__setattr__(self, "checkpoint_dir", shared)
