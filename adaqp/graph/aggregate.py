@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import warnings
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -27,12 +27,14 @@ from adaqp.quant.draws import edge_keys
 @dataclass(frozen=True)
 class SparseAdjacency:
     """A constant [N, M] sparse matrix in CSR form together with its [M, N] transpose, int32
-    indices where they fit (:func:`index_dtype`)."""
+    indices where they fit (:func:`index_dtype`). The transpose, which only backward reads,
+    is built when first asked for: a matrix that only ever runs forward (evaluation's, or
+    one cut into blocks) never holds one."""
 
     forward: torch.Tensor
     """CSR tensor [N, M]: row u holds the coefficients of u's in-edges."""
-    transpose: torch.Tensor
-    """CSR tensor [M, N]: used to route gradients back to the sources."""
+    given_transpose: torch.Tensor | None = field(default=None, repr=False)
+    """The transpose where the maker had it; else ``transpose`` builds it once."""
     row_ids: np.ndarray | None = None
     """int64 [N]: the global id of each row's node; None: the row index (a whole graph)."""
     col_ids: np.ndarray | None = None
@@ -41,6 +43,28 @@ class SparseAdjacency:
     @property
     def shape(self) -> tuple[int, int]:
         return tuple(self.forward.shape)
+
+    @property
+    def transpose(self) -> torch.Tensor:
+        """CSR tensor [M, N]: routes gradients back to the sources (built on first use)."""
+        if self.given_transpose is not None:
+            return self.given_transpose
+        cached = self.__dict__.get("_transpose")
+        if cached is None:
+            crow = self.forward.crow_indices().cpu().numpy()
+            cols = self.forward.col_indices().cpu().numpy()
+            values = self.forward.values().cpu().numpy()
+            num_rows, num_cols = self.shape
+            rows = np.repeat(np.arange(num_rows, dtype=np.int64), np.diff(crow))
+            # Sorting by (column, row) yields the transpose's CSR order directly.
+            order = np.lexsort((rows, cols))
+            t_indptr = np.zeros(num_cols + 1, dtype=np.int64)
+            np.cumsum(np.bincount(cols, minlength=num_cols), out=t_indptr[1:])
+            cached = csr_tensor(
+                t_indptr, rows[order], values[order], (num_cols, num_rows), self.forward.device
+            )
+            self.__dict__["_transpose"] = cached  # frozen: the cache bypasses __setattr__
+        return cached
 
     @classmethod
     def from_csr(
@@ -53,18 +77,11 @@ class SparseAdjacency:
         row_ids: np.ndarray | None = None,
         col_ids: np.ndarray | None = None,
     ) -> SparseAdjacency:
-        """Builds both orientations from CSR arrays (integer indptr/indices, float32 values);
-        ``row_ids``, ``col_ids``: the nodes' global ids (None: their indices)."""
-        num_rows, num_cols = shape
+        """The matrix of CSR arrays (integer indptr/indices, float32 values); ``row_ids``,
+        ``col_ids``: the nodes' global ids (None: their indices)."""
         values = np.asarray(values, dtype=np.float32)
-        rows = np.repeat(np.arange(num_rows, dtype=np.int64), np.diff(indptr))
-        # Sorting by (column, row) yields the transpose's CSR order directly.
-        order = np.lexsort((rows, indices))
-        t_indptr = np.zeros(num_cols + 1, dtype=np.int64)
-        np.cumsum(np.bincount(indices, minlength=num_cols), out=t_indptr[1:])
-        forward = csr_tensor(indptr, indices, values, (num_rows, num_cols), device)
-        transpose = csr_tensor(t_indptr, rows[order], values[order], (num_cols, num_rows), device)
-        return cls(forward, transpose, row_ids, col_ids)
+        forward = csr_tensor(indptr, indices, values, shape, device)
+        return cls(forward, None, row_ids, col_ids)
 
     def edges(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(row, column, transpose_order)`` of every stored entry, int64 [E] each, in CSR
@@ -107,6 +124,25 @@ class SparseAdjacency:
         crow = self.forward.crow_indices()
         indices = self.forward.col_indices()[int(crow[row_lo]) : int(crow[row_hi])]
         return int(((indices >= col_lo) & (indices < col_hi)).sum())
+
+    def row_prefix(self, num_rows: int, num_cols: int) -> SparseAdjacency:
+        """The first ``num_rows`` rows as ``[num_rows, num_cols]``, sharing this matrix's
+        arrays (no copy): those rows must read only the first ``num_cols`` columns."""
+        crow = self.forward.crow_indices()[: num_rows + 1]
+        end = int(crow[-1])
+        forward = csr_tensor(
+            crow,
+            self.forward.col_indices()[:end],
+            self.forward.values()[:end],
+            (num_rows, num_cols),
+            self.forward.device,
+        )
+        return SparseAdjacency(
+            forward,
+            None,
+            None if self.row_ids is None else self.row_ids[:num_rows],
+            None if self.col_ids is None else self.col_ids[:num_cols],
+        )
 
     def row_slice(self, start: int, stop: int, num_cols: int | None = None) -> SparseAdjacency:
         """The block of rows start..stop (with its own transpose), [stop - start, M], or

@@ -18,6 +18,9 @@ from adaqp.partitioning.schema import Part
 
 NORMS = ("gcn", "mean", "gat")
 
+_REORDER_BLOCK = 1 << 22
+"""Entries ``LocalGraph.reorder`` rebuilds at a time (a few tens of MB of temporaries)."""
+
 
 def _id_dtype(num_local: int) -> type[np.integer]:
     """The narrowest of int32 and int64 that holds ``num_local`` local ids: the local CSR is
@@ -103,27 +106,42 @@ class LocalGraph:
         """Puts the inner rows in the order ``new_to_old`` (new position -> old local id),
         in place; the halo rows keep theirs. ``num_central`` becomes the number of leading
         rows that read no halo row: an order that is not central-first
-        (``adaqp/graph/loss_rows.py``) overlaps only those."""
-        num_inner = self.num_inner
-        old_to_new = np.arange(num_inner + self.num_halo, dtype=np.int64)
-        old_to_new[new_to_old] = np.arange(num_inner, dtype=np.int64)
+        (``adaqp/graph/loss_rows.py``) overlaps only those. The CSR is rebuilt a block of
+        rows at a time, so its temporaries stay small beside the graph."""
+        num_inner, num_local = self.num_inner, self.num_inner + self.num_halo
+        old_to_new = np.arange(num_local, dtype=self.indices.dtype)
+        old_to_new[new_to_old] = np.arange(num_inner, dtype=self.indices.dtype)
         counts = np.diff(self.indptr)[new_to_old]
         indptr = np.zeros(num_inner + 1, dtype=np.int64)
         np.cumsum(counts, out=indptr[1:])
-        # Each new row's entries, taken from its old row, columns renumbered and sorted.
-        starts = np.repeat(self.indptr[new_to_old] - indptr[:-1], counts)
-        cols = old_to_new[self.indices[starts + np.arange(indptr[-1], dtype=np.int64)]]
-        rows = np.repeat(np.arange(num_inner, dtype=np.int64), counts)
-        cols = cols[np.lexsort((cols, rows))]
-        reads_halo = rows[cols >= num_inner]
-        self.num_central = int(reads_halo.min()) if reads_halo.size else num_inner
-        self.indptr, self.indices = indptr, cols.astype(self.indices.dtype)
+        indices = np.empty_like(self.indices)
+        first_halo_row = num_inner
+        step = max(1, num_inner * _REORDER_BLOCK // max(int(indptr[-1]), 1))
+        for lo in range(0, num_inner, step):
+            hi = min(lo + step, num_inner)
+            start, stop = int(indptr[lo]), int(indptr[hi])
+            # Each new row's entries, from its old row: columns renumbered, then sorted by
+            # (row, column) as one int64 key.
+            where = np.repeat(self.indptr[new_to_old[lo:hi]] - indptr[lo:hi], counts[lo:hi])
+            where += np.arange(start, stop, dtype=np.int64)
+            key = np.repeat(np.arange(lo, hi, dtype=np.int64), counts[lo:hi]) * num_local
+            key += old_to_new[self.indices[where]]
+            key.sort()
+            cols = key % num_local
+            indices[start:stop] = cols
+            halo_at = np.flatnonzero(cols >= num_inner)
+            if halo_at.size and first_halo_row == num_inner:
+                first_halo_row = int(key[halo_at[0]] // num_local)
+        self.num_central = first_halo_row
+        self.indptr, self.indices = indptr, indices
         self.global_ids = self.global_ids[new_to_old]
         self.in_degree = np.concatenate([self.in_degree[new_to_old], self.in_degree[num_inner:]])
         index = torch.from_numpy(new_to_old).to(self.device)
         for name in ("features", "labels", "train_mask", "val_mask", "test_mask"):
             setattr(self, name, getattr(self, name).index_select(0, index))
-        self.send_idx = torch.from_numpy(old_to_new[self.send_idx.cpu().numpy()]).to(self.device)
+        self.send_idx = torch.from_numpy(
+            old_to_new[self.send_idx.cpu().numpy()].astype(np.int64)
+        ).to(self.device)
 
     @property
     def local_global_ids(self) -> np.ndarray:

@@ -78,8 +78,8 @@ def rings(graph: LocalGraph, num_layers: int, exchange: ExchangeFlags) -> np.nda
 
     Collective: every rank calls it, with ``exchange`` moving flags between the ranks."""
     num_inner = graph.num_inner
-    rows = np.repeat(np.arange(num_inner, dtype=np.int64), np.diff(graph.indptr))
-    cols = graph.indices.astype(np.int64, copy=False)
+    degree = np.diff(graph.indptr)
+    cols = graph.indices  # local ids, int32 where they fit: no [E] int64 copy is made
     inner_edge = cols < num_inner
     send_idx = graph.send_idx.cpu().numpy()
     ring = np.full(num_inner, num_layers, dtype=np.int64)
@@ -90,7 +90,7 @@ def rings(graph: LocalGraph, num_layers: int, exchange: ExchangeFlags) -> np.nda
     for depth in range(1, num_layers):
         # The layer below the one whose output rows are ``needed`` must compute those,
         # their inner in-neighbours, and the rows its peers read as halo.
-        reads = needed[rows]
+        reads = np.repeat(needed, degree)
         halo = np.zeros(graph.num_halo, dtype=bool)
         halo[cols[reads & ~inner_edge] - num_inner] = True
         below = needed.copy()
@@ -122,7 +122,6 @@ def layer_rows(
     ``rings``."""
     num_inner = graph.num_inner
     send_idx = graph.send_idx.cpu().numpy()
-    halo_cols = graph.indices.astype(np.int64, copy=False) - num_inner
     out: list[LayerRows] = []
     for layer in range(num_layers):
         num_out = int(np.searchsorted(ring, num_layers - layer))  # rings 0..L-1-layer
@@ -132,9 +131,9 @@ def layer_rows(
             central = min(graph.num_central, num_out)
             out.append(LayerRows(num_out, num_in, central, graph.num_halo, graph.send_idx))
             continue
-        reads = halo_cols[: graph.indptr[num_out]]
+        reads = graph.indices[: graph.indptr[num_out]]
         halo = np.zeros(graph.num_halo, dtype=bool)
-        halo[reads[reads >= 0]] = True
+        halo[reads[reads >= num_inner] - num_inner] = True
         sent = exchange(halo)
         send_keep = np.flatnonzero(sent)
         if send_keep.size and send_idx[send_keep].max() >= num_in:
@@ -159,33 +158,53 @@ def layer_rows(
 def layer_adjacency(adjacency: SparseAdjacency, rows: LayerRows, num_inner: int) -> SparseAdjacency:
     """``adjacency`` ([I, I + H], every row) cut to ``rows``: its first ``num_out`` rows,
     the inner columns kept where they are (all below ``num_in``) and the halo columns read
-    renumbered after them in arrival order: ``[O, num_in + H_l]``."""
-    if rows.num_out == adjacency.shape[0] and rows.halo_keep is None and (rows.num_in == num_inner):
-        return adjacency
-    forward = adjacency.forward
-    crow = forward.crow_indices().cpu().numpy()
-    end = int(crow[rows.num_out])
-    cols = forward.col_indices()[:end].cpu().numpy().astype(np.int64)
-    values = forward.values()[:end].cpu().numpy()
-    num_halo_cols = adjacency.shape[1] - num_inner
-    new_col = np.full(num_inner + num_halo_cols, -1, dtype=np.int64)
-    new_col[: rows.num_in] = np.arange(rows.num_in)
+    renumbered after them in arrival order: ``[O, num_in + H_l]``. Where no column moves
+    (no halo, or every halo row after every inner one) it shares ``adjacency``'s arrays."""
+    num_halo = adjacency.shape[1] - num_inner
+    if num_halo == 0 or (rows.halo_keep is None and rows.num_in == num_inner):
+        return adjacency.row_prefix(rows.num_out, rows.num_in + num_halo)
+    return _renumbered(adjacency.row_prefix(rows.num_out, adjacency.shape[1]), rows, num_inner)
+
+
+def layer_blocks(
+    blocks: tuple[SparseAdjacency, SparseAdjacency], rows: LayerRows, num_central: int
+) -> tuple[SparseAdjacency, SparseAdjacency]:
+    """A linear aggregation's column blocks (``Propagation.column_blocks``: the whole
+    graph's ``[I, I]`` inner block and its marginal rows' ``[I - C, H]`` halo block) cut to
+    ``rows``: ``[O, num_in]`` (sharing the inner block's arrays) and ``[O - C_l, H_l]``."""
+    inner, halo = blocks
+    marginal = max(rows.num_out - num_central, 0)
+    halo_rows = halo.row_prefix(marginal, halo.shape[1])
+    if rows.halo_keep is not None:
+        halo_rows = _renumbered(halo_rows, rows, 0, num_in=0)
+    return inner.row_prefix(rows.num_out, rows.num_in), halo_rows
+
+
+def _renumbered(
+    matrix: SparseAdjacency, rows: LayerRows, num_inner: int, num_in: int | None = None
+) -> SparseAdjacency:
+    """``matrix``'s columns: the first ``num_in`` (default ``rows.num_in``) kept, the halo
+    columns (from ``num_inner`` on) of ``rows.halo_keep`` renumbered after them in order."""
+    num_in = rows.num_in if num_in is None else num_in
+    forward = matrix.forward
+    cols = forward.col_indices().cpu().numpy().astype(np.int64)
+    num_halo_cols = matrix.shape[1] - num_inner
     halo_keep = np.arange(num_halo_cols) if rows.halo_keep is None else rows.halo_keep
-    new_col[num_inner + halo_keep] = rows.num_in + np.arange(halo_keep.size)
+    new_col = np.full(matrix.shape[1], -1, dtype=np.int64)
+    new_col[:num_in] = np.arange(num_in)
+    new_col[num_inner + halo_keep] = num_in + np.arange(halo_keep.size)
     cols = new_col[cols]
     if cols.size and cols.min() < 0:
         raise RuntimeError("a layer's rows read a column its input does not hold")
     col_ids = None
-    if adjacency.col_ids is not None:
-        col_ids = np.concatenate(
-            [adjacency.col_ids[: rows.num_in], adjacency.col_ids[num_inner + halo_keep]]
-        )
+    if matrix.col_ids is not None:
+        col_ids = np.concatenate([matrix.col_ids[:num_in], matrix.col_ids[num_inner + halo_keep]])
     return SparseAdjacency.from_csr(
-        crow[: rows.num_out + 1],
+        forward.crow_indices().cpu().numpy(),
         cols,
-        values,
-        (rows.num_out, rows.num_in + halo_keep.size),
+        forward.values().cpu().numpy(),
+        (matrix.shape[0], num_in + halo_keep.size),
         forward.device,
-        row_ids=None if adjacency.row_ids is None else adjacency.row_ids[: rows.num_out],
+        row_ids=matrix.row_ids,
         col_ids=col_ids,
     )

@@ -170,6 +170,8 @@ class Propagation:
             by block too; a call with another aggregation is an error.
         rows: the rows this propagation reads and writes (``adaqp/graph/loss_rows.py``),
             ``adjacency`` cut to them; None: every row of ``graph``.
+        blocks: a linear aggregation's two column blocks, already cut (``adjacency`` then
+            None), for a policy's linear ``Propagation``.
     """
 
     def __init__(
@@ -181,10 +183,24 @@ class Propagation:
         cached_input: bool = False,
         linear: bool = False,
         rows: LayerRows | None = None,
+        blocks: tuple[SparseAdjacency, SparseAdjacency] | None = None,
     ):
         if policy is None and graph.num_halo:
             raise ValueError("a graph with halo nodes needs an exchange policy")
         rows = rows or LayerRows.whole(graph)
+        self.graph = graph
+        self.rows = rows
+        self.policy = policy
+        self.overlap = overlap and policy is not None
+        self.cached_input = cached_input
+        self.linear = linear
+        self.adjacency: SparseAdjacency | None = adjacency
+        """The whole ``[I, I + H]`` matrix; None where only the column blocks are kept."""
+        if blocks is not None:
+            if not (linear and policy is not None):
+                raise ValueError("column blocks are for a policy's linear Propagation")
+            self._column_blocks = blocks
+            return
         # Both splits drop the central rows' halo columns: by definition there are none,
         # and an adjacency that disagrees with the graph's count would lose edges silently.
         stray = adjacency.count(slice(0, rows.num_central), slice(rows.num_in, None))
@@ -194,17 +210,24 @@ class Propagation:
                 f"columns (>= {rows.num_in}); central rows must have no halo in-neighbour "
                 "(LocalGraph.from_part orders them so): is the adjacency this graph's?"
             )
-        self.graph = graph
-        self.rows = rows
-        self.policy = policy
-        self.overlap = overlap and policy is not None
-        self.cached_input = cached_input
-        self.linear = linear
-        self.adjacency: SparseAdjacency | None = adjacency
-        """The whole ``[I, I + H]`` matrix; None where only the column blocks are kept."""
         if linear and policy is not None:
             self._column_blocks = self._split_columns(adjacency)
             self.adjacency = None
+
+    def prepare_backward(self) -> None:
+        """Builds now the transposes backward reads (``SparseAdjacency.transpose``), which
+        would otherwise be built in the first backward, beside that step's activations."""
+        if self.adjacency is None:
+            matrices = self._column_blocks
+        else:
+            matrices = (self.adjacency, *(self._row_blocks if self.overlap else ()))
+        for matrix in matrices:
+            _ = matrix.transpose
+
+    @property
+    def column_blocks(self) -> tuple[SparseAdjacency, SparseAdjacency]:
+        """A linear aggregation's ``[O, I]`` inner and ``[O - C, H]`` halo blocks."""
+        return self._column_blocks
 
     @cached_property
     def _column_blocks(self) -> tuple[SparseAdjacency, SparseAdjacency]:
@@ -302,18 +325,6 @@ class Propagation:
             aggregate(marginal_block, torch.cat([h_RD, halo_HD]), marginal), marginal
         )
         return torch.cat([central_CO, marginal_MO])
-
-
-class LayerPropagations:
-    """One ``Propagation`` per layer, each on its own rows (a training step that computes
-    only the rows its loss reads, ``adaqp/graph/loss_rows.py``); called as one."""
-
-    def __init__(self, propagations: list[Propagation]):
-        self.propagations = propagations
-        self.overlap = propagations[0].overlap
-
-    def __call__(self, h_RD: torch.Tensor, layer: int, *args, **kwargs) -> torch.Tensor:
-        return self.propagations[layer](h_RD, layer, *args, **kwargs)
 
 
 def _params(linear: nn.Linear) -> tuple[nn.Parameter, ...]:

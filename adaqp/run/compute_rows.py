@@ -9,19 +9,29 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from adaqp.exchange.policy import ExchangePolicy
 from adaqp.exchange.transport import SETUP_KEY, HaloTransport
-from adaqp.graph.aggregate import SparseAdjacency
 from adaqp.graph.local import LocalGraph
 from adaqp.graph.loss_rows import (
     ExchangeFlags,
-    LayerRows,
     layer_adjacency,
+    layer_blocks,
     layer_rows,
     order_by_ring,
     rings,
 )
-from adaqp.model.layers import LayerPropagations, Propagation
+from adaqp.model.layers import Propagation
+
+
+class LayerPropagations:
+    """One ``Propagation`` per layer, each on its own rows (a training step that computes
+    only the rows its loss reads, ``adaqp/graph/loss_rows.py``); called as one."""
+
+    def __init__(self, propagations: list[Propagation]):
+        self.propagations = propagations
+        self.overlap = propagations[0].overlap
+
+    def __call__(self, h_RD: torch.Tensor, layer: int, *args, **kwargs) -> torch.Tensor:
+        return self.propagations[layer](h_RD, layer, *args, **kwargs)
 
 
 def flag_exchange(transport: HaloTransport | None, device: torch.device) -> ExchangeFlags:
@@ -49,25 +59,38 @@ def order_by_loss(graph: LocalGraph, num_layers: int, rank: int, distributed: bo
 
 def training_propagation(
     graph: LocalGraph,
-    ring: np.ndarray,
-    adjacency: SparseAdjacency,
+    ring: np.ndarray | None,
+    whole: Propagation,
     transport: HaloTransport | None,
-    policy: ExchangePolicy | None,
     num_layers: int,
-    **options,
-) -> tuple[LayerPropagations, list[LayerRows]]:
-    """Each layer's ``Propagation`` over its rows, and the rows; the transport learns which
-    rows each layer's training exchanges move. ``options``: ``Propagation``'s (overlap,
-    cached_input, linear). Collective."""
-    cached = bool(options.get("cached_input"))
+) -> tuple[Propagation | LayerPropagations, list[int]]:
+    """What a training step propagates with, and each layer's rows: with ``ring``
+    (``order_by_loss``'s), a ``Propagation`` per layer over its rows, cut from ``whole``
+    (every row's, which evaluation runs: the cuts share its arrays where they can), the
+    transport told which rows each layer's exchanges move; else ``whole``. Collective."""
+    if ring is None:
+        whole.prepare_backward()
+        return whole, [graph.num_inner] * num_layers
     exchange = flag_exchange(transport, graph.device)
-    rows = layer_rows(graph, ring, num_layers, cached, exchange)
+    rows = layer_rows(graph, ring, num_layers, whole.cached_input, exchange)
+    options = {
+        "overlap": whole.overlap,
+        "cached_input": whole.cached_input,
+        "linear": whole.linear,
+    }
     propagations = []
     for layer, layer_rows_ in enumerate(rows):
         if transport is not None and layer_rows_.send_keep is not None:
             transport.select(
                 layer, layer_rows_.send_keep, layer_rows_.halo_keep, layer_rows_.send_idx
             )
-        cut = layer_adjacency(adjacency, layer_rows_, graph.num_inner)
-        propagations.append(Propagation(graph, cut, policy, rows=layer_rows_, **options))
-    return LayerPropagations(propagations), rows
+        if whole.adjacency is None:  # a linear aggregation's column blocks
+            blocks = layer_blocks(whole.column_blocks, layer_rows_, graph.num_central)
+            cut = Propagation(graph, None, whole.policy, rows=layer_rows_, blocks=blocks, **options)
+        else:
+            adjacency = layer_adjacency(whole.adjacency, layer_rows_, graph.num_inner)
+            cut = Propagation(graph, adjacency, whole.policy, rows=layer_rows_, **options)
+        if layer > 0 or not whole.cached_input:  # a cached layer 0 has no input gradient
+            cut.prepare_backward()
+        propagations.append(cut)
+    return LayerPropagations(propagations), [r.num_out for r in rows]

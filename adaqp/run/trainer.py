@@ -37,7 +37,7 @@ from adaqp.exchange.transport import (
 )
 from adaqp.graph.local import LocalGraph
 from adaqp.model.gnn import GNN
-from adaqp.model.layers import LayerPropagations, Propagation
+from adaqp.model.layers import Propagation
 from adaqp.quant.kernels import compile_pending, use_compiled, warm_up
 from adaqp.run.checkpoint import Checkpointer
 from adaqp.run.compute_rows import order_by_loss, training_propagation
@@ -151,13 +151,9 @@ class Trainer:
             "linear": self.model.aggregates_linearly,
         }
         self.propagation = Propagation(graph, adjacency, self.policy, **options)  # every row
-        self.train_propagation: Propagation | LayerPropagations = self.propagation
-        self.rows_by_layer = [graph.num_inner] * config.model.layers
-        if ring is not None:
-            self.train_propagation, rows = training_propagation(
-                graph, ring, adjacency, self.transport, self.policy, config.model.layers, **options
-            )
-            self.rows_by_layer = [r.num_out for r in rows]
+        self.train_propagation, self.rows_by_layer = training_propagation(
+            graph, ring, self.propagation, self.transport, config.model.layers
+        )
         del adjacency  # held as the propagations' blocks
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay

@@ -160,7 +160,10 @@ def test_each_layer_computes_and_exchanges_exactly_what_the_loss_reads(
             assert sent_to[(g.rank, layer)] == wanted & set(g.global_ids.tolist())
 
 
-def test_reorder_keeps_every_row_and_counts_the_leading_central_rows():
+@pytest.mark.parametrize("block", [7, 1 << 22])
+def test_reorder_keeps_every_row_and_counts_the_leading_central_rows(block, monkeypatch):
+    """Also rebuilt a few entries at a time (``block``), as a large part is."""
+    monkeypatch.setattr("adaqp.graph.local._REORDER_BLOCK", block)
     graph = _graph(0)
     for g in _parts(graph, 3, 0):
         before = g.adjacency("mean").forward.to_dense().numpy()
