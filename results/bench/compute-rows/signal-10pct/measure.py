@@ -58,9 +58,7 @@ def run(args, mode: str, rows: str, repeat: int) -> dict:
     print(" ".join(command), flush=True)
     subprocess.run(command, check=True, cwd=ROOT)
     summary = json.loads((out / "summary.json").read_text())
-    return {"mode": mode, "compute_rows": rows, "repeat": repeat} | {
-        k: summary[k] for k in FIELDS
-    }
+    return {"mode": mode, "compute_rows": rows, "repeat": repeat} | {k: summary[k] for k in FIELDS}
 
 
 def table(runs: list[dict]) -> str:
@@ -69,7 +67,9 @@ def table(runs: list[dict]) -> str:
         "peak MiB (largest rank) | epoch s (median of runs) | final train loss |",
         "|---|---|---|---|---|---|---|",
     ]
-    keys = sorted({(r["mode"], r["compute_rows"]) for r in runs}, key=lambda k: (k[0], k[1] != "all"))
+    keys = sorted(
+        {(r["mode"], r["compute_rows"]) for r in runs}, key=lambda k: (k[0], k[1] != "all")
+    )
     for mode, rows in keys:
         same = [r for r in runs if r["mode"] == mode and r["compute_rows"] == rows]
         first = same[0]
