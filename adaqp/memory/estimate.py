@@ -29,7 +29,10 @@ C classes, hidden width D, L layers:
 
 The terms are the code's tensors; ``RUNTIME_BYTES`` is the only figure fitted, and the
 reading (docs/memory.md) compares the sum with measured peaks. GAT's attention keeps
-per-edge tensors that are not modelled: its prediction is a lower bound.
+per-edge tensors that are not modelled: its prediction is a lower bound. The activations
+are counted for every inner row, as ``train.compute_rows = "all"`` computes them; the
+default computes fewer (``adaqp/graph/loss_rows.py``, how many depends on the graph, which
+this prediction does not load), so there it bounds them from above.
 """
 
 from __future__ import annotations
