@@ -18,6 +18,7 @@ import logging
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,44 @@ MODEL_SETTINGS: dict[str, tuple[str, ...]] = {
 }
 """``--model``'s overrides of a workload's config, which keep its layers, LayerNorm and
 dropout: SAGE as GCN; GAT with 4 heads of 32 per hidden layer and the learning rate under
-which a first probe on the signal workload told its widths apart (docs/bit-widths.md)."""
+which a first probe on the signal workload told its widths apart (docs/bit-widths.md). On
+the signal workload each model's ``SIGNAL_RECIPES`` entry replaces the learning rate."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a model trains on a workload: every mode alike, so that Vanilla's validation
+    accuracy has plateaued by the last epoch."""
+
+    lr: float
+    """Adam's learning rate (``train.lr``)."""
+    lr_warmup_epochs: int
+    """Epochs of linear warm-up to ``lr`` (``train.lr_warmup_epochs``)."""
+    epochs: int
+    """Epochs by which Vanilla's validation accuracy has plateaued under this recipe."""
+
+    def overrides(self) -> tuple[str, ...]:
+        return (f"train.lr={self.lr}", f"train.lr_warmup_epochs={self.lr_warmup_epochs}")
+
+
+SIGNAL_RECIPES: dict[str, Recipe] = {
+    "gcn": Recipe(lr=0.05, lr_warmup_epochs=10, epochs=320),
+    "sage": Recipe(lr=0.01, lr_warmup_epochs=10, epochs=240),
+    "gat": Recipe(lr=0.01, lr_warmup_epochs=10, epochs=430),
+}
+"""Each model's recipe on the signal workload (``SIGNAL_CONFIG`` with ``MODEL_SETTINGS``),
+tuned on Vanilla, one process: the learning rate and warm-up that reached Vanilla's
+validation plateau in the fewest epochs among those tried, and the first multiple of 10
+epochs by which every seed run long enough was within 0.5 points of its best
+(results/bench/recipes/signal/). Without a warm-up, Adam's first steps at these rates throw
+the loss far above chance and the first tens of epochs go to recovering."""
+
+
+def signal_recipe(config: str, model: str | None) -> Recipe | None:
+    """The recipe every mode trains by on ``config``: ``model``'s (GCN's, the config's,
+    without one) on the signal workload, where they were measured; None on the others."""
+    return SIGNAL_RECIPES[model or "gcn"] if config == SIGNAL_CONFIG else None
+
 
 MATPLOTLIB_HINT = "pip install -e .[bench] (or bash launch/setup.sh --bench)"
 

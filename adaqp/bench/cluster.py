@@ -42,6 +42,7 @@ from adaqp.bench import (
     merge_overrides,
     run_order,
     seed_list,
+    signal_recipe,
     step_time_s,
 )
 from adaqp.bench.cluster_plot import plot
@@ -264,7 +265,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=sorted(MODEL_SETTINGS),
         default=None,
         help="the model to train on the workload (default: its config's, GCN): sage as GCN, "
-        "gat with 4 heads of 32 and lr 0.005; --set overrides them",
+        "gat with 4 heads of 32 and lr 0.005; on synthetic-signal each model's recipe "
+        "(adaqp.bench.SIGNAL_RECIPES: lr, warm-up, epochs); --set overrides them",
     )
     parser.add_argument("--hosts", type=int, default=4, help="emulated hosts (network namespaces)")
     parser.add_argument(
@@ -288,7 +290,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="0,1,2",
         help="comma-separated training seeds, each running every mode",
     )
-    parser.add_argument("--epochs", type=int, default=100, help="training epochs per run")
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="training epochs per run (default: on synthetic-signal the model's recipe, "
+        "by which Vanilla's validation accuracy has plateaued; 100 on the others)",
+    )
     parser.add_argument(
         "--modes",
         default=",".join(DEFAULT_MODES),
@@ -325,6 +333,10 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     config, overrides = WORKLOADS[args.workload]
     model = MODEL_SETTINGS[args.model] if args.model else ()
+    recipe = signal_recipe(config, args.model)
+    if args.epochs is None:
+        args.epochs = recipe.epochs if recipe else 100
+    model = (*model, *recipe.overrides()) if recipe else model
     overrides = merge_overrides((*overrides, *model, *args.set))
     out_dir = args.out_dir / args.name
     runs_dir = Path("results/runs") / f"bench-{args.name}"
