@@ -6,9 +6,9 @@ spreads over seeds per (suite, mode). Unlike ``bench cluster``'s own time to acc
 whose target is each suite's Vanilla at its last epoch, the target here is one figure for
 every suite, so suites with other recipes compare.
 
-    .venv/bin/python results/bench/cluster/signal-300mbit-gcn-converged/tta.py \
+    .venv/bin/python results/bench/cluster/signal-300mbit-gcn-compute-rows/tta.py \
         --target 0.80 --suite before=results/runs/bench-NAME1 --suite after=... \
-        --out results/bench/cluster/signal-300mbit-gcn-converged/tta.json
+        --out results/bench/cluster/signal-300mbit-gcn-compute-rows/tta.json
 """
 
 from __future__ import annotations
