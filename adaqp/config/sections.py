@@ -150,6 +150,10 @@ class ModelConfig:
                 )
 
 
+COMPUTE_ROWS = ("loss", "all")
+"""``train.compute_rows``: only the rows the loss reads (the default), or every row."""
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     epochs: int = 200
@@ -185,7 +189,7 @@ class TrainConfig:
         check(self.weight_decay >= 0, "train.weight_decay", "must be non-negative")
         check(self.eval_every >= 0, "train.eval_every", "must be non-negative")
         check(self.warmup_epochs >= 0, "train.warmup_epochs", "must be non-negative")
-        check_choice(self.compute_rows, ("loss", "all"), "train.compute_rows")
+        check_choice(self.compute_rows, COMPUTE_ROWS, "train.compute_rows")
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,6 @@ import torch
 from adaqp.graph.aggregate import SparseAdjacency
 from adaqp.graph.local import LocalGraph
 
-COMPUTE_ROWS = ("loss", "all")
-"""``train.compute_rows``: the rows the loss reads (default), or every row."""
-
 
 @dataclass(frozen=True)
 class LayerRows:
