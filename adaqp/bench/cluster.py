@@ -95,7 +95,7 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     return {"summary": summary, "epochs": epochs, "cluster": cluster}
 
 
-def _breakdown(summary: dict[str, Any]) -> dict[str, float]:
+def epoch_breakdown(summary: dict[str, Any]) -> dict[str, float]:
     """Epoch time split into compute, exchange wait, (de)quantization and all-reduce."""
     quant = summary["quant_time_s"] + summary["dequant_time_s"]
     wait, allreduce = summary["comm_wait_s"], summary["allreduce_time_s"]
@@ -203,7 +203,7 @@ def _aggregate(
     vanilla = runs["vanilla"]
     for mode, mode_runs in runs.items():
         summaries = [r["summary"] for r in mode_runs]
-        parts = [_breakdown(s) for s in summaries]
+        parts = [epoch_breakdown(s) for s in summaries]
         times, ratios = [], []
         for run, base in zip(mode_runs, vanilla, strict=True):
             target = base["epochs"][-1]["val_acc"] - tolerance

@@ -20,7 +20,7 @@ import json
 import statistics
 from pathlib import Path
 
-from adaqp.bench.cluster import read_run
+from adaqp.bench.cluster import epoch_breakdown, read_run
 
 
 def final_val_acc(records: list[dict]) -> float | None:
@@ -43,15 +43,6 @@ def vanilla_targets(folder: Path, tolerance: float) -> dict[int, float]:
     return targets
 
 
-def epoch_split(summary: dict) -> dict[str, float]:
-    """Where a run's median epoch goes: waiting for the exchange, all-reduce, (de)quantizing,
-    and the rest, computing."""
-    wait, allreduce = summary["comm_wait_s"], summary["allreduce_time_s"]
-    quant = summary["quant_time_s"] + summary["dequant_time_s"]
-    compute = max(summary["epoch_time_s"] - wait - allreduce - quant, 0.0)
-    return {"compute": compute, "wait": wait, "allreduce": allreduce, "quant": quant}
-
-
 def reached(run_dir: Path, target: float) -> dict:
     run = read_run(run_dir)
     records, summary = run["epochs"], run["summary"]
@@ -63,7 +54,7 @@ def reached(run_dir: Path, target: float) -> dict:
         "target": target,
         "epoch_time_s": summary["epoch_time_s"],
         "cpu_time_s": summary.get("cpu_time_s"),
-        "epoch_split_s": epoch_split(summary),
+        "epoch_split_s": epoch_breakdown(summary),
         "best_val_acc": summary["best_val_acc"],
         "final_val_acc": final_val_acc(records),
         "epochs_to_target": None if hit is None else hit["epoch"],
@@ -144,7 +135,7 @@ def main() -> int:
     for row in rows:
         split = {
             k: 1e3 * statistics.fmean(r["epoch_split_s"][k] for r in row["runs"])
-            for k in ("compute", "wait", "allreduce", "quant")
+            for k in ("compute_s", "wait_s", "allreduce_s", "quant_s")
         }
         epoch = 1e3 * statistics.fmean(r["epoch_time_s"] for r in row["runs"])
         table.append(
