@@ -68,7 +68,8 @@ def refused(spec: Launch) -> str | None:
 
 def memory_refused(spec: Launch) -> str | None:
     """One line refusing the launch if this host's workers are predicted to need more
-    memory than the host has (its cgroup limit, else the machine's), else None. The
+    than a run may take of the host's memory (``HostLimit.refuses``: a share of the
+    smallest of its cgroup limits and the machine's), else None. The
     prediction runs as a child (``python -m adaqp.memory --json``); where it cannot be
     made, None: the workers judge."""
     from adaqp.memory.limits import host_limit, over_limit, train_overrides
@@ -99,7 +100,7 @@ def memory_refused(spec: Launch) -> str | None:
     if not peaks:
         return None
     mine = peaks[spec.node_rank * spec.nproc : (spec.node_rank + 1) * spec.nproc]
-    if sum(mine) <= limit.bytes:
+    if not limit.refuses(sum(mine)):
         return None
     return over_limit("this host", sum(mine), max(mine), len(mine), limit, spec.config, world)
 

@@ -3,10 +3,12 @@
 The launcher (``launch/train.sh``, ``adaqp-train``) asks it for the host it runs on,
 against the host's cgroup limit or memory; the emulated cluster (``python -m
 adaqp.cluster``) for each emulated host, against ``--memory-per-host``. A host's need is
-the sum of the predicted peaks of the workers it runs (``adaqp.memory.estimate``). Both
-take ``--no-memory-check`` to run anyway. Where the prediction cannot be made (a config
-the workers will refuse with their own message, a dataset whose sizes are unknown until
-it is loaded) there is no refusal: the run goes on and the workers judge.
+the sum of the predicted peaks of the workers it runs (``adaqp.memory.estimate``), refused
+above ``USABLE_FRACTION`` of its memory (``adaqp.memory.limits``: the rest is headroom for
+what the prediction does not count). Both take ``--no-memory-check`` to run anyway. Where
+the prediction cannot be made (a config the workers will refuse with their own message, a
+dataset whose sizes are unknown until it is loaded) there is no refusal: the run goes on
+and the workers judge.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ def refusal(
     world_size: int,
     hosts: list[tuple[range, HostLimit]],
 ) -> str | None:
-    """One line refusing the run if a host's predicted need exceeds its limit, else None.
+    """One line refusing the run if a host's predicted need exceeds the share of its limit
+    a run may take (:meth:`HostLimit.refuses`), else None.
 
     Args:
         config_path: the run's config file.
@@ -46,10 +49,10 @@ def refusal(
         (prediction.host_bytes(ranks), index, ranks, limit)
         for index, (ranks, limit) in enumerate(hosts)
     ]
-    over = [n for n in needs if n[0] > n[3].bytes]
+    over = [n for n in needs if n[3].refuses(n[0])]
     if not over:
         return None
-    need, index, ranks, limit = max(over, key=lambda n: n[0] - n[3].bytes)  # furthest over
+    need, index, ranks, limit = max(over, key=lambda n: n[0] - n[3].usable_bytes)  # furthest over
     largest = max(prediction.workers[r].peak_memory_bytes for r in ranks)
     host = f"host {index}" if len(hosts) > 1 else "this host"
     return over_limit(host, need, largest, len(ranks), limit, config_path, world_size)

@@ -1,4 +1,5 @@
-"""python -m adaqp.memory, and the refusals the launcher and the emulated cluster give."""
+"""python -m adaqp.memory, and the refusals the launcher and the emulated cluster give
+(above the usable share of a host's memory, not only above all of it)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from adaqp.config import load_config
 from adaqp.emulate.cli import main as cluster_main
 from adaqp.launcher import main as launcher_main
 from adaqp.memory.__main__ import main as memory_main
+from adaqp.memory.check import refusal
 from adaqp.memory.estimate import RUNTIME_BYTES, predict
 from adaqp.memory.limits import HostLimit
 from adaqp.partitioning.build import ensure_partition
@@ -73,7 +75,37 @@ def test_the_launcher_refuses_a_run_over_the_hosts_memory(cora_parts, monkeypatc
     assert launcher_main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: this host needs ")
-    assert "over its 0.1 GiB (a test limit)" in err[0]
+    assert f"{limits.USABLE_FRACTION:.0%} of its 0.1 GiB (a test limit)" in err[0]
+
+
+def _near_the_limit(cora_parts: Path) -> tuple[int, HostLimit]:
+    """Two Cora workers' predicted need, and a limit it is under but within the headroom:
+    midway between the usable share and the whole."""
+    config = load_config(CONFIG, [f"partition.dir={cora_parts}"])
+    need = predict(config, 2, config_path=CONFIG).host_bytes(range(2))
+    limit = HostLimit(int(need / ((1 + limits.USABLE_FRACTION) / 2)), "a test limit")
+    assert limit.usable_bytes < need < limit.bytes
+    return need, limit
+
+
+def test_the_launcher_refuses_a_need_within_the_headroom(cora_parts, monkeypatch, capsys):
+    need, limit = _near_the_limit(cora_parts)
+    monkeypatch.setattr(limits, "host_limit", lambda: limit)
+    args = [CONFIG, "--nproc", "2", "--epochs", "1", "--set", f"partition.dir={cora_parts}"]
+    assert launcher_main(args) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"this host needs {need / 2**30:.2f} GiB" in line
+    assert f"over the {limit.usable_bytes / 2**30:.2f} GiB a run may take: " in line
+    assert f"{limits.USABLE_FRACTION:.0%} of its {limit.bytes / 2**30:.1f} GiB" in line
+
+
+def test_the_check_refuses_within_the_headroom_and_passes_below_it(cora_parts) -> None:
+    need, limit = _near_the_limit(cora_parts)
+    train_args = ["--set", f"partition.dir={cora_parts}"]
+    line = refusal(CONFIG, train_args, 2, [(range(2), limit)])
+    assert line is not None and line.startswith(f"this host needs {need / 2**30:.2f} GiB")
+    roomy = HostLimit(int(need / limits.USABLE_FRACTION) + 1, "a test limit")
+    assert refusal(CONFIG, train_args, 2, [(range(2), roomy)]) is None
 
 
 def test_the_emulated_cluster_refuses_before_starting_anything(cora_parts, caplog):
