@@ -41,7 +41,7 @@ class AdaptivePolicy(ExchangePolicy):
         handle = super()._launch(key, rows_RD, ranges or traced)
         if traced:
             squared = handle.squared_ranges
-            selection = self.transport.selection(key, rows_RD.shape[0])
+            selection = self.transport.selection(key, training=True)
             if selection is not None:
                 # Fewer rows travel than the plan covers: the others count as exact.
                 if squared is None:

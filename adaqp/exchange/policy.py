@@ -136,7 +136,7 @@ class ExchangePolicy:
         plan is the whole exchange's; the transport cuts it to the rows that travel."""
         out_counts, in_counts = self.transport.counts(key)
         plan = self.plan(key, sum(out_counts), sum(in_counts), rows_RD.shape[1])
-        handle = self.transport.start(rows_RD, key, plan, ranges)
+        handle = self.transport.start(rows_RD, key, plan, ranges, training=True)
         self._counters.record_launch(handle)
         return handle
 

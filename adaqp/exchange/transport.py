@@ -22,8 +22,9 @@ or torch operators, same bytes) is chosen per transport. Without a plan, rows tr
 float32. Every wait is bounded by ``timeout_s`` and fails naming the rank and the step.
 
 Where a training step computes only the rows its loss reads (``adaqp/graph/loss_rows.py``),
-``select`` gives a layer's exchanges a subset of the send list and halo, taken where fewer
-rows are sent: counts, sources, rounding keys and the plan (cut) are then the subset's.
+``select`` gives a layer's training exchanges a subset of the send list and halo (the
+caller says which exchanges train: ``start(..., training=True)``): counts, sources,
+rounding keys and the plan (cut) are then the subset's.
 
 Shapes: S rows sent in forward, H halo rows, D features, R rows in one direction.
 """
@@ -304,13 +305,16 @@ class HaloTransport:
         counts, ids = (self.send_counts, self.recv_counts), (self.send_ids, self.halo_ids)
         self.selections[layer] = Selection.of(send_keep, halo_keep, *counts, send_idx, *ids)
 
-    def selection(self, key: ExchangeKey, rows: int) -> Selection | None:
-        """The selection an exchange of ``key`` that sends ``rows`` rows moves: its layer's,
-        unless it sends the whole exchange's rows (evaluation's)."""
-        selection = self.selections.get(key.layer)
-        if selection is None or key.direction not in (Direction.FORWARD, Direction.BACKWARD):
+    def selection(self, key: ExchangeKey, training: bool) -> Selection | None:
+        """The rows an exchange of ``key`` moves when they are fewer than the whole
+        exchange's: a training exchange's, its layer's selection (if ``select`` gave one);
+        evaluation's and set-up's, None (every row).
+
+        Said by the caller, never inferred from the number of rows sent: a rank may send
+        its whole send list while reading only part of its halo, or the reverse."""
+        if not training or key.direction not in (Direction.FORWARD, Direction.BACKWARD):
             return None
-        return None if rows == sum(self.counts(key)[0]) else selection
+        return self.selections.get(key.layer)
 
     def warm_up(self) -> None:
         """Loads (or compiles once per machine) the compiled quantizer now, before any timed
@@ -355,12 +359,14 @@ class HaloTransport:
         key: ExchangeKey,
         plan: BitPlan | None = None,
         ranges: bool = False,
+        *,
+        training: bool = False,
     ) -> PendingExchange:
         """Sends ``rows_RD`` (peer segments in rank order) and returns the handle; with
-        ``ranges``, the handle's ``squared_ranges`` where the quantizer reads them. Fewer
-        rows than the whole exchange's are the rows ``select`` chose for the layer
-        (``plan``, the whole exchange's, is then cut to them)."""
-        selection = self.selection(key, rows_RD.shape[0])
+        ``ranges``, the handle's ``squared_ranges`` where the quantizer reads them. A
+        ``training`` exchange moves the rows ``select`` chose for its layer, if any
+        (``plan``, the whole exchange's, is then cut to them); any other, every row."""
+        selection = self.selection(key, training)
         out_counts, in_counts = self.counts(key, selection)
         if plan is not None and selection is not None:
             plan = selection.cut(plan, key.direction.sends_inner)
@@ -427,20 +433,3 @@ class HaloTransport:
             raise ExchangeError(
                 f"rank {self.rank}: could not start halo exchange {key} at {self.step}: {exc}"
             ) from exc
-
-
-class NoCommTransport(HaloTransport):
-    """Benchmark-only stand-in that skips the exchange: halo rows and gradients arrive as
-    zeros at once, nothing is sent. Training with it is *not* the same model; its epoch
-    time is the lower bound that a perfectly hidden exchange could reach."""
-
-    def start(
-        self,
-        rows_RD: torch.Tensor,
-        key: ExchangeKey,
-        plan: BitPlan | None = None,
-        ranges: bool = False,
-    ) -> PendingExchange:
-        _, in_counts = self.counts(key, self.selection(key, rows_RD.shape[0]))
-        recv = rows_RD.new_zeros((sum(in_counts), rows_RD.shape[1]))
-        return PendingExchange(self, key, None, recv, bytes_sent=0, bits_histogram={})

@@ -27,13 +27,13 @@ import torch.nn.functional as F
 from adaqp.config import OVERLAP_MODES, Config
 from adaqp.exchange.by_mode import make_policy
 from adaqp.exchange.counters import EpochCounters
+from adaqp.exchange.nocomm import NoCommTransport
 from adaqp.exchange.policy import ExchangePolicy
 from adaqp.exchange.transport import (
     INPUT_CACHE_KEY,
     ExchangeError,
     ExchangeKey,
     HaloTransport,
-    NoCommTransport,
 )
 from adaqp.graph.local import LocalGraph
 from adaqp.model.gnn import GNN

@@ -16,7 +16,8 @@ from types import SimpleNamespace
 
 import torch
 
-from adaqp.exchange.transport import ExchangeKey, HaloTransport, NoCommTransport, PendingExchange
+from adaqp.exchange.nocomm import NoCommTransport
+from adaqp.exchange.transport import ExchangeKey, HaloTransport, PendingExchange
 
 
 class _Work:
@@ -110,7 +111,7 @@ class EpochRows(NoCommTransport):
         self.landed = landed
         self.epoch = 0
 
-    def start(self, rows_RD, key, plan=None, ranges=False) -> PendingExchange:
+    def start(self, rows_RD, key, plan=None, ranges=False, *, training=False) -> PendingExchange:
         _, in_counts = self.counts(key)
         recv = torch.full((sum(in_counts), rows_RD.shape[1]), float(self.epoch))
         work = self._Work(self, self.epoch)

@@ -13,8 +13,9 @@ import torch
 from adaqp.config import StalenessConfig, load_config
 from adaqp.data import GraphData, load_dataset
 from adaqp.exchange.counters import EpochCounters
+from adaqp.exchange.nocomm import NoCommTransport
 from adaqp.exchange.stale import StalePolicy
-from adaqp.exchange.transport import BitPlan, ExchangeKey, NoCommTransport, PendingExchange
+from adaqp.exchange.transport import BitPlan, ExchangeKey, PendingExchange
 from adaqp.graph.local import LocalGraph
 from adaqp.partitioning.build import make_partition
 from adaqp.partitioning.schema import read_metadata
@@ -299,7 +300,7 @@ class _QuantizedEpochRows(EpochRows):
         super().__init__(landed)
         self.decodes = 0
 
-    def start(self, rows_RD, key, plan=None, ranges=False) -> PendingExchange:
+    def start(self, rows_RD, key, plan=None, ranges=False, *, training=False) -> PendingExchange:
         _, in_counts = self.counts(key)
         shape, value = (sum(in_counts), rows_RD.shape[1]), float(self.epoch)
 

@@ -186,3 +186,67 @@ def test_blend_into_folds_the_rows_into_an_average(bits, tmp_path):
         assert torch.equal(torch.from_numpy(result["average"]), expected)
         if bits == 32:
             np.testing.assert_array_equal(result["rows"], _expected_halo(rank, 2))
+
+
+def _one_sided_worker(rank: int, world_size: int, init_method: str, bits: int):
+    """Two ranks, each sending 6 rows to the other. Rank 0's training exchanges move its
+    whole send list but read only halo rows 1, 3 and 4; rank 1 sends those and reads all
+    6 (the one-sided selection that a whole-row count cannot tell from evaluation)."""
+    init_distributed(CommConfig(timeout_s=60), init_method, rank, world_size)
+    try:
+        counts = [0, 6] if rank == 0 else [6, 0]
+        send_idx = torch.arange(6)
+        ids = np.arange(6) + 100 * rank
+        transport = HaloTransport(
+            rank,
+            counts,
+            counts,
+            timeout_s=60,
+            seed=1,
+            send_idx=send_idx,
+            send_ids=ids,
+            halo_ids=ids[::-1].copy() + 100 * (1 - 2 * rank),
+        )
+        partial = np.array([1, 3, 4])
+        send_keep, halo_keep = (np.arange(6), partial) if rank == 0 else (partial, np.arange(6))
+        transport.select(1, send_keep, halo_keep, send_idx[send_keep])
+        rows = _rows(rank)[:6]
+        sent = rows[send_keep]
+        plan = BitPlan.uniform(bits, 6, 6, "cpu") if bits != 32 else None
+        out = {}
+        for name, training, send in (("train", True, sent), ("eval", False, rows)):
+            forward = transport.start(send, ExchangeKey.forward(1), plan, training=training)
+            out[f"{name}_forward"] = forward.wait().numpy()
+            grads = torch.ones(len(halo_keep) if training else 6, DIM) * (rank + 1)
+            backward = transport.start(grads, ExchangeKey.backward(1), plan, training=training)
+            out[f"{name}_backward"] = backward.wait().numpy()
+        out["rows"] = rows.numpy()
+        return out
+    finally:
+        shutdown()
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("bits", [1, 32])
+def test_a_training_exchange_full_in_one_direction_moves_its_selection(bits, tmp_path):
+    """Whether an exchange trains is said, not inferred from its row count: rank 0 sends
+    its whole send list in training while reading half its halo, and both ranks move the
+    layer's selection; evaluation (``training=False``) moves every row."""
+    results = run_workers(_one_sided_worker, 2, tmp_path, bits)
+    partial = [1, 3, 4]
+    expected = {
+        0: {"train_forward": results[1]["rows"][partial], "eval_forward": results[1]["rows"]},
+        1: {"train_forward": results[0]["rows"], "eval_forward": results[0]["rows"]},
+    }
+    for rank, result in enumerate(results):
+        for name, rows in expected[rank].items():
+            assert result[name].shape == rows.shape, (rank, name)
+            if bits == 32:
+                np.testing.assert_array_equal(result[name], rows)
+            else:  # one bit: each value is its row's minimum or maximum
+                lo, hi = rows.min(1, keepdims=True), rows.max(1, keepdims=True)
+                assert np.all(np.isclose(result[name], lo) | np.isclose(result[name], hi))
+        peer = 1 - rank
+        assert result["train_backward"].shape == (6 if rank == 0 else 3, DIM)
+        assert result["eval_backward"].shape == (6, DIM)
+        np.testing.assert_allclose(result["train_backward"], peer + 1)

@@ -28,8 +28,15 @@ DROPOUT = {
 """The exactness tests' dropout: input 0.5, GAT's attention 0.6."""
 
 
-def exact_config(model: str, part_dir: str, extra: tuple[str, ...] = (), dropout: bool = False):
-    """The exactness tests' config (3 layers, LayerNorm), dropout 0 unless ``dropout``."""
+def exact_config(
+    model: str,
+    part_dir: str,
+    extra: tuple[str, ...] = (),
+    dropout: bool = False,
+    layers: int = 3,
+):
+    """The exactness tests' config (``layers`` layers, LayerNorm), dropout 0 unless
+    ``dropout``."""
     # GAT: 2 heads of 8 (16 wide, as the others) and 2 averaged output heads.
     hidden = ("model.hidden=8", "model.heads=2", "model.output_heads=2")
     return load_config(
@@ -38,7 +45,7 @@ def exact_config(model: str, part_dir: str, extra: tuple[str, ...] = (), dropout
             *extra,
             "data.dataset=cora",
             f"model.name={model}",
-            "model.layers=3",
+            f"model.layers={layers}",
             *(hidden if model == "gat" else ("model.hidden=16",)),
             *(DROPOUT[model] if dropout else ("model.dropout=0",)),
             "model.layernorm=true",
