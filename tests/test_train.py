@@ -88,6 +88,32 @@ def test_four_worker_cora_gcn_run_learns_and_writes_outputs(tmp_path):
     assert "test acc" in proc.stdout
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_four_layers_without_the_input_cache_train_only_the_loss_rows_as_all(tmp_path):
+    """The command that crashed the default (a rank's exchange full in one direction
+    only): Cora, 4 layers, no layer-0 halo cache, 4 workers. It trains, and its losses
+    equal computing every row's."""
+    losses = {}
+    for rows in ("loss", "all"):
+        out = tmp_path / rows
+        proc = run_command(
+            _torchrun(4)
+            + [
+                # train_args without its "python -m adaqp.train", which torchrun replaces
+                *train_args(out, tmp_path / "p", "--mode", "vanilla", "--epochs", "3")[3:],
+                *("--set", "model.layers=4", "--set", "comm.cache_input_halo=false"),
+                *("--set", f"train.compute_rows={rows}"),
+            ],
+            cwd=tmp_path,
+        )
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+        losses[rows] = [json.loads(line)["train_loss"] for line in lines]
+    assert len(losses["loss"]) == 3
+    assert losses["loss"] == pytest.approx(losses["all"], rel=1e-5)
+
+
 def test_single_process_run_with_overrides(tmp_path):
     out = tmp_path / "run"
     proc = run_command(
