@@ -21,8 +21,9 @@ Every key is documented where its section is defined:
   ``[staleness]``, each with its benchmark-only settings listed last (docs/benchmarks.md);
 - :mod:`adaqp.config.modes`: the modes, and which of those sections each one reads.
 
-This module assembles them into :class:`Config` and says what a checkpoint must agree on
-(:meth:`Config.fingerprint`). Every name the sections define is importable from here.
+This module assembles them into :class:`Config`; :mod:`adaqp.config.resume` says what
+a checkpoint must agree on (:meth:`Config.fingerprint`) and which keys a resume may change
+(``RESUMABLE``). Every name the sections define is importable from here.
 """
 
 from __future__ import annotations
@@ -50,9 +51,8 @@ from adaqp.config.modes import (
     OVERLAP_MODES,
     QUANTIZED_MODES,
     STALE_MODES,
-    reads_quant,
-    reads_staleness,
 )
+from adaqp.config.resume import RESUMABLE, dotted_items, fingerprint
 from adaqp.config.sections import (
     METIS_OBJECTIVES,
     MODELS,
@@ -79,6 +79,7 @@ __all__ = [
     "PARTITION_METHODS",
     "QUANTIZED_MODES",
     "RENAMED_KEYS",
+    "RESUMABLE",
     "SCHEMES",
     "STALE_BITS",
     "STALE_MODES",
@@ -125,56 +126,11 @@ class Config:
 
     def fingerprint(self) -> dict[str, Any]:
         """What a checkpoint must agree on to be resumed by this config, as dotted keys:
-        the graph, its partition, the model and everything that shapes the training
-        trajectory. Epochs, evaluation, output and timeouts may change.
-
-        Only what the mode reads is covered (:mod:`adaqp.config.modes`): ``[quant]`` in
-        the quantized modes, ``[staleness]`` and the rounding's ``quant.seed`` in the
-        stale modes (onebit without the adaqp-s choice's thresholds). A setting the mode
-        ignores cannot change its trajectory, so a Vanilla checkpoint stays resumable
-        when, say, ``quant.bits``' default changes. ``quant.kernels`` is left out
-        everywhere: both paths write the same bits."""
-        mode = self.comm.mode
-        quant: dict[str, Any] = {}
-        if reads_quant(mode):
-            quant = {k: v for k, v in dataclasses.asdict(self.quant).items() if k != "kernels"}
-        elif reads_staleness(mode):
-            quant = {"seed": self.quant.seed}
-        staleness: dict[str, Any] = {}
-        if reads_staleness(mode):
-            staleness = {
-                k: v
-                for k, v in dataclasses.asdict(self.staleness).items()
-                if mode == "adaqp-s" or k not in StalenessConfig.CHOICE_ONLY
-            }
-        sections = {
-            "data": self.data.spec(),
-            "partition": {
-                k: v for k, v in dataclasses.asdict(self.partition).items() if k != "dir"
-            },
-            "model": {
-                k: v
-                for k, v in dataclasses.asdict(self.model).items()
-                if self.model.name == "gat" or k not in ModelConfig.GAT_ONLY
-            },
-            "train": {k: getattr(self.train, k) for k in ("lr", "weight_decay", "seed")},
-            "comm": {
-                k: getattr(self.comm, k) for k in ("mode", "cache_input_halo", "transform_first")
-            },
-            "quant": quant,
-            "staleness": staleness,
-        }
-        flat: dict[str, Any] = {}
-
-        def walk(prefix: str, value: Any) -> None:
-            if isinstance(value, dict):
-                for k, v in value.items():
-                    walk(f"{prefix}.{k}" if prefix else k, v)
-            else:
-                flat[prefix] = list(value) if isinstance(value, tuple) else value
-
-        walk("", sections)
-        return flat
+        every setting the run reads except the few a resume may change
+        (:data:`adaqp.config.resume.RESUMABLE`: epochs, evaluation and output cadence,
+        timeouts, where files go, the hardware). Derived from the dataclasses, so a new
+        key is covered unless it is added there (:mod:`adaqp.config.resume`)."""
+        return fingerprint(dict(dotted_items(self)))
 
 
 RENAMED_KEYS: dict[str, str] = {"quant.lam": "quant.variance_budget"}

@@ -21,7 +21,11 @@ checkpoint is complete the oldest are removed, keeping the newest ``checkpoint.k
 No generator state is saved: every random draw of training (dropout, attention dropout,
 stochastic rounding) is keyed by the seed, the epoch, the layer and global ids
 (``adaqp/quant/draws.py``), so a resumed run draws what the uninterrupted one would have.
-Version 1 saved the generators' states instead and is refused.
+
+The config fingerprint holds every setting that changes the numerics
+(:mod:`adaqp.config.resume`); a resume may change only ``RESUMABLE``'s keys, and any
+other difference is refused in one line naming the key. Earlier versions are refused
+(``REFUSED_VERSIONS`` says why each).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import numpy as np
 import torch
 
 from adaqp.atomic import write_atomic
-from adaqp.config import RENAMED_KEYS
+from adaqp.config import RENAMED_KEYS, RESUMABLE
 from adaqp.partitioning.store import sha256_file
 from adaqp.quant import kernels as quant_kernels
 from adaqp.run.ckptdir import MANIFEST, complete_epochs
@@ -46,7 +50,13 @@ from adaqp.run.ckptdir import step_dir as _step_dir
 logger = logging.getLogger(__name__)
 
 FORMAT = "adaqp-checkpoint"
-VERSION = 2
+VERSION = 3
+REFUSED_VERSIONS: dict[int, str] = {
+    1: "it saved the generators' states; now every draw is keyed",
+    2: "its fingerprint left out settings that change the numerics, such as "
+    "train.lr_warmup_epochs and train.compute_rows, so a changed recipe cannot be told",
+}
+"""Earlier formats, each with why this AdaQP cannot resume it."""
 
 
 class CheckpointError(RuntimeError):
@@ -136,11 +146,12 @@ def read_manifest(root: Path, epoch: int) -> dict[str, Any]:
         raise CheckpointError(f"cannot read checkpoint manifest {path}: {exc}") from exc
     if manifest.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an AdaQP checkpoint manifest")
-    if manifest.get("version") != VERSION:
+    version = manifest.get("version")
+    if version != VERSION:
+        why = REFUSED_VERSIONS.get(version, "an unknown format")
         raise CheckpointError(
-            f"{path} is a version-{manifest.get('version')} checkpoint; this AdaQP reads "
-            f"version {VERSION} (its draws are keyed, not replayed from saved generators): "
-            "start a new --out, or --overwrite"
+            f"{path} is a version-{version} checkpoint; this AdaQP reads version {VERSION} "
+            f"({why}): start a new --out, or --overwrite"
         )
     return manifest
 
@@ -148,7 +159,9 @@ def read_manifest(root: Path, epoch: int) -> dict[str, Any]:
 def check_fits(
     manifest: dict[str, Any], world_size: int, fingerprint: dict[str, Any], where: Path
 ) -> None:
-    """Refuses a checkpoint that does not fit this run, naming every difference."""
+    """Refuses a checkpoint that does not fit this run, in one line naming the first key
+    that differs (the config's order: a changed mode before the settings only it reads)
+    with both values, then how many more differ."""
     if manifest["world_size"] != world_size:
         written = manifest["world_size"]
         raise CheckpointError(
@@ -158,21 +171,28 @@ def check_fits(
     # A key only the checkpoint has is a setting this run does not read (its mode ignores
     # it, Config.fingerprint): it cannot change the trajectory, so it is not compared. A
     # key written under its old name is compared under its new one.
-    written = {RENAMED_KEYS.get(k, k): v for k, v in manifest["fingerprint"].items()}
-    saved = {k: v for k, v in written.items() if k in fingerprint}
-    diffs = [
-        f"{key}: checkpoint {saved.get(key)!r}, this run {fingerprint.get(key)!r}"
-        if key in saved
-        else f"{key}: not in the checkpoint (written before the setting existed), this run "
-        f"{fingerprint.get(key)!r}"
-        for key in sorted(fingerprint)
-        if saved.get(key) != fingerprint.get(key)
-    ]
-    if diffs:
-        raise CheckpointError(
-            f"checkpoint {where} does not fit this run (start a new --out, or --overwrite):\n  "
-            + "\n  ".join(diffs)
+    saved = {RENAMED_KEYS.get(k, k): v for k, v in manifest["fingerprint"].items()}
+    changed = [k for k, v in fingerprint.items() if k in saved and saved[k] != v]
+    missing = [k for k in fingerprint if k not in saved]
+    differ = changed + missing
+    if not differ:
+        return
+    key = differ[0]
+    if key in saved:
+        what = f"{key} was {saved[key]!r}, now {fingerprint[key]!r}"
+    else:
+        what = (
+            f"{key} is not in the checkpoint (written before the setting existed), now "
+            f"{fingerprint[key]!r}"
         )
+    if more := differ[1:]:
+        named = ", ".join(more[:3]) + (", ..." if len(more) > 3 else "")
+        what += f", and {len(more)} more setting{'s' * (len(more) != 1)} differ ({named})"
+    raise CheckpointError(
+        f"cannot resume from {where}: {what}; a resume may change only "
+        f"{', '.join(RESUMABLE)} (docs/checkpoints-and-faults.md): for any other change, "
+        "start a new --out, or --overwrite"
+    )
 
 
 def read_shard(root: Path, epoch: int, rank: int, manifest: dict[str, Any]) -> dict:

@@ -169,6 +169,58 @@ def test_resume_equals_uninterrupted(overrides, parts, tmp_path):
     assert complete_epochs(tmp_path / "a" / "run") == ([8, 10] if stop == 8 else [5, 10])
 
 
+def _changed_resume_worker(rank, world_size, init_method, part_dir, ckpt_dir, changes):
+    """Trains a onebit run for 4 epochs (a checkpoint at 4), then asks to resume it under
+    each of ``changes`` in turn; returns what each resume said, in ``said<i>``."""
+    base = [
+        "data.dataset=cora",
+        "model.hidden=16",
+        "comm.mode=onebit",
+        "staleness.landing=fixed",
+        "train.epochs=4",
+        "checkpoint.every=4",
+        f"partition.dir={part_dir}",
+        f"checkpoint.dir={ckpt_dir}",
+    ]
+    result = {}
+    for stage, change in enumerate([None, *changes]):
+        config = load_config(None, [*base, *([change] if change else [])])
+        world = init_distributed(config.comm, f"{init_method}-{stage}", rank, world_size)
+        try:
+            meta = read_metadata(part_dir)
+            root = Placement.of(config, world_size).checkpoints(Path("run"))
+            ckpt = Checkpointer.for_run(config, world, root, meta)
+            if change is None:
+                graph = LocalGraph.from_part(load_part(part_dir, rank, meta))
+                Trainer(config, graph, meta, world).fit(RecordingWriter(), checkpoints=ckpt)
+                continue
+            try:
+                said = f"loaded epoch {ckpt.load_latest()[0]}"
+            except CheckpointError as exc:
+                said = str(exc)
+            result[f"said{stage - 1}"] = np.array(said)
+        finally:
+            shutdown()
+    return result
+
+
+@pytest.mark.distributed
+def test_a_resume_under_a_changed_recipe_is_refused_naming_the_key(parts, tmp_path):
+    """Issue 59: a onebit checkpoint resumed with every row computed failed at the next
+    epoch (its stale buffers hold the loss's rows), and another learning-rate warm-up
+    changed the trajectory unseen. Both are refused on every rank in one line naming the
+    key; a change a resume may make (the evaluation's cadence) loads."""
+    changes = ("train.compute_rows=all", "train.lr_warmup_epochs=3", "train.eval_every=2")
+    ckpt_dir = str(tmp_path / "ckpt")
+    results = run_workers(_changed_resume_worker, 2, tmp_path, parts, ckpt_dir, changes)
+    for result in results:
+        rows, warmup, cadence = (str(result[f"said{i}"]) for i in range(3))
+        assert rows.startswith("cannot resume from ") and "\n" not in rows, rows
+        assert "epoch-000004: train.compute_rows was 'loss', now 'all';" in rows, rows
+        assert "epoch-000004: train.lr_warmup_epochs was 0, now 3;" in warmup, warmup
+        assert cadence == "loaded epoch 4"
+
+
 def test_unfitting_or_damaged_checkpoints_are_refused(tmp_path):
     tensors = {"model/w": torch.arange(6.0).view(2, 3), "rng/torch": torch.get_rng_state()}
     sha = write_shard(tmp_path, 3, 0, tensors)
@@ -179,27 +231,30 @@ def test_unfitting_or_damaged_checkpoints_are_refused(tmp_path):
     assert torch.equal(loaded["model/w"], tensors["model/w"])
     check_fits(manifest, 1, fingerprint, tmp_path)
 
-    with pytest.raises(CheckpointError, match="model.hidden: checkpoint 16, this run 32"):
+    with pytest.raises(CheckpointError, match="model.hidden was 16, now 32;"):
         check_fits(manifest, 1, {**fingerprint, "model.hidden": 32}, tmp_path)
     with pytest.raises(CheckpointError, match="written by 1 worker, this run has 2"):
         check_fits(manifest, 2, fingerprint, tmp_path)
     newer = {**fingerprint, "quant.first_cycle": 5}  # a setting added after the checkpoint
-    with pytest.raises(CheckpointError, match="quant.first_cycle: not in the checkpoint"):
+    with pytest.raises(CheckpointError, match="quant.first_cycle is not in the checkpoint"):
         check_fits(manifest, 1, newer, tmp_path)
 
     # The compiled quantizer's draws are part of what a run resumes with.
     ckpt = Checkpointer.for_run(load_config(None, []), None, tmp_path, {"metadata_sha256": "x"})
     assert ckpt.fingerprint["quant.compiled_draws"] == quant_kernels.COMPILED_DRAWS
     other = {**ckpt.fingerprint, "quant.compiled_draws": "splitmix64 words"}
-    with pytest.raises(CheckpointError, match="quant.compiled_draws: checkpoint 'splitmix64"):
+    with pytest.raises(CheckpointError, match="quant.compiled_draws was 'splitmix64"):
         check_fits({**manifest, "fingerprint": other}, 1, ckpt.fingerprint, tmp_path)
 
-    # A checkpoint of an earlier format (version 1 saved generator states) is refused.
+    # Checkpoints of earlier formats are refused, saying why: version 1 saved generator
+    # states, version 2's fingerprint held only part of the recipe.
     path = tmp_path / "epoch-000003" / "manifest.json"
     text = path.read_text()
-    path.write_text(text.replace('"version": 2', '"version": 1'))
-    with pytest.raises(CheckpointError, match="version-1 checkpoint; this AdaQP reads version 2"):
-        read_manifest(tmp_path, 3)
+    for version, why in [(1, "generators' states"), (2, "train.lr_warmup_epochs")]:
+        path.write_text(text.replace('"version": 3', f'"version": {version}'))
+        expected = f"version-{version} checkpoint; this AdaQP reads version 3 \\(.*{why}"
+        with pytest.raises(CheckpointError, match=expected):
+            read_manifest(tmp_path, 3)
     path.write_text(text)
 
     shard = tmp_path / "epoch-000003" / "rank-00000.npz"
@@ -332,7 +387,7 @@ def test_killed_worker_is_restarted_and_the_run_resumes(tmp_path):
 @pytest.mark.distributed
 def test_resume_from_the_command_line_extends_the_run(tmp_path):
     """Stopped at 6 epochs, --resume --epochs 10 continues: the same final loss as one
-    10-epoch run; a changed model is refused naming the key."""
+    10-epoch run; a changed recipe is refused in one line naming the key."""
     parts = tmp_path / "parts"
     env = dict(os.environ, OMP_NUM_THREADS="1")
 
@@ -342,9 +397,11 @@ def test_resume_from_the_command_line_extends_the_run(tmp_path):
 
     first = train(tmp_path / "a", "--epochs", "6")
     assert first.returncode == 0, first.stderr[-3000:]
-    refused = train(tmp_path / "a", "--epochs", "10", "--resume", "--set", "model.hidden=32")
+    refused = train(tmp_path / "a", "--epochs", "10", "--resume", "--set", "train.compute_rows=all")
     assert refused.returncode != 0
-    assert "model.hidden: checkpoint 64, this run 32" in refused.stderr
+    said = [line for line in refused.stderr.splitlines() if "cannot resume" in line]
+    assert said, refused.stderr[-3000:]
+    assert all("train.compute_rows was 'loss', now 'all';" in line for line in said), said
     resumed = train(tmp_path / "a", "--epochs", "10", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     whole = train(tmp_path / "b", "--epochs", "10")
