@@ -20,11 +20,12 @@ import numpy as np
 
 from adaqp.config import DataConfig, PartitionConfig
 from adaqp.data import GraphData
-from adaqp.partitioning import schema, store
+from adaqp.partitioning import schema, scratch, store
 from adaqp.partitioning.cut import assign_parts
 from adaqp.partitioning.parts import PartBuilder, part_stats, total_stats
 from adaqp.partitioning.source import GraphSource
 from adaqp.stages import StageLog
+from adaqp.stop import stopping_on_signals
 
 logger = logging.getLogger(__name__)
 
@@ -209,24 +210,44 @@ def ensure_partition(
     re-creates it. A directory holding anything but a partition is never written to.
     ``tool``: the caller is ``python -m partition``, whose refusals name ``--force``
     (a training run's name ``partition.dir``; see ``check_matches``).
+
+    SIGINT and SIGTERM stop it with KeyboardInterrupt naming the signal, once its scratch
+    and partly written files are removed (``adaqp.stop.stopping_on_signals``); first,
+    what killed partitionings left beside ``out_dir`` is removed
+    (``adaqp.partitioning.scratch.remove_stale``).
     """
     out_dir = Path(out_dir)
+    with stopping_on_signals():
+        scratch.remove_stale(out_dir.absolute().parent, out_dir)
+        return _ensure(data, part, num_parts, out_dir, force=force, tool=tool)
+
+
+def _ensure(
+    data: DataConfig,
+    part: PartitionConfig,
+    num_parts: int,
+    out_dir: Path,
+    *,
+    force: bool,
+    tool: bool,
+) -> dict[str, Any]:
     if not force and (out_dir / schema.METADATA_FILE).is_file():
         return _reuse(data, part, num_parts, out_dir, tool)
     store.check_target(out_dir)  # before the dataset is loaded: a bad path fails at once
     log = StageLog(reset_peaks=tool)  # a training process reports its own lifetime peak
     with log.stage("load"):
         graph = data.load()
-    try:
-        with log.stage("take over"):
-            source = GraphSource.take(graph, out_dir.absolute().parent)
-        del graph
-    except OSError as exc:
-        raise schema.PartitionError(
-            f"cannot write scratch files beside {out_dir}: {exc}; free space there or "
-            "choose another --out / partition.dir"
-        ) from None
-    try:
+    source: GraphSource | None = None
+    try:  # the source is closed here too: a stop before _make holds it must not leak it
+        try:
+            with log.stage("take over"):
+                source = GraphSource.take(graph, out_dir.absolute().parent)
+            del graph
+        except OSError as exc:
+            raise schema.PartitionError(
+                f"cannot write scratch files beside {out_dir}: {exc}; free space there or "
+                "choose another --out / partition.dir"
+            ) from None
         return _make(
             source,
             out_dir,
@@ -244,6 +265,9 @@ def ensure_partition(
         # Two runs started together and the other one wrote it first: use its partition.
         logger.info("another process wrote %s first", out_dir)
         return _reuse(data, part, num_parts, out_dir, tool)
+    finally:
+        if source is not None:
+            source.close()
 
 
 def _reuse(

@@ -13,6 +13,7 @@ import numpy as np
 
 from adaqp.config import METIS_OBJECTIVES, PARTITION_METHODS
 from adaqp.deps import extra_fix
+from adaqp.stop import redelivering_trapped_signals
 
 logger = logging.getLogger(__name__)
 
@@ -107,9 +108,14 @@ def _metis(indptr, indices, num_parts, seed, train_mask, objective) -> np.ndarra
     adjacency = pymetis.CSRAdjacency(
         indptr.astype(np.int64, copy=False), indices.astype(np.int64, copy=False)
     )
-    result = pymetis.part_graph(
-        num_parts, adjacency, vweights=vweights, recursive=recursive, options=options
-    )
+    # METIS traps SIGTERM while it runs (GKlib's SIGERR): the cut ends at once, with a
+    # RuntimeError that does not say why; the signal goes back to the process's handler.
+    # (METIS's own errors raise SIGERR too, after printing themselves: they read as a stop.)
+    # Ctrl-C waits for the cut to return: pymetis holds the interpreter until then.
+    with redelivering_trapped_signals():
+        result = pymetis.part_graph(
+            num_parts, adjacency, vweights=vweights, recursive=recursive, options=options
+        )
     return _check_nonempty(np.asarray(result.vertex_part, dtype=np.int64), num_parts, "METIS")
 
 

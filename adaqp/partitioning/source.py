@@ -18,7 +18,6 @@ graph stays usable, for callers that keep it (tests, benchmarks).
 from __future__ import annotations
 
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from adaqp.data import GraphData
+from adaqp.partitioning.scratch import SCRATCH, make_owned_dir
 
 _ROWS_PER_READ = 1 << 16
 """Feature rows read per block from a spilled feature file."""
@@ -86,7 +86,8 @@ class GraphSource:
         left without its adjacency and features, which the caller must not use again.
 
         ``scratch_parent``: where the scratch directory goes (beside the partition, so
-        the spill lands on the partition's file system, not in a memory-backed /tmp).
+        the spill lands on the partition's file system, not in a memory-backed /tmp);
+        its name says which process owns it (``adaqp.partitioning.scratch``).
 
         Raises:
             OSError: the spill cannot be written (a full disk, say); nothing is left
@@ -94,7 +95,7 @@ class GraphSource:
         """
         record = _record(graph)  # the fingerprint hashes the arrays as loaded
         scratch_parent.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=".adaqp-scratch-", dir=scratch_parent))
+        scratch = make_owned_dir(scratch_parent, SCRATCH)
         try:
             features_file = scratch / "features.f32"
             with open(features_file, "wb") as fh:  # scratch: no fsync, it never outlives us

@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import shutil
 import zipfile
 from collections.abc import Callable, Iterable
@@ -40,8 +39,9 @@ from adaqp.partitioning.schema import (
     part_file,
     read_metadata,
 )
+from adaqp.partitioning.scratch import STAGING, owned_name
 
-_LEFTOVER = re.compile(rf"{PART_FILE_NAME.pattern}|\..*adaqp-tmp-.*")
+_LEFTOVER = re.compile(rf"{PART_FILE_NAME.pattern}|\..*{STAGING}-.*")
 """Names a crashed write can leave behind (a staging directory, part files)."""
 
 
@@ -118,7 +118,7 @@ def check_target(out_dir: str | Path) -> None:
     where = out_dir if _owned_files(out_dir) is not None else out_dir.parent
     while not where.exists() and where != where.parent:
         where = where.parent
-    probe = where / f".adaqp-tmp-probe-{os.getpid()}-{secrets.token_hex(4)}"
+    probe = where / owned_name(STAGING)
     try:
         probe.mkdir()
         probe.rmdir()
@@ -165,11 +165,10 @@ def write_partition(
     owned = _owned_files(out_dir)
     if exclusive and (out_dir / METADATA_FILE).is_file():
         raise PartitionExists(f"{out_dir} already holds a partition")
-    token = f"{os.getpid()}-{secrets.token_hex(4)}"
-    if owned is None:
-        stage = out_dir.with_name(f".{out_dir.name}.adaqp-tmp-{token}")
+    if owned is None:  # named for its owner: see adaqp.partitioning.scratch
+        stage = out_dir.with_name(owned_name(STAGING, prefix=out_dir.name))
     else:
-        stage = out_dir / f".adaqp-tmp-{token}"
+        stage = out_dir / owned_name(STAGING)
     created = False
     try:
         stage.parent.mkdir(parents=True, exist_ok=True)
