@@ -33,15 +33,19 @@ class AdaptivePolicy(ExchangePolicy):
         return self.planner.plan(key, out_rows, in_rows, dim)
 
     def _launch(
-        self, key: ExchangeKey, rows_RD: torch.Tensor, ranges: bool = False
+        self,
+        key: ExchangeKey,
+        rows_RD: torch.Tensor,
+        ranges: bool = False,
+        selected: bool = False,
     ) -> PendingExchange:
         """A training exchange, traced where the planner traces: from the rows' minima and
         maxima that the quantizer takes anyway where it can, else in a pass of its own."""
         traced = self.planner.tracing
-        handle = super()._launch(key, rows_RD, ranges or traced)
+        handle = super()._launch(key, rows_RD, ranges or traced, selected)
         if traced:
             squared = handle.squared_ranges
-            selection = self.transport.selection(key, training=True)
+            selection = self.transport.selection(key, selected)
             if selection is not None:
                 # Fewer rows travel than the plan covers: the others count as exact.
                 if squared is None:

@@ -197,18 +197,18 @@ class ChoicePolicy(AdaptivePolicy):
     def _is_stale(self, key: ExchangeKey) -> bool:
         return key in self.stale_keys or self._epoch == 1  # epoch 1: onebit's
 
-    def start(self, key: ExchangeKey, rows_RD: torch.Tensor) -> Pending:
+    def start(self, key: ExchangeKey, rows_RD: torch.Tensor, selected: bool = False) -> Pending:
         if not self._training:
-            return self.transport.start(rows_RD, key)
+            return self.transport.start(rows_RD, key, selected=selected)
         # A stale key stays stale: neither traced (a pass over its rows every epoch for a
         # solve whose plan it never uses) nor measured (the choice no longer asks its
         # drift). Where every key is stale, an epoch costs what ``onebit``'s does.
         if key in self.stale_keys:
-            return self.stale.start(key, rows_RD)
+            return self.stale.start(key, rows_RD, selected)
         self._measure_drift(key, rows_RD)
         if self._epoch == 1:  # onebit's first epoch, measured for the first choice
-            return self.stale.start(key, rows_RD)
-        pending = ExchangePolicy.start(self, key, rows_RD)  # traced in its launch
+            return self.stale.start(key, rows_RD, selected)
+        pending = ExchangePolicy.start(self, key, rows_RD, selected)  # traced in its launch
         self._last_fresh[key] = pending.handle
         return pending
 

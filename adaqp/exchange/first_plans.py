@@ -16,7 +16,10 @@ decides float32:
 
 Widths are kept by pair, ``[P, P]`` (``widths[src, dst]``), and each rank's
 :class:`~adaqp.exchange.message.BitPlan` is its row and column of them, expanded to the
-messages of each peer.
+messages of each peer (every message of the exchange: the transport cuts a plan to the
+rows that travel). What is priced and reported counts only the messages that travel: a
+layer whose training step computes only the rows its loss reads sends fewer
+(``sent_counts``).
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ class FirstPlans:
         hosts: int64 ``[P]``: the host of each rank.
         counts: per direction, int ``[P, P]``: messages src sends dst.
         rank: this rank.
+        sent: per layer whose training exchanges move fewer messages than ``counts``
+            (``HaloTransport.select``), the counts of those that travel, as ``counts``.
     """
 
     def __init__(
@@ -51,11 +56,13 @@ class FirstPlans:
         hosts: np.ndarray,
         counts: dict[Direction, np.ndarray],
         rank: int = 0,
+        sent: dict[int, dict[Direction, np.ndarray]] | None = None,
     ):
         self.config = config
         self.hosts = hosts
         """int64 ``[P]``: the host of each rank."""
         self.counts = counts
+        self.sent = sent or {}
         self.rank = rank
         self.local_pairs = (hosts[:, None] == hosts[None, :]) & ~np.eye(hosts.size, dtype=bool)
         """bool ``[P, P]``: pairs of distinct ranks on one host."""
@@ -70,6 +77,10 @@ class FirstPlans:
         """The uniform width (the adaptive scheme's ``initial_bits`` where set)."""
         cfg = self.config
         return cfg.bits if cfg.scheme == "uniform" else cfg.initial_bits or cfg.bits
+
+    def sent_counts(self, key: ExchangeKey) -> np.ndarray:
+        """int ``[P, P]``: the messages src sends dst in a training exchange of ``key``."""
+        return self.sent.get(key.layer, self.counts)[key.direction]
 
     def is_local(self, src: int, dst: int) -> bool:
         """Whether src's messages to dst are float32 by topology (never solved)."""
@@ -110,7 +121,7 @@ class FirstPlans:
         if self.float32_local:
             widths[self.local_pairs] = FULL_PRECISION_BITS
         if profile is not None:
-            width, times = first_width(profile, self.counts[key.direction], dim, initial)
+            width, times = first_width(profile, self.sent_counts(key), dim, initial)
             widths[:] = width
             if width != initial and say and self.rank == 0:
                 logger.info(
@@ -136,11 +147,12 @@ class FirstPlans:
 
     def pair_bits(self) -> dict[str, float]:
         """``"src->dst"``: the mean width of the messages src sends dst in the first plans
-        (every exchange planned so far, weighted by messages; pairs with none left out)."""
+        (every exchange planned so far, weighted by the messages that travel; pairs with
+        none left out)."""
         sent = np.zeros((self.hosts.size,) * 2)
         bits = np.zeros_like(sent)
         for key, widths in self.widths_by_key.items():
-            counts = self.counts[key.direction]
+            counts = self.sent_counts(key)
             sent += counts
             bits += counts * widths
         return {

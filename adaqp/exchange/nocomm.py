@@ -21,8 +21,8 @@ class NoCommTransport(HaloTransport):
         plan: BitPlan | None = None,
         ranges: bool = False,
         *,
-        training: bool = False,
+        selected: bool = False,
     ) -> PendingExchange:
-        _, in_counts = self.counts(key, self.selection(key, training))
+        _, in_counts = self.counts(key, self.selection(key, selected))
         recv = rows_RD.new_zeros((sum(in_counts), rows_RD.shape[1]))
         return PendingExchange(self, key, None, recv, bytes_sent=0, bits_histogram={})

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from adaqp.exchange.transport import SETUP_KEY, BitPlan, Direction, ExchangeKey, HaloTransport
 from adaqp.graph.aggregate import SparseAdjacency
@@ -49,6 +50,31 @@ def forward_coefficients(
     halo = squares[graph.num_inner :].to(torch.float32).view(-1, 1).to(device)
     transport.at("set-up (aggregation coefficients)")
     return transport.start(halo, SETUP_KEY).wait()[:, 0].double().cpu()
+
+
+def gather_counts(
+    transport: HaloTransport, world_size: int, device
+) -> tuple[dict[Direction, np.ndarray], dict[int, dict[Direction, np.ndarray]]]:
+    """Every rank's message counts (collective): per direction, int ``[P, P]``
+    (``[src, dst]``: messages src sends dst) of the whole exchange, and of the messages
+    that travel in training per layer that sends fewer (``HaloTransport.select``; the
+    same layers on every rank)."""
+    layers = sorted(transport.selections)
+    rows = [(transport.send_counts, transport.recv_counts)]
+    rows += [
+        (transport.selections[layer].send_counts, transport.selections[layer].recv_counts)
+        for layer in layers
+    ]
+    counts = torch.tensor(rows, dtype=torch.int64, device=device)  # [1 + L, 2, P]
+    gathered = [torch.zeros_like(counts) for _ in range(world_size)]
+    dist.all_gather(gathered, counts)
+    by_src = np.stack([g.cpu().numpy() for g in gathered], axis=2)  # [1 + L, 2, src, dst]
+
+    def directions(table: np.ndarray) -> dict[Direction, np.ndarray]:
+        return {Direction.FORWARD: table[0], Direction.BACKWARD: table[1]}
+
+    sent = {layer: directions(by_src[1 + i]) for i, layer in enumerate(layers)}
+    return directions(by_src[0]), sent
 
 
 class PlanBook:
@@ -129,11 +155,17 @@ class PlanBook:
                         yield key, src, dst, flat[offset : offset + n]
                         offset += n
 
-    def pair_bits(self, keys: list[ExchangeKey], flat: torch.Tensor) -> dict[str, float]:
+    def pair_bits(
+        self, keys: list[ExchangeKey], flat: torch.Tensor, travels: torch.Tensor | None = None
+    ) -> dict[str, float]:
         """``"src->dst"``: the mean width of the buffer's messages from src to dst, over
-        all of ``keys``."""
+        all of ``keys``; with ``travels`` (bool, the buffer's layout), of those it marks
+        (the messages that training sends)."""
         totals: dict[str, list[int]] = {}
+        kept = self.channel_widths(keys, travels) if travels is not None else None
         for _, src, dst, widths in self.channel_widths(keys, flat):
+            if kept is not None:
+                widths = widths[next(kept)[3]]
             entry = totals.setdefault(f"{src}->{dst}", [0, 0])
             entry[0] += int(widths.sum(dtype=torch.int64))
             entry[1] += widths.numel()

@@ -70,9 +70,9 @@ from adaqp.assign import (
 from adaqp.bits import FULL_PRECISION_BITS, SUPPORTED_BITS
 from adaqp.config import QuantConfig
 from adaqp.exchange.first_plans import FirstPlans
-from adaqp.exchange.plan_book import PlanBook, forward_coefficients
+from adaqp.exchange.plan_book import PlanBook, forward_coefficients, gather_counts
 from adaqp.exchange.resolving import MeasuredExchanges, budget_share, solves_before
-from adaqp.exchange.transport import BitPlan, Direction, ExchangeKey, HaloTransport
+from adaqp.exchange.transport import BitPlan, ExchangeKey, HaloTransport
 from adaqp.graph.aggregate import SparseAdjacency
 from adaqp.graph.local import LocalGraph
 from adaqp.runtime import World
@@ -103,18 +103,10 @@ class BitWidthPlanner:
         self.config = config
         self.world = world
         self.device = graph.device
-        p = world.world_size
-        counts = torch.tensor(
-            [transport.send_counts, transport.recv_counts], dtype=torch.int64, device=self.device
-        )
-        gathered = [torch.zeros_like(counts) for _ in range(p)]
-        dist.all_gather(gathered, counts)
-        gathered = [g.cpu().numpy() for g in gathered]
-        # counts[direction][src][dst]: messages src sends dst in that direction.
-        self.counts = {
-            Direction.FORWARD: np.stack([g[0] for g in gathered]),
-            Direction.BACKWARD: np.stack([g[1] for g in gathered]),
-        }
+        self.transport = transport
+        self.counts, sent = gather_counts(transport, world.world_size, self.device)
+        """Per direction, int ``[P, P]``: ``counts[src, dst]`` messages src sends dst in
+        a whole exchange (evaluation's; the plans' layout)."""
         self.book = PlanBook(self.counts, world.rank, self.device, transport.kernels)
         """This rank's plans and traces (``adaqp.exchange.plan_book``)."""
         self.cost_kind = cost_model_kind(config)
@@ -124,7 +116,7 @@ class BitWidthPlanner:
         self.host_model: HostModel | None = None
         self.hosts = host_of_rank(world)
         """int64 ``[P]``: the host of each rank (torchrun's node, else the hostname)."""
-        self.first = FirstPlans(config, self.hosts, self.counts, world.rank)
+        self.first = FirstPlans(config, self.hosts, self.counts, world.rank, sent)
         """The plans before anything is solved, float32 within a host by default."""
         self.forward_coef = None
         self.last_status: dict[str, str] = {}
@@ -299,7 +291,7 @@ class BitWidthPlanner:
         deadline = time.perf_counter() + self.config.resolve_budget_s
         for i, key in enumerate(keys):
             counts = self.counts[key.direction]
-            weights = torch.from_numpy(self.book.weights(key, self.forward_coef))
+            weights = torch.from_numpy(self._sent_weights(key))
             longest = int(counts.sum(1).max())
             padded = torch.zeros(longest, dtype=torch.float64, device=self.device)
             padded[: len(weights)] = weights.to(self.device)
@@ -311,9 +303,10 @@ class BitWidthPlanner:
                 blocks.append(self._solve(key, counts, gathered, epoch, limit, ran, calibration))
         total = sum(int(self.counts[k.direction].sum()) for k in keys)
         if rank == 0:
-            flat = torch.cat(blocks)
+            flat = torch.cat([widths for widths, _ in blocks])
+            travels = torch.cat([sent for _, sent in blocks])
             solution = self.solutions.setdefault(epoch, {})
-            solution["pair_bits"] = self.book.pair_bits(keys, flat)
+            solution["pair_bits"] = self.book.pair_bits(keys, flat, travels)
             self.measured.state(solution, calibration)
             flat = flat.to(self.device)
         else:
@@ -321,6 +314,19 @@ class BitWidthPlanner:
         dist.broadcast(flat, src=0)
         self.book.install(keys, flat.cpu())
         self.measured.restart()
+
+    def _sent_weights(self, key: ExchangeKey) -> np.ndarray:
+        """float64 ``[S]``: this rank's variance weight of each message of ``key`` (the
+        whole exchange's layout), NaN for those its training exchanges do not send (a
+        layer that computes only the rows its loss reads): they are neither solved nor
+        priced."""
+        weights = self.book.weights(key, self.forward_coef)
+        selection = self.transport.selection(key, selected=True)
+        if selection is not None:
+            sent = np.zeros(weights.size, dtype=bool)
+            sent[selection.keep(key.direction.sends_inner)[0].cpu().numpy()] = True
+            weights = np.where(sent, weights, np.nan)
+        return weights
 
     def _ran_s(
         self, key: ExchangeKey, before: dict[str, float], first: bool
@@ -341,26 +347,32 @@ class BitWidthPlanner:
         time_limit_s: float,
         ran: tuple[np.ndarray | None, float | None],
         calibration: dict | None,
-    ) -> torch.Tensor:
-        """Rank 0: widths of every channel of one exchange, in (src, dst) order.
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rank 0: widths of every channel of one exchange, in (src, dst) order, and
+        whether each message travels in training (bool, the same layout).
 
-        ``ran``: the first cycle's widths by pair where that plan ran (else None) and its
-        predicted seconds where known; with this cycle's waits and ``calibration`` they
-        give the exchange's overlap window. Under ``quant.full_precision = "auto"`` the
-        channels within a host are float32 and only the others are solved."""
+        Only the messages that travel are solved and priced (``gathered`` holds NaN for
+        the others, which keep the reference width: they never leave). ``ran``: the first
+        cycle's widths by pair where that plan ran (else None) and its predicted seconds
+        where known; with this cycle's waits and ``calibration`` they give the exchange's
+        overlap window. Under ``quant.full_precision = "auto"`` the channels within a host
+        are float32 and only the others are solved."""
         p = self.world.world_size
         dim = self.book.dim(key)
-        every = []
+        every, sent = [], []
         for src in range(p):
             offsets = np.concatenate([[0], np.cumsum(counts[src])])
             for dst in range(p):
                 if src != dst:
                     weights = gathered[src][offsets[dst] : offsets[dst + 1]].cpu().numpy()
-                    every.append(Channel(src, dst, weights))
+                    sent.append(~np.isnan(weights))
+                    every.append(Channel(src, dst, weights[sent[-1]]))
+        travels = torch.from_numpy(np.concatenate(sent)) if sent else torch.zeros(0, dtype=bool)
         local = [self.first.is_local(c.src, c.dst) for c in every]
         channels = [c for c, within in zip(every, local, strict=True) if not within]
         if not channels:  # every channel within a host: nothing to solve
-            return torch.full((int(counts.sum()),), FULL_PRECISION_BITS, dtype=torch.uint8)
+            widths = torch.full((int(counts.sum()),), FULL_PRECISION_BITS, dtype=torch.uint8)
+            return widths, travels
         cfg = self.config
         if cfg.scheme == "random":
             result = random_assignment(channels, dim, cfg.allowed_bits, cfg.seed + epoch)
@@ -422,8 +434,10 @@ class BitWidthPlanner:
                 cfg.cost_model,
             )
         solved = iter(widths)
-        blocks = [
-            np.full(c.num_messages, FULL_PRECISION_BITS) if within else next(solved)
-            for c, within in zip(every, local, strict=True)
-        ]
-        return torch.from_numpy(np.concatenate([b.astype(np.uint8) for b in blocks]))
+        blocks = []
+        for travel, within in zip(sent, local, strict=True):
+            block = np.full(travel.size, FULL_PRECISION_BITS if within else cfg.bits)
+            if not within:
+                block[travel] = next(solved)
+            blocks.append(block.astype(np.uint8))
+        return torch.from_numpy(np.concatenate(blocks)), travels

@@ -18,7 +18,9 @@ policy                     modes                 training-time exchanges
                                                  (``adaqp/exchange/stale.py``)
 =========================  ====================  ==========================================
 
-Layers call ``pending = policy.start(key, rows)`` and later ``pending.wait()``. The
+Layers call ``pending = policy.start(key, rows, selected)`` and later ``pending.wait()``
+(``selected``: the layer computes only the rows its loss reads, and its exchange moves
+their halo rows: ``HaloTransport.select``). The
 trainer calls ``begin_epoch(epoch, counters)``, runs the step inside ``with
 policy.training():``, then ``end_epoch(epoch)``, and ``close()`` once at the end.
 """
@@ -121,22 +123,27 @@ class ExchangePolicy:
         (two smaller products and a concatenation each way)."""
         return True
 
-    def start(self, key: ExchangeKey, rows_RD: torch.Tensor) -> Pending:
-        """Launches the exchange of ``rows_RD`` (the rows to send, peer by peer)."""
+    def start(self, key: ExchangeKey, rows_RD: torch.Tensor, selected: bool = False) -> Pending:
+        """Launches the exchange of ``rows_RD`` (the rows to send, peer by peer; with
+        ``selected``, those of the layer's selection)."""
         if not self._training:
-            return self.transport.start(rows_RD, key)
-        handle = self._launch(key, rows_RD)
+            return self.transport.start(rows_RD, key, selected=selected)
+        handle = self._launch(key, rows_RD, selected=selected)
         return _Counted(handle, self._counters, self.counts_fresh_reads)
 
     def _launch(
-        self, key: ExchangeKey, rows_RD: torch.Tensor, ranges: bool = False
+        self,
+        key: ExchangeKey,
+        rows_RD: torch.Tensor,
+        ranges: bool = False,
+        selected: bool = False,
     ) -> PendingExchange:
         """Starts a training exchange at its plan; ``ranges``: the handle carries the sent
         rows' squared ranges where the quantizer reads them (``HaloTransport.start``). The
         plan is the whole exchange's; the transport cuts it to the rows that travel."""
         out_counts, in_counts = self.transport.counts(key)
         plan = self.plan(key, sum(out_counts), sum(in_counts), rows_RD.shape[1])
-        handle = self.transport.start(rows_RD, key, plan, ranges, training=True)
+        handle = self.transport.start(rows_RD, key, plan, ranges, selected=selected)
         self._counters.record_launch(handle)
         return handle
 

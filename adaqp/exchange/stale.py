@@ -145,10 +145,10 @@ class StalePolicy(ExchangePolicy):
             self._plans[key] = plan
         return plan
 
-    def start(self, key: ExchangeKey, rows_RD: torch.Tensor) -> Pending:
+    def start(self, key: ExchangeKey, rows_RD: torch.Tensor, selected: bool = False) -> Pending:
         if not self._training:
-            return self.transport.start(rows_RD, key)
-        handle = self._launch(key, rows_RD)
+            return self.transport.start(rows_RD, key, selected=selected)
+        handle = self._launch(key, rows_RD, selected=selected)
         self._buffers.setdefault(key, deque()).append((self._epoch, handle))
         return _Buffered(self, key, self._epoch)
 

@@ -22,9 +22,10 @@ or torch operators, same bytes) is chosen per transport. Without a plan, rows tr
 float32. Every wait is bounded by ``timeout_s`` and fails naming the rank and the step.
 
 Where a training step computes only the rows its loss reads (``adaqp/graph/loss_rows.py``),
-``select`` gives a layer's training exchanges a subset of the send list and halo (the
-caller says which exchanges train: ``start(..., training=True)``): counts, sources,
-rounding keys and the plan (cut) are then the subset's.
+``select`` gives a layer's training exchanges a subset of the send list and halo, which
+an exchange moves where its caller says so (``start(..., selected=True)``: the layer
+computes only the rows the loss reads): counts, sources, rounding keys and the plan
+(cut) are then the subset's.
 
 Shapes: S rows sent in forward, H halo rows, D features, R rows in one direction.
 """
@@ -305,14 +306,15 @@ class HaloTransport:
         counts, ids = (self.send_counts, self.recv_counts), (self.send_ids, self.halo_ids)
         self.selections[layer] = Selection.of(send_keep, halo_keep, *counts, send_idx, *ids)
 
-    def selection(self, key: ExchangeKey, training: bool) -> Selection | None:
+    def selection(self, key: ExchangeKey, selected: bool) -> Selection | None:
         """The rows an exchange of ``key`` moves when they are fewer than the whole
-        exchange's: a training exchange's, its layer's selection (if ``select`` gave one);
-        evaluation's and set-up's, None (every row).
+        exchange's: where the caller computes only its layer's training rows
+        (``selected``), the layer's selection (if ``select`` gave one); else None (every
+        row: evaluation, set-up, a step that computes every row).
 
         Said by the caller, never inferred from the number of rows sent: a rank may send
         its whole send list while reading only part of its halo, or the reverse."""
-        if not training or key.direction not in (Direction.FORWARD, Direction.BACKWARD):
+        if not selected or key.direction not in (Direction.FORWARD, Direction.BACKWARD):
             return None
         return self.selections.get(key.layer)
 
@@ -360,13 +362,13 @@ class HaloTransport:
         plan: BitPlan | None = None,
         ranges: bool = False,
         *,
-        training: bool = False,
+        selected: bool = False,
     ) -> PendingExchange:
         """Sends ``rows_RD`` (peer segments in rank order) and returns the handle; with
         ``ranges``, the handle's ``squared_ranges`` where the quantizer reads them. A
-        ``training`` exchange moves the rows ``select`` chose for its layer, if any
+        ``selected`` exchange moves the rows ``select`` chose for its layer, if any
         (``plan``, the whole exchange's, is then cut to them); any other, every row."""
-        selection = self.selection(key, training)
+        selection = self.selection(key, selected)
         out_counts, in_counts = self.counts(key, selection)
         if plan is not None and selection is not None:
             plan = selection.cut(plan, key.direction.sends_inner)

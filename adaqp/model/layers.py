@@ -66,9 +66,12 @@ class _InFlight:
     """The exchange between its two autograd nodes: the pending forward exchange, then
     the pending backward one."""
 
-    def __init__(self, policy: ExchangePolicy, layer: int):
+    def __init__(self, policy: ExchangePolicy, layer: int, selected: bool):
         self.policy = policy
         self.layer = layer
+        self.selected = selected
+        """Whether the layer computes only the rows its loss reads, and its exchanges move
+        their halo rows (the transport's selection for the layer)."""
         self.pending: Pending | None = None
         self.num_params = 0
         """The transform's parameters whose gradients are deferred (weight, bias)."""
@@ -96,7 +99,7 @@ class _ExchangeStart(torch.autograd.Function):
         """``params``: the transform's weight (and bias) whose gradients are deferred."""
         ctx.flight, flight.num_params = flight, len(params)
         key = ExchangeKey.forward(flight.layer)
-        flight.pending = flight.policy.start(key, send_SD.detach())
+        flight.pending = flight.policy.start(key, send_SD.detach(), flight.selected)
         return send_SD.new_empty(0)
 
     @staticmethod
@@ -124,7 +127,7 @@ class _ExchangeLand(torch.autograd.Function):
     def backward(ctx, grad_HD: torch.Tensor):
         flight = ctx.flight
         key = ExchangeKey.backward(flight.layer)
-        flight.pending = flight.policy.start(key, grad_HD.contiguous())
+        flight.pending = flight.policy.start(key, grad_HD.contiguous(), flight.selected)
         # While they travel: the transform's weight gradients, first of the work autograd
         # runs before _ExchangeStart.backward waits, so that its rows are let go before
         # the inner rows' gradients are made.
@@ -293,7 +296,7 @@ class Propagation:
             return finish(aggregate(self.adjacency, h_RD, every), every)
         # Every rank joins every exchange, also one whose part has no halo rows: its
         # peers may still need its rows.
-        flight = _InFlight(self.policy, layer)
+        flight = _InFlight(self.policy, layer, selected=rows.send_keep is not None)
         params = () if transform is None else _params(transform)
         # Not kept here: the exchange holds the sent rows until they have left.
         ticket = _ExchangeStart.apply(h_RD.index_select(0, rows.send_idx), flight, *params)

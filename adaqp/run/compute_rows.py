@@ -1,7 +1,8 @@
 """What a training step computes under ``train.compute_rows = "loss"``: the trainer's side
 of ``adaqp/graph/loss_rows.py``. At start-up, before the transport is built, the inner rows
-are put in ring order (``order_by_loss``); once it is, every layer gets its rows, its
-exchanges their selections and a ``Propagation`` of its own (``training_propagation``).
+are put in ring order (``order_by_loss``); once it is, every layer gets its rows and its
+exchanges their selections (``select_rows``), and once the exchange policy is made, a
+``Propagation`` of its own (``training_propagation``).
 Evaluation keeps the whole graph's ``Propagation``."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from adaqp.exchange.transport import SETUP_KEY, HaloTransport
 from adaqp.graph.local import LocalGraph
 from adaqp.graph.loss_rows import (
     ExchangeFlags,
+    LayerRows,
     layer_adjacency,
     layer_blocks,
     layer_rows,
@@ -57,22 +59,39 @@ def order_by_loss(graph: LocalGraph, num_layers: int, rank: int, distributed: bo
     return ring[order]
 
 
-def training_propagation(
+def select_rows(
     graph: LocalGraph,
     ring: np.ndarray | None,
-    whole: Propagation,
     transport: HaloTransport | None,
     num_layers: int,
-) -> tuple[Propagation | LayerPropagations, list[int]]:
-    """What a training step propagates with, and each layer's rows: with ``ring``
-    (``order_by_loss``'s), a ``Propagation`` per layer over its rows, cut from ``whole``
-    (every row's, which evaluation runs: the cuts share its arrays where they can), the
-    transport told which rows each layer's exchanges move; else ``whole``. Collective."""
+    cached_input: bool,
+) -> list[LayerRows] | None:
+    """Each layer's rows under ``ring`` (``order_by_loss``'s; None: every row, and None is
+    returned), the transport told which rows each layer's training exchanges move. Done
+    before the exchange policy is made, so that its planner prices those rows only.
+    Collective."""
     if ring is None:
+        return None
+    exchange = flag_exchange(transport, graph.device)
+    rows = layer_rows(graph, ring, num_layers, cached_input, exchange)
+    for layer, layer_rows_ in enumerate(rows):
+        if transport is not None and layer_rows_.send_keep is not None:
+            transport.select(
+                layer, layer_rows_.send_keep, layer_rows_.halo_keep, layer_rows_.send_idx
+            )
+    return rows
+
+
+def training_propagation(
+    graph: LocalGraph, rows: list[LayerRows] | None, whole: Propagation, num_layers: int
+) -> tuple[Propagation | LayerPropagations, list[int]]:
+    """What a training step propagates with, and each layer's rows: with ``rows``
+    (``select_rows``'), a ``Propagation`` per layer over its rows, cut from ``whole``
+    (every row's, which evaluation runs: the cuts share its arrays where they can); else
+    ``whole``."""
+    if rows is None:
         whole.prepare_backward()
         return whole, [graph.num_inner] * num_layers
-    exchange = flag_exchange(transport, graph.device)
-    rows = layer_rows(graph, ring, num_layers, whole.cached_input, exchange)
     options = {
         "overlap": whole.overlap,
         "cached_input": whole.cached_input,
@@ -80,10 +99,6 @@ def training_propagation(
     }
     propagations = []
     for layer, layer_rows_ in enumerate(rows):
-        if transport is not None and layer_rows_.send_keep is not None:
-            transport.select(
-                layer, layer_rows_.send_keep, layer_rows_.halo_keep, layer_rows_.send_idx
-            )
         if whole.adjacency is None:  # a linear aggregation's column blocks
             blocks = layer_blocks(whole.column_blocks, layer_rows_, graph.num_central)
             cut = Propagation(graph, None, whole.policy, rows=layer_rows_, blocks=blocks, **options)

@@ -40,7 +40,7 @@ from adaqp.model.gnn import GNN
 from adaqp.model.layers import Propagation
 from adaqp.quant.kernels import compile_pending, use_compiled, warm_up
 from adaqp.run.checkpoint import Checkpointer
-from adaqp.run.compute_rows import order_by_loss, training_propagation
+from adaqp.run.compute_rows import order_by_loss, select_rows, training_propagation
 from adaqp.run.gradsync import GradientBuckets, GradientSyncError, gnn_layer_groups
 from adaqp.run.metrics import EpochRecord, RunWriter
 from adaqp.run.schedule import set_learning_rate
@@ -142,6 +142,7 @@ class Trainer:
             sent = torch.tensor(float(pending.bytes_sent), dtype=torch.float64)
             self.input_cache_bytes = int(self._all_sum(sent))
         adjacency = graph.adjacency(self.model.norm)
+        layer_rows = select_rows(graph, ring, self.transport, config.model.layers, self.cache_input)
         self.policy: ExchangePolicy | None = None
         if distributed:
             self.policy = make_policy(config, self.transport, graph, adjacency, world)
@@ -152,7 +153,7 @@ class Trainer:
         }
         self.propagation = Propagation(graph, adjacency, self.policy, **options)  # every row
         self.train_propagation, self.rows_by_layer = training_propagation(
-            graph, ring, self.propagation, self.transport, config.model.layers
+            graph, layer_rows, self.propagation, config.model.layers
         )
         del adjacency  # held as the propagations' blocks
         self.optimizer = torch.optim.Adam(

@@ -111,7 +111,7 @@ class EpochRows(NoCommTransport):
         self.landed = landed
         self.epoch = 0
 
-    def start(self, rows_RD, key, plan=None, ranges=False, *, training=False) -> PendingExchange:
+    def start(self, rows_RD, key, plan=None, ranges=False, *, selected=False) -> PendingExchange:
         _, in_counts = self.counts(key)
         recv = torch.full((sum(in_counts), rows_RD.shape[1]), float(self.epoch))
         work = self._Work(self, self.epoch)

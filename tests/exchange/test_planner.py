@@ -63,20 +63,18 @@ def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, sc
             "model.hidden=32",
             "model.layers=3",
             "train.eval_every=0",
-            # Every row travels, so every message is traced: computing only the loss's
-            # rows leaves most of Cora's unsent (traced as exact), and 1 bit everywhere can
-            # then meet the variance budget, which this test does not ask about.
-            "train.compute_rows=all",
         ],
     )
-    profiles, limits = [], []
+    profiles, limits, solved = [], [], []
     profile = planner_module.profile_links
     planner_module.profile_links = lambda world, *a, **kw: (
         profiles.append(1) or profile(world, *a, **kw)
     )
     solve = planner_module.solve_exchange
     planner_module.solve_exchange = lambda *a, **kw: (
-        limits.append(kw["time_limit_s"]) or solve(*a, **kw)
+        limits.append(kw["time_limit_s"])
+        or solved.append(sum(c.num_messages for c in a[1]))  # the messages priced
+        or solve(*a, **kw)
     )
     with _trained(config, init_method, rank, world_size, part_dir) as (graph, trainer, summary):
         out = {
@@ -86,6 +84,7 @@ def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, sc
             "avg_bits": np.array(summary.avg_bits),
             "profiles": np.array(len(profiles)),
             "limits": np.array(limits, dtype=np.float64),
+            "solved": np.array(solved, dtype=np.int64),
         }
         planner = trainer.policy.planner
         if rank == 0 and scheme == "adaptive":
@@ -109,12 +108,20 @@ def _plan_worker(rank: int, world_size: int, init_method: str, part_dir: str, sc
             tag = str(key)
             out[f"{tag}/out"] = plan.out_bits.numpy()
             out[f"{tag}/in"] = plan.in_bits.numpy()
+            # Which of the messages out travel in training (only the loss's rows do).
+            travels = np.ones(plan.out_bits.numel(), dtype=bool)
+            selection = trainer.transport.selection(key, selected=True)
+            if selection is not None:
+                travels[:] = False
+                travels[selection.keep(key.direction.sends_inner)[0].numpy()] = True
+            out[f"{tag}/travels"] = travels
         return out
 
 
 def _segments(result, tag: str, side: str) -> list[np.ndarray]:
-    """A rank's widths of one exchange, split by peer (``side``: "/out" or "/in")."""
-    forward_out = tag.endswith("/forward") == (side == "/out")
+    """A rank's widths of one exchange, split by peer (``side``: "/out" or "/in"; or
+    "/travels", whether each message out travels in training)."""
+    forward_out = tag.endswith("/forward") == (side != "/in")
     counts = result["send_counts" if forward_out else "recv_counts"]
     return np.split(result[f"{tag}{side}"], np.cumsum(counts)[:-1])
 
@@ -296,7 +303,7 @@ def test_every_rank_applies_the_same_assignment(scheme, cora, tmp_path):
                 in_segments = _segments(rq, tag, "/in")
                 # What p sends q at which width is exactly what q expects from p.
                 np.testing.assert_array_equal(out_segments[q], in_segments[p])
-            widths |= set(np.unique(rp[f"{tag}/out"]).tolist())
+            widths |= set(np.unique(rp[f"{tag}/out"][rp[f"{tag}/travels"]]).tolist())
     # Links are profiled for the adaptive scheme only; again before the second and third
     # re-solves with profile_every=1 (the host case).
     profiles = {"adaptive": 1, "random": 0, "adaptive/host": 3}[scheme]
@@ -323,12 +330,20 @@ def test_every_rank_applies_the_same_assignment(scheme, cora, tmp_path):
         limits = r0["limits"].reshape(3, len(tags))
         assert (limits <= RESOLVE_BUDGET_S / np.arange(len(tags), 0, -1) + 1e-9).all()
         assert [len(r["limits"]) for r in results[1:]] == [0, 0]
+        # Each solve prices the messages that travel in training, and no other: under the
+        # default only the loss's rows, fewer than the whole exchange's.
+        travelling = [sum(int(r[f"{tag}/travels"].sum()) for r in results) for tag in tags]
+        whole = [sum(r[f"{tag}/travels"].size for r in results) for tag in tags]
+        assert r0["solved"].reshape(3, len(tags)).tolist() == [travelling] * 3
+        assert sum(travelling) < sum(whole)
         # One machine: the all-to-all is as fast as the pairs, or measured bounded.
         assert report["fabric"] is None or report["fabric"] > 0
         assert all(t > 0 for t in report["predicted"].values())
         assert set(report["pair_bits"]) == {"0->1", "0->2", "1->0", "1->2", "2->0", "2->1"}
         for dst in (1, 2):
-            sent = np.concatenate([_segments(r0, t, "/out")[dst] for t in tags])
+            sent = np.concatenate(
+                [_segments(r0, t, "/out")[dst][_segments(r0, t, "/travels")[dst]] for t in tags]
+            )
             assert report["pair_bits_final"][f"0->{dst}"] == pytest.approx(sent.mean())
     if scheme.endswith("/host"):  # full precision is a choice of the host model
         assert widths <= {1, 2, 4, 8, 32}

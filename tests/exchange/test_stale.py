@@ -300,7 +300,7 @@ class _QuantizedEpochRows(EpochRows):
         super().__init__(landed)
         self.decodes = 0
 
-    def start(self, rows_RD, key, plan=None, ranges=False, *, training=False) -> PendingExchange:
+    def start(self, rows_RD, key, plan=None, ranges=False, *, selected=False) -> PendingExchange:
         _, in_counts = self.counts(key)
         shape, value = (sum(in_counts), rows_RD.shape[1]), float(self.epoch)
 

@@ -215,10 +215,10 @@ def _one_sided_worker(rank: int, world_size: int, init_method: str, bits: int):
         plan = BitPlan.uniform(bits, 6, 6, "cpu") if bits != 32 else None
         out = {}
         for name, training, send in (("train", True, sent), ("eval", False, rows)):
-            forward = transport.start(send, ExchangeKey.forward(1), plan, training=training)
+            forward = transport.start(send, ExchangeKey.forward(1), plan, selected=training)
             out[f"{name}_forward"] = forward.wait().numpy()
             grads = torch.ones(len(halo_keep) if training else 6, DIM) * (rank + 1)
-            backward = transport.start(grads, ExchangeKey.backward(1), plan, training=training)
+            backward = transport.start(grads, ExchangeKey.backward(1), plan, selected=training)
             out[f"{name}_backward"] = backward.wait().numpy()
         out["rows"] = rows.numpy()
         return out
@@ -229,9 +229,9 @@ def _one_sided_worker(rank: int, world_size: int, init_method: str, bits: int):
 @pytest.mark.distributed
 @pytest.mark.parametrize("bits", [1, 32])
 def test_a_training_exchange_full_in_one_direction_moves_its_selection(bits, tmp_path):
-    """Whether an exchange trains is said, not inferred from its row count: rank 0 sends
-    its whole send list in training while reading half its halo, and both ranks move the
-    layer's selection; evaluation (``training=False``) moves every row."""
+    """Whether an exchange moves its layer's selection is said, not inferred from its row
+    count: rank 0 sends its whole send list in training while reading half its halo, and
+    both ranks move the layer's selection; evaluation (``selected=False``) every row."""
     results = run_workers(_one_sided_worker, 2, tmp_path, bits)
     partial = [1, 3, 4]
     expected = {

@@ -33,7 +33,7 @@ class _Recorder:
     def waits(self, layer: int) -> bool:
         return self.may_wait
 
-    def start(self, key: ExchangeKey, rows: torch.Tensor):
+    def start(self, key: ExchangeKey, rows: torch.Tensor, selected: bool = False):
         tag = str(key)
         self.events.append(f"start {tag}")
         self.sent[tag] = rows.clone()
