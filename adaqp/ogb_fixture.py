@@ -13,10 +13,11 @@ import sys
 from adaqp.config import ConfigError, load_config
 from adaqp.data.ogb import FIXTURE_MARKER
 from adaqp.data.ogb_fixture import write_ogb_fixture
+from adaqp.helpformat import Parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m adaqp.ogb_fixture",
         description="Load the graph that --config's [data] names (e.g. the products-scale "
         "synthetic graph) and write it in OGB's raw layout under ROOT/<name with _>/, marked "

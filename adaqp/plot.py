@@ -24,6 +24,7 @@ from pathlib import Path
 
 from adaqp.atomic import write_atomic
 from adaqp.deps import extra_fix
+from adaqp.helpformat import Parser
 from adaqp.run.metrics import EpochRecord
 
 FORMATS = (".png", ".pdf", ".svg")
@@ -176,7 +177,7 @@ def draw(runs: list[Run], out: Path) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="adaqp.plot",
         description=__doc__.split("\n\n")[0],
         epilog=f"{EXIT_CODES}. Needs matplotlib: {MATPLOTLIB_FIX}.",

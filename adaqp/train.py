@@ -21,6 +21,7 @@ from pathlib import Path
 
 from adaqp.deps import require
 from adaqp.handoff import CALLER_CWD_ENV, COMMAND_ENV, STATUS_DIR_ENV
+from adaqp.helpformat import Parser
 
 PROG = "python -m adaqp.train"
 
@@ -56,9 +57,10 @@ MODE_HELP = {
 EXIT_CODES = "exit codes: 0 success, 1 a failed run, 2 a usage or config error, 130 interrupted"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> Parser:
+    """The command line: every flag, and the modes and exit codes in ``--help``."""
     modes = "\n".join(f"  {name:<8} {MODE_HELP[name]}" for name in MODES)
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="adaqp.train",
         description=__doc__.split("\n\n")[0],
         epilog=f"modes:\n{modes}\n\n{EXIT_CODES}. Every config key: adaqp/config.py.",
@@ -112,7 +114,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="only check the flags and the config: exit 0, or 2 with the error; starts "
         "nothing (the launcher asks this before it starts any worker)",
     )
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+from pathlib import Path
 
 from adaqp.deps import require
+from adaqp.helpformat import Parser
 
 PROG = "python -m partition"
 
@@ -28,14 +31,15 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line; options left out (None) come from the config, so their help names
     the built-in default."""
     data, part = DataConfig(), PartitionConfig()
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=PROG,
         description="Cut a graph into parts for AdaQP workers and write them to --out, "
         "printing the edge cut, halo rows and central share per part. Options left out "
         "come from --config's [data] and [partition] (or the built-in defaults). An "
         "existing partition at --out is reused if it matches and refused if it does not "
-        "(another number of parts, graph or parameters); --force re-creates it. Exit "
-        "codes: 0 done, 2 bad arguments or a refused partition.",
+        "(another number of parts, graph or parameters); --force re-creates it. Ctrl-C "
+        "(SIGINT) or SIGTERM stops it, removing its scratch files. Exit codes: 0 done, "
+        "2 bad arguments or a refused partition, 130 / 143 stopped by SIGINT / SIGTERM.",
         allow_abbrev=False,  # a prefix is a typo, not the option it starts
     )
     parser.add_argument(
@@ -123,8 +127,26 @@ def main(argv: list[str] | None = None) -> int:
         # ModuleNotFoundError: an optional partitioner (kaminpar) that is not installed.
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: see adaqp.stop.stopping_on_signals
+        return _stopped(str(exc), Path(args.out))
     print(_report(args.out, meta))
     return 0
+
+
+def _stopped(name: str, out: Path) -> int:
+    """Says that the tool stopped and what it left (nothing, unless a removal failed);
+    returns 128 + the signal's number, the shell's convention."""
+    from adaqp.partitioning.scratch import own_leftovers
+
+    if name not in signal.Signals.__members__:  # Python's own Ctrl-C handler names none
+        name = "SIGINT"
+    left = own_leftovers(out.absolute().parent, out)
+    if left:
+        what = f"could not remove {', '.join(map(str, left))}: remove them by hand"
+    else:
+        what = "nothing was left behind (scratch and partly written files removed)"
+    print(f"stopped by {name}; {what}", file=sys.stderr)
+    return 128 + signal.Signals[name].value
 
 
 def _report(out: str, meta: dict) -> str:

@@ -152,7 +152,7 @@ def test_widths_are_listed_alike(key):
 
 
 def test_bad_files(tmp_path):
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(ConfigError, match="missing.toml not found; the configs "):
         load_config(tmp_path / "missing.toml")
     with pytest.raises(ConfigError, match="is not a regular file"):
         load_config(tmp_path)

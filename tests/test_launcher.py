@@ -180,6 +180,19 @@ def test_usage_errors(argv, message):
         parse(argv, NO_ENV)
 
 
+def test_a_set_item_without_equals_is_never_taken_for_the_config():
+    for argv in (["--set", "model.hidden", "128"], [CORA, "--set", "model.hidden", "128"]):
+        with pytest.raises(UsageError, match=r"did you mean --set model\.hidden=128\?$"):
+            parse(argv, NO_ENV)
+
+
+def test_the_train_flags_the_launcher_suggests_are_adaqp_trains():
+    from adaqp.train import build_parser
+
+    train_options = {o for o in build_parser().option_names() if o.startswith("--")}
+    assert train_options - {"--config", "--help"} == launcher_args.TRAIN_FLAGS
+
+
 def test_options_default_to_the_environment_and_flags_win():
     env = {"NPROC": "3", "NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1"}
     spec = parse([CORA, "--master-port", "1234", "--restarts=2", "--debug"], env)
@@ -250,10 +263,12 @@ def test_help_lists_every_option_and_answers_without_torch():
 
 def test_the_launcher_imports_only_the_standard_library():
     """And adaqp.deps (which says what is missing where torch is), adaqp.cores (the
-    workers' share of the cores) and adaqp.handoff (the variables it sets for the
-    workers), themselves stdlib only; once torchrun has ended, adaqp.run.rundir (which
+    workers' share of the cores), adaqp.handoff (the variables it sets for the workers),
+    adaqp.helpformat (the wording of usage errors) and adaqp.typed_toml (of a missing
+    config), themselves stdlib only; once torchrun has ended, adaqp.run.rundir (which
     records a killed run's end), whose import loads no third-party package."""
     stdlib_only = ("adaqp.deps", "adaqp.cores", "adaqp.handoff", "adaqp.memory.limits")
+    stdlib_only += ("adaqp.helpformat", "adaqp.typed_toml")
     once_ended = ("adaqp.run.rundir",)
     for path in [
         *(ROOT / "adaqp" / "launcher").glob("*.py"),
@@ -277,12 +292,18 @@ def test_train_sh_help_and_a_missing_config_stop_before_torchrun(tmp_path):
     proc = subprocess.run(["bash", str(TRAIN_SH), "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.startswith(f"usage: bash {TRAIN_SH} [CONFIG]")
     proc = subprocess.run(
-        ["bash", str(TRAIN_SH), "--epochs", "3", str(tmp_path / "nope.toml")],
+        ["bash", str(TRAIN_SH), "--epochs", "3", "nope.toml"],
         capture_output=True,
         text=True,
+        cwd=tmp_path,  # no configs/ here: the checkout's are listed
     )
     assert proc.returncode == 2
-    assert proc.stderr == f"error: config file {tmp_path / 'nope.toml'} not found\n"
+    names = ", ".join(sorted(p.name for p in (ROOT / "configs").glob("*.toml")))
+    assert proc.stderr == (
+        f"error: config file {tmp_path / 'nope.toml'} not found; the configs in "
+        f"{ROOT / 'configs'}/: {names}\n"
+    )
+    assert "cora-gcn.toml" in names
     assert main(["--nproc", "x", CORA]) == 2
 
 
@@ -536,7 +557,15 @@ def _fake_launch(monkeypatch, tmp_path, mode: str, text: str) -> Path:
         ("--seed x", "argument --seed: invalid int value: 'x'"),
         ("--resume --overwrite", "argument --overwrite: not allowed with argument --resume"),
         ("--bogus", "unrecognized arguments: --bogus"),
-        ("--epoch 5", "unrecognized arguments: --epoch 5"),  # not --epochs
+        ("--epoch 5", "unrecognized arguments: --epoch 5; did you mean --epochs?"),
+        # The workers refuse it; the launcher knows its own option.
+        ("--nprocs 2", "unrecognized arguments: --nprocs 2; did you mean --nproc?"),
+        # Not "config file 128 not found": the launcher took 128 for the config.
+        (
+            "--set model.hidden 128",
+            '--set takes KEY=VALUE: "model.hidden" has no "="; did you mean --set '
+            "model.hidden=128?",
+        ),
         ("--epochs -1", "--epochs (train.epochs): must be at least 1, got -1"),
         ("--mode adaq", "--mode (comm.mode): must be one of vanilla,"),
         ("--set comm.mode=adaq", "comm.mode: must be one of vanilla,"),

@@ -15,11 +15,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from adaqp.config import ConfigError
 from adaqp.run.summary import _hidden
 from adaqp.train import (
     MODE_HELP,
     STATUS_DIR_ENV,
     _report_shared,
+    config_from_args,
     format_bytes,
     main,
     parse_args,
@@ -47,6 +49,15 @@ def test_help_lists_the_modes_and_exit_codes_without_importing_torch():
         assert f"\n  {mode} " in proc.stdout
     assert "130 interrupted" in proc.stdout
     assert time.monotonic() - started < 60
+
+
+def test_a_missing_config_lists_the_configs_here(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(ConfigError) as refused:
+        config_from_args(parse_args(["--config", "configs/cora_gcn.toml"]))
+    message = str(refused.value)
+    assert message.startswith("config file configs/cora_gcn.toml not found; the configs here: ")
+    assert "configs/citeseer-gcn.toml, " in message and "configs/cora-gcn.toml" in message
 
 
 def test_flags_exclude_each_other_as_documented():

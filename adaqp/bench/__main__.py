@@ -17,7 +17,7 @@ from types import ModuleType
 from adaqp.bench import UsageError
 from adaqp.deps import require
 from adaqp.emulate.netns import ClusterError  # no torch: subprocess alone
-from adaqp.helpformat import HelpFormatter
+from adaqp.helpformat import HelpFormatter, Parser
 
 PROG = "python -m adaqp.bench"
 
@@ -62,7 +62,7 @@ def load(name: str) -> ModuleType:
 def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
     """The command line; only the ``chosen`` benchmark's module is imported and its
     options added (the others' subcommands are listed with their summaries only)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=PROG,
         description=DESCRIPTION,
         epilog="python -m adaqp.bench BENCHMARK --help lists a benchmark's options.",

@@ -31,6 +31,7 @@ from adaqp.bench import SIGNAL_CONFIG
 from adaqp.bench.cluster import read_run
 from adaqp.emulate import Budget, EmulatedCluster, host_links
 from adaqp.emulate.cgroups import CFS_PERIOD_US, CgroupTree, HostGroup, find_cgroups
+from adaqp.helpformat import Parser
 
 CPUSET_ROOT = Path("/sys/fs/cgroup/cpuset")
 """Where cgroup v1 mounts the cpuset controller (the groups go under this process's own)."""
@@ -120,7 +121,7 @@ def run_arm(arm: str, args: argparse.Namespace, repeat: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m adaqp.bench.quota_check", description=__doc__)
+    parser = Parser(prog="python -m adaqp.bench.quota_check", description=__doc__)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each arm")
     parser.add_argument("--epochs", type=int, default=30, help="epochs per run")
     parser.add_argument("--mode", default="vanilla", help="training mode of every run")

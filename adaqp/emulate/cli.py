@@ -8,7 +8,9 @@ stopped the run (the hosts are torn down in every case).
 Each job's logs go to a folder of their own, as runs do: by default the first of
 ``results/runs/cluster-logs``, ``-v2``, ``-v3``, ... that does not exist yet
 (``log_dir_for``); a ``--log-dir`` that holds an earlier job's ``cluster.json`` is refused
-unless ``--overwrite`` is given.
+unless ``--overwrite`` is given. A refused job (bad arguments, a memory estimate over a
+host's budget, budgets the machine cannot enforce) writes nothing: the folder is made, and
+an earlier job's logs removed, only once the hosts are about to start.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from adaqp.emulate.cgroups import (
 from adaqp.emulate.cluster import EmulatedCluster
 from adaqp.emulate.links import host_links
 from adaqp.emulate.netns import ClusterError
-from adaqp.helpformat import HelpFormatter
+from adaqp.helpformat import HelpFormatter, Parser
 from adaqp.run.placement import newest_version, versioned
 
 logger = logging.getLogger(__name__)
@@ -49,7 +51,7 @@ def _raise_on_sigterm(signum, frame):
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line before ``--`` (what follows goes to ``adaqp.train``)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m adaqp.cluster",
         usage="%(prog)s [options] -- [adaqp.train arguments]",
         description=textwrap.fill(
@@ -158,8 +160,22 @@ def _memory_refusal(args: argparse.Namespace, budgets: list[Budget], train_args:
     return refusal(config, train_args, args.hosts * k, hosts)
 
 
+def check_log_dir(given: Path | None, overwrite: bool = False) -> None:
+    """Refuses a ``--log-dir`` that ``log_dir_for`` would refuse, touching nothing.
+
+    Raises:
+        ValueError: ``given`` holds an earlier job's logs and ``overwrite`` is False.
+    """
+    if given is not None and not overwrite and (given / "cluster.json").exists():
+        raise ValueError(
+            f"--log-dir {given} holds an earlier job's logs (cluster.json): name another "
+            "folder, leave --log-dir out for a fresh one, or add --overwrite"
+        )
+
+
 def log_dir_for(given: Path | None, overwrite: bool = False) -> Path:
-    """The folder this job's logs go to, made here.
+    """The folder this job's logs go to, made here (once the job is about to start: a
+    refused job leaves no folder behind).
 
     ``given`` (``--log-dir``) as it is, unless it holds an earlier job's ``cluster.json``;
     else the first of ``DEFAULT_LOG_DIR``, ``-v2``, ... that does not exist yet, claimed by
@@ -178,12 +194,8 @@ def log_dir_for(given: Path | None, overwrite: bool = False) -> Path:
                 continue
             return path
     path = given if given is not None else newest_version(DEFAULT_LOG_DIR)
-    if (path / "cluster.json").exists():
-        if not overwrite:
-            raise ValueError(
-                f"--log-dir {path} holds an earlier job's logs (cluster.json): name another "
-                "folder, leave --log-dir out for a fresh one, or add --overwrite"
-            )
+    check_log_dir(path, overwrite)
+    if (path / "cluster.json").exists():  # and overwrite: the check let it through
         for old in [path / "cluster.json", *path.glob("host*.log")]:
             old.unlink(missing_ok=True)
     path.mkdir(parents=True, exist_ok=True)
@@ -246,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         try:
-            log_dir = log_dir_for(args.log_dir, args.overwrite)
+            check_log_dir(args.log_dir, args.overwrite)
         except ValueError as exc:
             logger.error("%s", exc)
             return 2
@@ -258,6 +270,11 @@ def main(argv: list[str] | None = None) -> int:
         cluster = EmulatedCluster(
             args.hosts, links[0], links=links, budgets=budgets, cgroups=cgroups
         )
+        try:  # only now: a job refused above leaves no folder (nor removes old logs)
+            log_dir = log_dir_for(args.log_dir, args.overwrite)
+        except ValueError as exc:  # another job wrote its logs there since the check
+            logger.error("%s", exc)
+            return 2
         logger.info("this job's logs go to %s/ (rank 0's output: host0.log)", log_dir)
         with cluster:
             cluster.launch(args.procs_per_host, train_args, log_dir, args.timeout)

@@ -24,8 +24,20 @@ import shlex
 import sys
 from pathlib import Path
 
-from adaqp.launcher.args import DEFAULT_CONFIG, HELP, MODES, Launch, UsageError, parse
+from adaqp.handoff import CALLER_CWD_ENV
+from adaqp.helpformat import UNRECOGNIZED, did_you_mean
+from adaqp.launcher.args import (
+    DEFAULT_CONFIG,
+    HELP,
+    LAUNCHER_FLAGS,
+    MODES,
+    TRAIN_FLAGS,
+    Launch,
+    UsageError,
+    parse,
+)
 from adaqp.launcher.run import launch, memory_refused, refused
+from adaqp.typed_toml import missing_config
 
 __all__ = ["Launch", "UsageError", "entry", "launch", "main", "parse"]
 
@@ -46,9 +58,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m adaqp.launcher") 
             )
             return 0
         if not Path(spec.config).is_file():
-            what = "is not a file" if Path(spec.config).exists() else "not found"
-            raise UsageError(f"config file {spec.config} {what}")
-        problem = refused(spec) or (memory_refused(spec) if spec.memory_check else None)
+            # The configs the user could have meant, from the folder they typed it in.
+            typed_in = os.environ.get(CALLER_CWD_ENV)
+            raise UsageError(missing_config(spec.config, Path(typed_in) if typed_in else None))
+        problem = _with_suggestion(refused(spec))
+        problem = problem or (memory_refused(spec) if spec.memory_check else None)
         if problem is not None:
             raise UsageError(problem)
     except UsageError as exc:
@@ -58,6 +72,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m adaqp.launcher") 
         print("interrupted before any worker started", file=sys.stderr)
         return 130
     return launch(spec, shlex.join([*words, *argv]))
+
+
+def _with_suggestion(problem: str | None) -> str | None:
+    """adaqp.train's refusal of options it does not know, with the closest among the
+    launcher's options too (the workers know only their own: ``--nprocs`` is the
+    launcher's ``--nproc``)."""
+    if problem is None or not problem.startswith(UNRECOGNIZED):
+        return problem
+    words = problem.partition("; did you mean ")[0]
+    return words + did_you_mean(words[len(UNRECOGNIZED) :].split(), LAUNCHER_FLAGS | TRAIN_FLAGS)
 
 
 def entry() -> None:

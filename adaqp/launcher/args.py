@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from adaqp.handoff import CALLER_CWD_ENV
+from adaqp.helpformat import set_item_problem
 
 DEFAULT_CONFIG = "configs/cora-gcn.toml"
 # adaqp.config's modes (this module imports no torch).
@@ -24,6 +25,10 @@ OPTIONS = {
 }
 ALIASES = {"--nproc-per-node": "--nproc"}
 TRAIN_VALUE_FLAGS = {"--mode", "--epochs", "--seed", "--out", "--set"}
+TRAIN_FLAGS = TRAIN_VALUE_FLAGS | {"--overwrite", "--resume", "--debug", "--check"}
+"""adaqp.train's options besides --config and --help (suggested for a mistyped option)."""
+LAUNCHER_FLAGS = {*OPTIONS, *ALIASES, "--config", "--debug", "--no-memory-check", "--help"}
+"""The launcher's own options."""
 PATH_KEYS = ("data.root", "data.path", "partition.dir", "checkpoint.dir", "metrics.out")
 """Config keys that name a file or folder: given with --set, relative to the user's folder."""
 
@@ -153,6 +158,9 @@ def default_config() -> str:
 def parse(argv: list[str], environ: dict[str, str] | None = None) -> Launch:
     """The launch ``argv`` and ``environ`` describe; raises ``UsageError``."""
     environ = os.environ if environ is None else environ
+    problem = set_item_problem(argv)  # else the item's value would be taken for the config
+    if problem is not None:
+        raise UsageError(problem)
     values = {name: environ.get(env) or default for name, env, default in OPTIONS.values()}
     sources = {name: env for name, env, _ in OPTIONS.values()}
     config: str | None = None

@@ -6,18 +6,21 @@ import argparse
 import json
 import sys
 
+from adaqp.helpformat import Parser
+
 PROG = "python -m adaqp.memory"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=PROG,
         description="Predict each training worker's peak resident memory for a config and a "
         "number of workers, before anything starts: from the run's partition where it exists, "
         "else from the graph's sizes. Prints one line per worker and the largest, or with "
         "--json an object with peak_memory_bytes (the largest worker's) and "
-        "peak_memory_bytes_per_worker. Exit codes: 0 done, 2 bad arguments or a config, "
-        "partition or dataset that cannot be read.",
+        "peak_memory_bytes_per_worker, and lower_bound (true where the model keeps what "
+        "the estimate does not count: GAT) with its note. Exit codes: 0 done, 2 bad "
+        "arguments or a config, partition or dataset that cannot be read.",
         allow_abbrev=False,
     )
     parser.add_argument("--config", required=True, help="TOML config of the run (required)")

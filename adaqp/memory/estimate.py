@@ -29,7 +29,8 @@ C classes, hidden width D, L layers:
 
 The terms are the code's tensors; ``RUNTIME_BYTES`` is the only figure fitted, and the
 reading (docs/memory.md) compares the sum with measured peaks. GAT's attention keeps
-per-edge tensors that are not modelled: its prediction is a lower bound. The activations
+per-edge tensors that are not modelled: its prediction is a lower bound, and says so
+(``Prediction.note``, ``lower_bound`` in the JSON). The activations
 are counted for every inner row, as ``train.compute_rows = "all"`` computes them; the
 default computes fewer (``adaqp/graph/loss_rows.py``, how many depends on the graph, which
 this prediction does not load), so there it bounds them from above.
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 
 from adaqp.config import Config
 from adaqp.config.modes import STALE_MODES
-from adaqp.memory.shapes import Shapes, WorkerShape, worker_shapes
+from adaqp.memory.shapes import Shapes, WorkerShape, counted, worker_shapes
 
 RUNTIME_BYTES = 520 * 2**20
 """A worker's resident set before its part's arrays and the activations: Python, torch,
@@ -50,6 +51,12 @@ less the tensors held (results/bench/memory/training/)."""
 
 ADJACENCY_BLOCKS = 1.0
 """The column split's inner and halo blocks, as a multiple of the adjacency's bytes."""
+
+LOWER_BOUND_MODELS = {
+    "gat": "GAT's attention keeps per-edge tensors that the estimate does not count: its "
+    "peak is a lower bound (docs/memory.md)",
+}
+"""Models whose prediction is a lower bound, and why (said with the prediction)."""
 
 
 @dataclass(frozen=True)
@@ -73,10 +80,18 @@ class Prediction:
     model: str
     workers: list[WorkerEstimate]
     source: str
+    note: str = ""
+    """Why the prediction is only a lower bound (``LOWER_BOUND_MODELS``); empty where it
+    is not."""
 
     @property
     def peak_memory_bytes(self) -> int:
         return max(w.peak_memory_bytes for w in self.workers)
+
+    @property
+    def lower_bound(self) -> bool:
+        """Whether the real peak may lie above the prediction (see ``note``)."""
+        return bool(self.note)
 
     def host_bytes(self, ranks: range) -> int:
         """What the workers ``ranks`` (one host's) need together."""
@@ -90,6 +105,8 @@ class Prediction:
             "model": self.model,
             "source": self.source,
             "peak_memory_bytes": self.peak_memory_bytes,
+            "lower_bound": self.lower_bound,
+            "note": self.note or None,
             "peak_memory_bytes_per_worker": [w.peak_memory_bytes for w in self.workers],
             "terms_per_worker": [w.terms for w in self.workers],
             "shape_per_worker": [
@@ -105,17 +122,20 @@ class Prediction:
 
     def text(self) -> str:
         lines = [
-            f"{self.config_path}: {len(self.workers)} worker(s), {self.mode}, {self.model}; "
-            f"from {self.source}"
+            f"{self.config_path}: {counted(len(self.workers), 'worker')}, {self.mode}, "
+            f"{self.model}; from {self.source}"
         ]
         for w in self.workers:
             parts = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in w.terms.items() if v)
             lines.append(
                 f"  rank {w.shape.rank}: {w.shape.num_inner} inner, {w.shape.num_halo} halo, "
-                f"{w.shape.num_edges} edges: peak {w.peak_memory_bytes / 2**30:.2f} GiB "
-                f"({parts})"
+                f"{counted(w.shape.num_edges, 'edge')}: peak "
+                f"{w.peak_memory_bytes / 2**30:.2f} GiB ({parts})"
             )
-        lines.append(f"largest worker: {self.peak_memory_bytes / 2**30:.2f} GiB")
+        at_least = "at least " if self.lower_bound else ""
+        lines.append(f"largest worker: {at_least}{self.peak_memory_bytes / 2**30:.2f} GiB")
+        if self.note:
+            lines.append(f"note: {self.note}")
         return "\n".join(lines)
 
 
@@ -126,7 +146,8 @@ def predict(
     shapes: Shapes = worker_shapes(config, world_size, halo_per_inner)
     model = f"{config.model.name} {config.model.layers} x {config.model.hidden}"
     workers = [WorkerEstimate(s, worker_terms(s, config)) for s in shapes.workers]
-    return Prediction(config_path, config.comm.mode, model, workers, shapes.source)
+    note = LOWER_BOUND_MODELS.get(config.model.name, "")
+    return Prediction(config_path, config.comm.mode, model, workers, shapes.source, note)
 
 
 def _widths(config: Config, shape: WorkerShape) -> list[int]:

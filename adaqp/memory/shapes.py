@@ -29,6 +29,13 @@ DEFAULT_HALO_PER_INNER = 1.0
 """Halo rows per inner row assumed without a partition."""
 
 
+def counted(count: float, noun: str) -> str:
+    """``count`` and ``noun``, plural unless the count is one: "1 halo row", "0.5 halo
+    rows", "2 workers" (a float as its shortest form, an integer whole)."""
+    shown = f"{count:g}" if isinstance(count, float) else str(count)
+    return f"{shown} {noun}{'' if count == 1 else 's'}"
+
+
 @dataclass(frozen=True)
 class GraphSizes:
     """N nodes, E directed edges (each undirected edge twice), F features, C classes."""
@@ -134,7 +141,8 @@ def worker_shapes(config: Config, world_size: int, halo_per_inner: float | None 
         parts = meta["parts"]
         if len(parts) != world_size:
             raise PartitionError(
-                f"partition {where} has {len(parts)} parts, not {world_size} (one per worker)"
+                f"partition {where} has {counted(len(parts), 'part')}, not {world_size} "
+                "(one per worker)"
             )
         d = meta["dataset"]
         sizes = GraphSizes(
@@ -166,7 +174,8 @@ def worker_shapes(config: Config, world_size: int, halo_per_inner: float | None 
         WorkerShape(r, world_size, inner, halo, edges, halo, train, sizes)
         for r in range(world_size)
     ]
-    how = f"graph sizes (no partition at {where}; {ratio:g} halo rows per inner row assumed)"
+    assumed = f"{counted(float(ratio), 'halo row')} per inner row assumed"
+    how = f"graph sizes (no partition at {where}; {assumed})"
     return Shapes(workers, how)
 
 

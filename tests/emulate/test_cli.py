@@ -86,7 +86,8 @@ def test_cli_rejects_a_wrong_count_before_touching_anything(capsys):
     assert "bandwidth has 2 values for 4 hosts" in capsys.readouterr().err
 
 
-def test_cli_refuses_a_budget_the_machine_cannot_enforce(monkeypatch, caplog):
+def _no_cgroups(monkeypatch) -> None:
+    """As root on a machine without the control groups that host budgets need."""
     from adaqp.emulate import cgroups
 
     def missing():
@@ -94,6 +95,11 @@ def test_cli_refuses_a_budget_the_machine_cannot_enforce(monkeypatch, caplog):
 
     monkeypatch.setattr(cgroups, "find_cgroups", missing)
     monkeypatch.setattr("adaqp.emulate.cli.os.geteuid", lambda: 0)
+
+
+def test_cli_refuses_a_budget_the_machine_cannot_enforce(tmp_path, monkeypatch, caplog):
+    _no_cgroups(monkeypatch)
+    monkeypatch.chdir(tmp_path)  # where the default log folder would go
     # The memory estimate would refuse 200m first: this test is about the control groups.
     argv = ["--hosts", "2", "--memory-per-host", "200m", "--no-memory-check"]
     code = _main([*argv, "--", "--epochs", "1"])
@@ -102,6 +108,24 @@ def test_cli_refuses_a_budget_the_machine_cannot_enforce(monkeypatch, caplog):
     assert errors == [
         "cannot enforce the per-host budgets: this machine mounts no cpu and memory control groups"
     ]
+    # No empty results/runs/cluster-logs, which would send the next job to -v2.
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_job_makes_no_log_folder_and_keeps_the_earlier_logs(tmp_path, monkeypatch):
+    _no_cgroups(monkeypatch)
+    budget = ["--hosts", "2", "--memory-per-host", "200m", "--no-memory-check"]
+    fresh = tmp_path / "fresh"
+    assert _main([*budget, "--log-dir", str(fresh), "--", "--epochs", "1"]) == 2
+    assert not fresh.exists()
+    # --overwrite removes an earlier job's logs only once this job starts.
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "cluster.json").write_text("{}")
+    (earlier / "host0.log").write_text("host 0\n")
+    overwrite = [*budget, "--log-dir", str(earlier), "--overwrite"]
+    assert _main([*overwrite, "--", "--epochs", "1"]) == 2
+    assert sorted(p.name for p in earlier.iterdir()) == ["cluster.json", "host0.log"]
 
 
 @needs_root

@@ -63,7 +63,9 @@ def test_without_a_partition_the_graph_sizes_are_used(tmp_path) -> None:
 
 def test_bad_arguments_exit_2(capsys) -> None:
     assert memory_main(["--config", "nope.toml", "--nproc", "2"]) == 2
-    assert "error:" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("error: config file nope.toml not found; the configs here: "), err
+    assert "configs/cora-gcn.toml" in err
     with pytest.raises(SystemExit) as stop:
         memory_main(["--config", CONFIG, "--nproc", "0"])
     assert stop.value.code == 2
@@ -113,3 +115,36 @@ def test_the_emulated_cluster_refuses_before_starting_anything(cora_parts, caplo
     args += ["--set", f"partition.dir={cora_parts}"]
     assert cluster_main(args) == 2
     assert "host 0 needs" in caplog.text and "(--memory-per-host)" in caplog.text
+
+
+def test_gat_says_its_prediction_is_a_lower_bound(tmp_path, capsys) -> None:
+    """docs/memory.md: GAT's per-edge attention tensors are not counted; the output says so
+    (its fields unchanged), and GCN's says nothing of it."""
+    no_parts = ["--set", f"partition.dir={tmp_path / 'none'}"]
+    gat = ["--config", "configs/cora-gat.toml", "--nproc", "2", *no_parts]
+    assert memory_main([*gat, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["lower_bound"] is True and "lower bound" in out["note"]
+    assert out["peak_memory_bytes"] == max(out["peak_memory_bytes_per_worker"])
+    assert memory_main(gat) == 0
+    text = capsys.readouterr().out
+    assert f"largest worker: at least {out['peak_memory_bytes'] / 2**30:.2f} GiB" in text
+    assert f"note: {out['note']}" in text
+    gcn = ["--config", CONFIG, "--nproc", "2", *no_parts]
+    assert memory_main([*gcn, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["lower_bound"], out["note"]) == (False, None)
+    assert memory_main(gcn) == 0
+    assert "at least" not in capsys.readouterr().out
+
+
+def test_counts_of_one_are_singular(tmp_path, capsys) -> None:
+    args = ["--config", CONFIG, "--set", f"partition.dir={tmp_path / 'none'}"]
+    assert memory_main([*args, "--nproc", "2", "--halo-per-inner", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "; 1 halo row per inner row assumed)" in out and ": 2 workers, " in out
+    assert memory_main([*args, "--nproc", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "; 0 halo rows per inner row assumed)" in out and ": 1 worker, " in out
+    assert memory_main([*args, "--nproc", "2", "--halo-per-inner", "0.5"]) == 0
+    assert "; 0.5 halo rows per inner row assumed)" in capsys.readouterr().out
