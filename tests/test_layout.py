@@ -4,6 +4,7 @@ no module reaching into another's private names."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -224,6 +225,29 @@ def test_layers_do_not_pull_in_the_solver_and_nothing_imports_the_partition_tool
     for path in (ROOT / "adaqp").rglob("*.py"):
         imported = _imports(path, "adaqp.x", False)
         assert not {m for m in imported if m == "partition" or m.startswith("partition.")}, path
+
+
+CITED_TEST = re.compile(r"\btests/[\w/]+\.py\b")
+"""A test file named in a docstring or a doc (``tests/run/test_trainer.py``)."""
+
+
+def _cited_tests(text: str) -> set[str]:
+    return set(CITED_TEST.findall(text))
+
+
+def test_every_test_file_the_code_and_docs_cite_exists():
+    """A module or a doc that says which test holds it to its word names a file that is
+    there (``adaqp/graph/loss_rows.py`` once cited one that was never written)."""
+    sources = [*(ROOT / "adaqp").rglob("*.py"), *(ROOT / "partition").rglob("*.py")]
+    sources += [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+    missing = sorted(
+        f"{path.relative_to(ROOT)}: {cited}"
+        for path in sources
+        for cited in _cited_tests(path.read_text())
+        if not (ROOT / cited).exists()
+    )
+    assert not missing, missing
+    assert _cited_tests("held by tests/run/test_nowhere.py.") == {"tests/run/test_nowhere.py"}
 
 
 def test_the_checker_finds_a_cycle_an_upward_import_and_a_private_import(tmp_path):

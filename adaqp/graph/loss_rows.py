@@ -16,9 +16,11 @@ order and its input rows the previous layer's prefix: the model runs unchanged, 
 layer on fewer rows, and the dropout masks, keyed by global ids, stay the same.
 
 A layer's exchange moves only the halo rows its rows read: per layer, a subset of the
-partition's send list (``send_keep``) and of the halo (``halo_keep``), each a prefix of
-every peer's segment in the partition's order, so the two sides agree without a word
-(``HaloTransport.select``). Evaluation still computes every row.
+partition's send list (``send_keep``) and of the halo (``halo_keep``), ascending positions
+in the partition's order, not in general a prefix of a peer's segment. The two sides
+agree because the sender's subset is the receiver's, told with the layer's flag exchange
+at start-up (``layer_rows``; ``HaloTransport.select``), and a layer says when its
+exchange moves it (``selected``): evaluation computes and moves every row.
 
 Shapes: I inner rows, H halo rows, S rows sent, O a layer's output rows.
 """
