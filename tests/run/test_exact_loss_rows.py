@@ -7,8 +7,9 @@ A property test over the shapes that make a rank's exchange full in one directio
 the shipped configs never reach: P = 2, 4 and 8; 2 to 4 layers; 1%, 10% and 60% of the
 nodes training, and a split where one part holds no training node; the layer-0 halo
 cache on and off; GCN, GraphSAGE and GAT. Every (model, layers, cache) combination runs
-at every P (the layers and cache cycle with the split), in every mode that exchanges,
-with dropout on. One spawn of the workers per P runs all of its cases.
+at every P (the layers and cache cycle with the split), with dropout on, in Vanilla and
+in one other mode that exchanges (``adaqp-p``, ``adaqp``, ``onebit`` in turn: each model
+meets each at every P). One spawn of the workers per P runs all of its cases.
 """
 
 from __future__ import annotations
@@ -51,18 +52,22 @@ last bit, and where that moves a value across a rounding threshold it lands a wh
 bits), against none at 2 and 8 bits on the same case."""
 
 
-def _cases(world_size: int) -> list[tuple[str, str, str, int, bool]]:
-    """(case name, split, model, layers, cache) of ``world_size``: with s = the split's
-    index plus that of ``world_size``, layers ``LAYERS[s % 3]`` and the cache on for
-    even ``s + model index``: over the six values of s each model meets every (layers,
-    cache) pair once, and every P meets each split."""
+def _cases(world_size: int) -> list[tuple[str, str, str, int, bool, tuple[str, str]]]:
+    """(case name, split, model, layers, cache, modes) of ``world_size``: with s = the
+    split's index plus that of ``world_size``, layers ``LAYERS[s % 3]`` and the cache on
+    for even ``s + model index``: over the six values of s each model meets every (layers,
+    cache) pair once, and every P meets each split. Vanilla runs every case, the other
+    modes in turn (by ``s + model index``: the four splits give each model all three)."""
     w = WORLD_SIZES.index(world_size) if world_size in WORLD_SIZES else 0
+    others = [mode for mode in MODE_OVERRIDES if mode != "vanilla"]
     cases = []
     for f, split in enumerate(SPLITS):
         for m, model in enumerate(MODELS):
             s = f + w
             layers, cache = LAYERS[s % 3], (s + m) % 2 == 0
-            cases.append((f"{split}-{model}-l{layers}-c{int(cache)}", split, model, layers, cache))
+            modes = ("vanilla", others[(s + m) % len(others)])
+            name = f"{split}-{model}-l{layers}-c{int(cache)}"
+            cases.append((name, split, model, layers, cache, modes))
     return cases
 
 
@@ -140,8 +145,8 @@ def cora():
 def test_only_the_loss_rows_train_exactly_on_any_split(world_size, cora, tmp_path):
     dirs = _partitions(cora, world_size, tmp_path)
     runs = []
-    for case, split, model, layers, cache in _cases(world_size):
-        for mode in MODE_OVERRIDES:
+    for case, split, model, layers, cache, modes in _cases(world_size):
+        for mode in modes:
             for rows in ("loss", "all"):
                 overrides = _overrides(mode, cache, rows)
                 runs.append((f"{case}-{mode}-{rows}", dirs[split], model, layers, overrides))
@@ -152,12 +157,12 @@ def test_only_the_loss_rows_train_exactly_on_any_split(world_size, cora, tmp_pat
         tmp_path / "one",
         [
             (case, dirs[f"{split}/1"], model, layers, _overrides("vanilla", cache, "all"))
-            for case, split, model, layers, cache in _cases(world_size)
+            for case, split, model, layers, cache, _ in _cases(world_size)
         ],
         timeout=600.0,
     )[0]
-    for case, *_ in _cases(world_size):
-        for mode in MODE_OVERRIDES:
+    for case, *_, modes in _cases(world_size):
+        for mode in modes:
             loss, whole = results[0][f"{case}-{mode}-loss"], results[0][f"{case}-{mode}-all"]
             rtol = 1e-5 if mode in EXACT else QUANTIZED_RTOL
             np.testing.assert_allclose(loss, whole, rtol=rtol, err_msg=f"{case} {mode}")
