@@ -10,10 +10,10 @@ import argparse
 import logging
 import sys
 
+from adaqp.cli.parser import Parser
 from adaqp.config import ConfigError, load_config
 from adaqp.data.ogb import FIXTURE_MARKER
 from adaqp.data.ogb_fixture import write_ogb_fixture
-from adaqp.helpformat import Parser
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,9 +22,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from adaqp.atomic import write_atomic
-from adaqp.deps import extra_fix
-from adaqp.helpformat import Parser
+from adaqp.cli.deps import extra_fix
+from adaqp.cli.parser import Parser
+from adaqp.process.atomic import write_atomic
 from adaqp.run.metrics import EpochRecord
 
 FORMATS = (".png", ".pdf", ".svg")

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from adaqp.config import CommConfig
-from adaqp.cores import usable_cores
+from adaqp.process.cores import usable_cores
 
 logger = logging.getLogger(__name__)
 

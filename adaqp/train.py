@@ -19,9 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from adaqp.deps import require
-from adaqp.handoff import CALLER_CWD_ENV, COMMAND_ENV, STATUS_DIR_ENV
-from adaqp.helpformat import Parser
+from adaqp.cli.deps import require
+from adaqp.cli.handoff import CALLER_CWD_ENV, COMMAND_ENV, STATUS_DIR_ENV
+from adaqp.cli.parser import Parser
 
 PROG = "python -m adaqp.train"
 
@@ -37,9 +37,9 @@ try:
 except ModuleNotFoundError:  # numpy, which the config's dataset defaults import
     require(PROG)
     raise
-from adaqp.bits import bits_text  # noqa: E402 - after the check above
+from adaqp.process.stop import request_stop, stop_requested  # noqa: E402 - after the check above
+from adaqp.quant.bits import bits_text  # noqa: E402 - after the check above
 from adaqp.run.placement import Placement  # noqa: E402 - after the check above
-from adaqp.stop import request_stop, stop_requested  # noqa: E402 - after the check above
 
 logger = logging.getLogger("adaqp.train")
 

@@ -8,8 +8,8 @@ import signal
 import sys
 from pathlib import Path
 
-from adaqp.deps import require
-from adaqp.helpformat import Parser
+from adaqp.cli.deps import require
+from adaqp.cli.parser import Parser
 
 PROG = "python -m partition"
 
@@ -127,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         # ModuleNotFoundError: an optional partitioner (kaminpar) that is not installed.
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: see adaqp.stop.stopping_on_signals
+    except (
+        KeyboardInterrupt
+    ) as exc:  # Ctrl-C or SIGTERM: see adaqp.process.stop.stopping_on_signals
         return _stopped(str(exc), Path(args.out))
     print(_report(args.out, meta))
     return 0

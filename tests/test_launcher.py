@@ -262,13 +262,13 @@ def test_help_lists_every_option_and_answers_without_torch():
 
 
 def test_the_launcher_imports_only_the_standard_library():
-    """And adaqp.deps (which says what is missing where torch is), adaqp.cores (the
-    workers' share of the cores), adaqp.handoff (the variables it sets for the workers),
-    adaqp.helpformat (the wording of usage errors) and adaqp.typed_toml (of a missing
-    config), themselves stdlib only; once torchrun has ended, adaqp.run.rundir (which
-    records a killed run's end), whose import loads no third-party package."""
-    stdlib_only = ("adaqp.deps", "adaqp.cores", "adaqp.handoff", "adaqp.memory.limits")
-    stdlib_only += ("adaqp.helpformat", "adaqp.typed_toml")
+    """And adaqp.cli (deps: what is missing where torch is; handoff: the variables it sets
+    for the workers; parser: the wording of usage errors; configs: of a missing config),
+    adaqp.process.cores (the workers' share of the cores) and adaqp.memory.limits,
+    themselves stdlib only; once torchrun has ended, adaqp.run.rundir (which records a
+    killed run's end), whose import loads no third-party package."""
+    stdlib_only = ("adaqp.cli.deps", "adaqp.cli.handoff", "adaqp.cli.parser", "adaqp.cli.configs")
+    stdlib_only += ("adaqp.process.cores", "adaqp.memory.limits")
     once_ended = ("adaqp.run.rundir",)
     for path in [
         *(ROOT / "adaqp" / "launcher").glob("*.py"),

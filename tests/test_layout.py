@@ -14,7 +14,9 @@ MAX_LINES = 450
 # Packages (and top-level modules) from the entry point down; each may import only those
 # after it in this order. ``bench`` drives the others from outside the training path, the
 # emulated cluster (``emulate``, run as ``adaqp.cluster``) among them; ``plot`` reads what
-# runs wrote.
+# runs wrote. ``quant.bits`` (the widths, which the config reads), ``process`` (what a
+# process has of its machine) and ``cli`` (what every command shares) are standard library
+# only, below every stage. A module belongs to the most specific entry that names it.
 LAYERS = [
     "adaqp.cluster",
     "adaqp.launcher",
@@ -34,15 +36,9 @@ LAYERS = [
     "adaqp.quant",
     "adaqp.config",
     "adaqp.data",
-    "adaqp.atomic",
-    "adaqp.stages",
-    "adaqp.stop",
-    "adaqp.cores",
-    "adaqp.typed_toml",
-    "adaqp.bits",
-    "adaqp.handoff",
-    "adaqp.helpformat",
-    "adaqp.deps",
+    "adaqp.quant.bits",
+    "adaqp.process",
+    "adaqp.cli",
 ]
 
 
@@ -142,8 +138,8 @@ def _private_imports(root: Path = ROOT) -> dict[str, set[tuple[str, str]]]:
 def _layer(module: str) -> str | None:
     if module == "adaqp":  # the package's own __init__: a docstring and a version
         return LAYERS[0]
-    matches = (layer for layer in LAYERS if module == layer or module.startswith(layer + "."))
-    return next(matches, None)
+    matches = [layer for layer in LAYERS if module == layer or module.startswith(layer + ".")]
+    return max(matches, key=len, default=None)
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from adaqp import deps
+from adaqp.cli import deps
 from adaqp.plot import main, read_runs
 from adaqp.run.metrics import EpochRecord
 

@@ -193,8 +193,8 @@ def test_a_collective_broken_by_a_stopping_peer_is_part_of_the_stop(tmp_path, mo
     """Ctrl-C reaches every rank; one blocked in an exchange sees it fail (its peer has
     stopped) before its own KeyboardInterrupt: exit 130 and rank 0's resume hint, no
     "error:" line. Without the signal the same error is a failure (exit 1, printed)."""
-    from adaqp import stop
     from adaqp.exchange.transport import ExchangeError
+    from adaqp.process import stop
     from adaqp.run import job
 
     broken = "rank 0: halo exchange layer1/forward at epoch 9 failed: Connection closed by peer"
@@ -297,7 +297,7 @@ def test_a_shared_error_waits_for_rank_0_to_say_it_under_plain_torchrun(monkeypa
     a rank that exited at once let torchrun stop rank 0 before it printed anything."""
     monkeypatch.delenv(STATUS_DIR_ENV, raising=False)
 
-    def stop(signum, frame):  # what torchrun's SIGTERM does to a worker (adaqp.stop)
+    def stop(signum, frame):  # what torchrun's SIGTERM does to a worker (adaqp.process.stop)
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, stop)

@@ -28,7 +28,7 @@ profiling is collective. Where each piece lives:
 * :mod:`~adaqp.assign.calibrate`: fitting the cost model's figures to measured
   exchange times (:func:`fit_calibration`).
 
-Bit widths themselves are defined once, in :mod:`adaqp.bits`.
+Bit widths themselves are defined once, in :mod:`adaqp.quant.bits`.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from adaqp.assign.solve import (
     solve_exchange,
     uniform_assignment,
 )
-from adaqp.bits import FULL_PRECISION_BITS
+from adaqp.quant.bits import FULL_PRECISION_BITS
 
 __all__ = [
     "CALIBRATION_PLANS",

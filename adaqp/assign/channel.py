@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adaqp.bits import FULL_PRECISION_BITS, SUPPORTED_BITS
-from adaqp.quant import message_bytes
+from adaqp.quant.bits import FULL_PRECISION_BITS, SUPPORTED_BITS
+from adaqp.quant.pack import message_bytes
 
 
 @dataclass(frozen=True, eq=False)

@@ -52,7 +52,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from adaqp.assign.channel import Channel, row_bytes_table
-from adaqp.bits import BIT_WIDTHS, FULL_PRECISION_BITS, SUPPORTED_BITS
+from adaqp.quant.bits import BIT_WIDTHS, FULL_PRECISION_BITS, SUPPORTED_BITS
 
 
 @dataclass(frozen=True, eq=False)

@@ -37,7 +37,7 @@ from adaqp.assign.costmodels import CostModel, HostModel, LinkModel
 from adaqp.assign.host import host_brute, host_greedy, host_milp, host_polish
 from adaqp.assign.link import link_brute, link_greedy, link_milp, link_polish
 from adaqp.assign.problem import HostProblem, LinkProblem
-from adaqp.bits import FULL_PRECISION_BITS
+from adaqp.quant.bits import FULL_PRECISION_BITS
 
 if TYPE_CHECKING:
     from adaqp.config import QuantConfig

@@ -9,7 +9,7 @@ exchange's overlap window (the local work that runs while it is in flight), the 
 choose, in this order of priority:
 
 1. ``V <= budget * V_u``, where ``V_u`` is the variance of the *reference* plan, every
-   message at the uniform width ``u`` the run would otherwise send (``adaqp.bits``,
+   message at the uniform width ``u`` the run would otherwise send (``adaqp.quant.bits``,
    ``uniform_bits``, or ``quant.bits``), and ``budget`` is ``quant.variance_budget`` (1 by
    default). Where no plan meets it (a budget below what the widest width gives), the
    least ``V``;
@@ -47,7 +47,7 @@ import numpy as np
 
 from adaqp.assign.channel import Channel, row_bytes_table
 from adaqp.assign.costmodels import CostModel, HostModel, LinkModel
-from adaqp.bits import BIT_WIDTHS, FULL_PRECISION_BITS, SUPPORTED_BITS
+from adaqp.quant.bits import BIT_WIDTHS, FULL_PRECISION_BITS, SUPPORTED_BITS
 
 REL_TOL = 1e-5
 """Relative tolerance of the objective's first two terms: excesses over the budget within

@@ -43,8 +43,8 @@ import torch
 import torch.distributed as dist
 
 from adaqp.assign.costmodels import HostModel, LinkModel, fit_alpha_beta
-from adaqp.bits import FULL_PRECISION_BITS
-from adaqp.quant import dequantize_mixed, mixed_buffer_bytes, quantize_mixed
+from adaqp.quant.bits import FULL_PRECISION_BITS
+from adaqp.quant.mixed import dequantize_mixed, mixed_buffer_bytes, quantize_mixed
 
 if TYPE_CHECKING:
     from adaqp.runtime import World

@@ -73,7 +73,7 @@ from adaqp.assign.problem import (
     evaluate_assignment,
     sort_full_groups,
 )
-from adaqp.bits import DEFAULT_ALLOWED_BITS, FULL_PRECISION_BITS
+from adaqp.quant.bits import DEFAULT_ALLOWED_BITS, FULL_PRECISION_BITS
 
 logger = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adaqp.bits import SUPPORTED_BITS
-from adaqp.deps import extra_fix
+from adaqp.cli.deps import extra_fix
+from adaqp.quant.bits import SUPPORTED_BITS
 
 logger = logging.getLogger(__name__)
 

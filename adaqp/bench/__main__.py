@@ -15,9 +15,9 @@ import textwrap
 from types import ModuleType
 
 from adaqp.bench import UsageError
-from adaqp.deps import require
+from adaqp.cli.deps import require
+from adaqp.cli.parser import HelpFormatter, Parser
 from adaqp.emulate.netns import ClusterError  # no torch: subprocess alone
-from adaqp.helpformat import HelpFormatter, Parser
 
 PROG = "python -m adaqp.bench"
 

@@ -41,15 +41,11 @@ from adaqp.bench.quant_reference import reference_dequantize_mixed, reference_qu
 from adaqp.exchange import message
 from adaqp.exchange.message import MessageLayout
 from adaqp.model.dropout import Dropout
-from adaqp.quant import (
-    SUPPORTED_BITS,
-    dequantize_mixed,
-    mixed_buffer_bytes,
-    quantize_mixed,
-    row_step,
-)
 from adaqp.quant import kernels as quant_kernels
+from adaqp.quant.bits import SUPPORTED_BITS
 from adaqp.quant.draws import Draw, RowKeys, draw_key
+from adaqp.quant.mixed import dequantize_mixed, mixed_buffer_bytes, quantize_mixed
+from adaqp.quant.rows import row_step
 from adaqp.quant.segment import decode_segment, encode_segment
 
 logger = logging.getLogger(__name__)

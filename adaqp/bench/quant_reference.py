@@ -12,7 +12,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from adaqp.quant import SUPPORTED_BITS, packed_row_bytes, row_step
+from adaqp.quant.bits import SUPPORTED_BITS
+from adaqp.quant.pack import packed_row_bytes
+from adaqp.quant.rows import row_step
 
 METADATA_BYTES_PER_ROW = 8  # float32 minimum + float32 maximum
 

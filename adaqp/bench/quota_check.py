@@ -29,9 +29,9 @@ from pathlib import Path
 
 from adaqp.bench import SIGNAL_CONFIG
 from adaqp.bench.cluster import read_run
+from adaqp.cli.parser import Parser
 from adaqp.emulate import Budget, EmulatedCluster, host_links
 from adaqp.emulate.cgroups import CFS_PERIOD_US, CgroupTree, HostGroup, find_cgroups
-from adaqp.helpformat import Parser
 
 CPUSET_ROOT = Path("/sys/fs/cgroup/cpuset")
 """Where cgroup v1 mounts the cpuset controller (the groups go under this process's own)."""

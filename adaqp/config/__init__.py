@@ -2,7 +2,7 @@
 
 Each section is a frozen dataclass; every field carries a one-line docstring and is
 checked in ``__post_init__``. Unknown sections or keys and values of the wrong type are
-errors that name the offending key, never silently ignored (:mod:`adaqp.typed_toml`
+errors that name the offending key, never silently ignored (:mod:`adaqp.config.typed_toml`
 reads the file and the overrides). Example files: ``configs/*.toml``, such as::
 
     [data]
@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adaqp.bits import planner_bits, uniform_bits
 from adaqp.config.exchange import (
     COST_MODELS,
     FULL_PRECISION_CHOICES,
@@ -64,8 +63,9 @@ from adaqp.config.sections import (
     PartitionConfig,
     TrainConfig,
 )
-from adaqp.typed_toml import ConfigError as ConfigError  # raised for every bad key here
-from adaqp.typed_toml import build, read_tree
+from adaqp.config.typed_toml import ConfigError as ConfigError  # raised for every bad key here
+from adaqp.config.typed_toml import build, read_tree
+from adaqp.quant.bits import planner_bits, uniform_bits
 
 __all__ = [
     "COST_MODELS",

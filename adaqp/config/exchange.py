@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adaqp.bits import SUPPORTED_BITS
 from adaqp.config.modes import MODES
 from adaqp.config.sections import check_choice
-from adaqp.typed_toml import check
+from adaqp.config.typed_toml import check
+from adaqp.quant.bits import SUPPORTED_BITS
 
 KERNELS = ("auto", "torch", "compiled")  # quantizer and dropout mask: adaqp/quant/kernels.py
 SCHEMES = ("uniform", "adaptive", "random")
@@ -92,7 +92,7 @@ class QuantConfig:
     that the solver's choice is measured against)."""
     bits: int = 0
     """Width of every message in the uniform scheme; 0: the model's default, the width
-    measured best for it (1 bit for gcn, 2 for sage, 4 for gat: adaqp/bits.py,
+    measured best for it (1 bit for gcn, 2 for sage, 4 for gat: adaqp/quant/bits.py,
     uniform_bits, says what each rests on)."""
     initial_bits: int = 0
     """Width of the adaptive scheme's first cycle, while tracing; 0: ``bits`` (the run's
@@ -100,7 +100,7 @@ class QuantConfig:
     reads the rows before quantization, so a wider first cycle buys the solver nothing)."""
     allowed_bits: tuple[int, ...] = ()
     """Widths the adaptive scheme may choose from; empty: the model's default, 1, 2, 4 and
-    8 bits (2, 4 and 8 for gat: adaqp/bits.py, planner_bits)."""
+    8 bits (2, 4 and 8 for gat: adaqp/quant/bits.py, planner_bits)."""
     group_size: int = 100
     """Messages per group that share one width (per channel, sorted by weight)."""
     variance_budget: float = 1.0

@@ -2,7 +2,7 @@
 partition, the model, training, checkpoints and metrics.
 
 Each section is a frozen dataclass whose fields carry a one-line docstring and are checked
-in ``__post_init__`` (:func:`adaqp.typed_toml.check`, a ``ConfigError`` naming the key).
+in ``__post_init__`` (:func:`adaqp.config.typed_toml.check`, a ``ConfigError`` naming the key).
 The exchange's sections (``[comm]``, ``[quant]``, ``[staleness]``) are in
 :mod:`adaqp.config.exchange`; :mod:`adaqp.config` assembles them all.
 """
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from adaqp.config.typed_toml import check
 from adaqp.data import FEATURE_NORMS, GraphData, SyntheticSpec, load_dataset
-from adaqp.typed_toml import check
 
 MODELS = ("gcn", "sage", "gat")
 PARTITION_METHODS = ("metis", "kaminpar", "random", "contiguous")

@@ -51,9 +51,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from adaqp.cores import usable_cores
 from adaqp.emulate.cgroup_leaf import LEAF, CgroupError, Leaf, enable_controllers
 from adaqp.emulate.hostvalues import per_host
+from adaqp.process.cores import usable_cores
 
 logger = logging.getLogger(__name__)
 

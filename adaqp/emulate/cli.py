@@ -25,7 +25,8 @@ import textwrap
 import threading
 from pathlib import Path
 
-from adaqp.deps import require
+from adaqp.cli.deps import require
+from adaqp.cli.parser import HelpFormatter, Parser
 from adaqp.emulate.cgroups import (
     Budget,
     CgroupError,
@@ -36,7 +37,6 @@ from adaqp.emulate.cgroups import (
 from adaqp.emulate.cluster import EmulatedCluster
 from adaqp.emulate.links import host_links
 from adaqp.emulate.netns import ClusterError
-from adaqp.helpformat import HelpFormatter, Parser
 from adaqp.run.placement import newest_version, versioned
 
 logger = logging.getLogger(__name__)

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from adaqp.cores import usable_cores
 from adaqp.emulate.cgroups import Budget, CgroupTree, HostGroup, Usage
 from adaqp.emulate.links import LinkSpec, shape
 from adaqp.emulate.netns import ClusterError, add_bridge, join_to_switch, netns_names, run_ip
 from adaqp.emulate.signals import SignalGuard
+from adaqp.process.cores import usable_cores
 
 logger = logging.getLogger(__name__)
 

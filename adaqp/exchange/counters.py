@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from adaqp.bits import BIT_WIDTHS, FULL_PRECISION_BITS
+from adaqp.quant.bits import BIT_WIDTHS, FULL_PRECISION_BITS
 
 
 def _reduced(how: str, default_factory=None, default=0.0, values: type = int):

@@ -30,10 +30,10 @@ import numpy as np
 import torch
 
 from adaqp.assign import HostModel, first_width
-from adaqp.bits import FULL_PRECISION_BITS, bits_text
 from adaqp.config import QuantConfig
 from adaqp.exchange.message import BitPlan
 from adaqp.exchange.transport import Direction, ExchangeKey
+from adaqp.quant.bits import FULL_PRECISION_BITS, bits_text
 
 logger = logging.getLogger(__name__)
 

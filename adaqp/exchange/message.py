@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from adaqp.bits import FULL_PRECISION_BITS
 from adaqp.quant import kernels as quant_kernels
+from adaqp.quant.bits import FULL_PRECISION_BITS
 from adaqp.quant.draws import RowKeys
 from adaqp.quant.segment import decode_segment, encode_segment, segment_bytes
 

@@ -67,7 +67,6 @@ from adaqp.assign import (
     solve_exchange,
     time_quantization,
 )
-from adaqp.bits import FULL_PRECISION_BITS, SUPPORTED_BITS
 from adaqp.config import QuantConfig
 from adaqp.exchange.first_plans import FirstPlans
 from adaqp.exchange.plan_book import PlanBook, forward_coefficients, gather_counts
@@ -75,6 +74,7 @@ from adaqp.exchange.resolving import MeasuredExchanges, budget_share, solves_bef
 from adaqp.exchange.transport import BitPlan, ExchangeKey, HaloTransport
 from adaqp.graph.aggregate import SparseAdjacency
 from adaqp.graph.local import LocalGraph
+from adaqp.quant.bits import FULL_PRECISION_BITS, SUPPORTED_BITS
 from adaqp.runtime import World
 
 logger = logging.getLogger(__name__)

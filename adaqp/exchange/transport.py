@@ -43,11 +43,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from adaqp.bits import FULL_PRECISION_BITS
 from adaqp.exchange import message
 from adaqp.exchange.message import BitPlan
 from adaqp.exchange.selection import Selection
 from adaqp.quant import kernels as quant_kernels
+from adaqp.quant.bits import FULL_PRECISION_BITS
 from adaqp.quant.draws import Draw, RowKeys, draw_key
 from adaqp.quant.mixed import blend_
 

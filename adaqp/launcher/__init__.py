@@ -24,8 +24,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from adaqp.handoff import CALLER_CWD_ENV
-from adaqp.helpformat import UNRECOGNIZED, did_you_mean
+from adaqp.cli.configs import missing_config
+from adaqp.cli.handoff import CALLER_CWD_ENV
+from adaqp.cli.parser import UNRECOGNIZED, did_you_mean
 from adaqp.launcher.args import (
     DEFAULT_CONFIG,
     HELP,
@@ -37,7 +38,6 @@ from adaqp.launcher.args import (
     parse,
 )
 from adaqp.launcher.run import launch, memory_refused, refused
-from adaqp.typed_toml import missing_config
 
 __all__ = ["Launch", "UsageError", "entry", "launch", "main", "parse"]
 

@@ -7,8 +7,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from adaqp.handoff import CALLER_CWD_ENV
-from adaqp.helpformat import set_item_problem
+from adaqp.cli.handoff import CALLER_CWD_ENV
+from adaqp.cli.parser import set_item_problem
 
 DEFAULT_CONFIG = "configs/cora-gcn.toml"
 # adaqp.config's modes (this module imports no torch).

@@ -14,9 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from adaqp.cores import usable_cores
-from adaqp.deps import refusal
-from adaqp.handoff import COMMAND_ENV, STATUS_DIR_ENV
+from adaqp.cli.deps import refusal
+from adaqp.cli.handoff import COMMAND_ENV, STATUS_DIR_ENV
 from adaqp.launcher.args import Launch
 from adaqp.launcher.output import (
     OutputFilter,
@@ -27,6 +26,7 @@ from adaqp.launcher.output import (
     read_codes,
     stderr_pipe,
 )
+from adaqp.process.cores import usable_cores
 
 STOP_GRACE_S = 30.0
 """After Ctrl-C, how long torchrun and the workers get to stop before they are killed."""

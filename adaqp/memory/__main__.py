@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from adaqp.helpformat import Parser
+from adaqp.cli.parser import Parser
 
 PROG = "python -m adaqp.memory"
 

@@ -24,8 +24,8 @@ from adaqp.partitioning import schema, scratch, store
 from adaqp.partitioning.cut import assign_parts
 from adaqp.partitioning.parts import PartBuilder, part_stats, total_stats
 from adaqp.partitioning.source import GraphSource
-from adaqp.stages import StageLog
-from adaqp.stop import stopping_on_signals
+from adaqp.process.stages import StageLog
+from adaqp.process.stop import stopping_on_signals
 
 logger = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ def ensure_partition(
     (a training run's name ``partition.dir``; see ``check_matches``).
 
     SIGINT and SIGTERM stop it with KeyboardInterrupt naming the signal, once its scratch
-    and partly written files are removed (``adaqp.stop.stopping_on_signals``); first,
+    and partly written files are removed (``adaqp.process.stop.stopping_on_signals``); first,
     what killed partitionings left beside ``out_dir`` is removed
     (``adaqp.partitioning.scratch.remove_stale``).
     """

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
+from adaqp.cli.deps import extra_fix
 from adaqp.config import METIS_OBJECTIVES, PARTITION_METHODS
-from adaqp.deps import extra_fix
-from adaqp.stop import redelivering_trapped_signals
+from adaqp.process.stop import redelivering_trapped_signals
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from adaqp.atomic import fsync_dir, write_synced
 from adaqp.partitioning.schema import (
     CHECKSUM_KEY,
     FORMAT,
@@ -40,6 +39,7 @@ from adaqp.partitioning.schema import (
     read_metadata,
 )
 from adaqp.partitioning.scratch import STAGING, owned_name
+from adaqp.process.atomic import fsync_dir, write_synced
 
 _LEFTOVER = re.compile(rf"{PART_FILE_NAME.pattern}|\..*{STAGING}-.*")
 """Names a crashed write can leave behind (a staging directory, part files)."""

@@ -1,10 +1,11 @@
 """Per-row stochastic integer quantization of messages, with bit packing.
 
 A message is a ``[R, D]`` float tensor for one peer: one row per node's embedding or gradient.
-Each row is quantized independently to ``b`` bits, ``b`` in :data:`~adaqp.bits.SUPPORTED_BITS`
-(the widths are defined once, in :mod:`adaqp.bits`), by unbiased stochastic rounding between
-the row's minimum and maximum, which travel with it as exact float32 metadata; the integer codes
-travel densely bit-packed.
+Each row is quantized independently to ``b`` bits, ``b`` in
+:data:`~adaqp.quant.bits.SUPPORTED_BITS` (the widths are defined once, in
+:mod:`adaqp.quant.bits`), by unbiased stochastic rounding between the row's minimum and
+maximum, which travel with it as exact float32 metadata; the integer codes travel densely
+bit-packed.
 
 Where each piece lives (each module documents the part of the wire format it implements):
 
@@ -30,26 +31,8 @@ All functions are pure tensor functions: they run unchanged on any device, alloc
 input's device, and do not communicate. ``rows`` and ``mixed`` are the torch path (the
 reference, and the path for CUDA tensors); on CPU tensors they hand over to the compiled
 kernels, which write the same bytes (docs/kernels.md).
+
+Each name is imported from the module that defines it; this package re-exports none, so
+that ``adaqp.quant.bits``, which the config and every command's ``--help`` read, loads
+without torch.
 """
-
-from __future__ import annotations
-
-from adaqp.bits import SUPPORTED_BITS
-from adaqp.quant.mixed import dequantize_mixed, mixed_buffer_bytes, quantize_mixed
-from adaqp.quant.pack import message_bytes, pack, packed_row_bytes, unpack
-from adaqp.quant.rows import QuantizedRows, dequantize, quantize, row_step
-
-__all__ = [
-    "SUPPORTED_BITS",
-    "QuantizedRows",
-    "dequantize",
-    "dequantize_mixed",
-    "message_bytes",
-    "mixed_buffer_bytes",
-    "pack",
-    "packed_row_bytes",
-    "quantize",
-    "quantize_mixed",
-    "row_step",
-    "unpack",
-]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from adaqp.bits import SUPPORTED_BITS
+from adaqp.quant.bits import SUPPORTED_BITS
 from adaqp.quant.draws import RowKeys, row_keys
 from adaqp.quant.kernels import dequantize_mixed as compiled_dequantize_mixed
 from adaqp.quant.kernels import quantize_mixed as compiled_quantize_mixed

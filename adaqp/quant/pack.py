@@ -1,9 +1,10 @@
 """Bit packing of integer quantization codes, and the exact wire sizes that follow from it.
 
 Codes are packed along the feature axis, ``8 // b`` codes per byte (``b`` in
-:data:`~adaqp.bits.SUPPORTED_BITS`, each of which divides 8, so codes never straddle bytes), the
-first code of a byte in its least significant bits. Each row is padded to whole bytes, so a packed
-row has :func:`packed_row_bytes` bytes and rows stay independently addressable. A message of one
+:data:`~adaqp.quant.bits.SUPPORTED_BITS`, each of which divides 8, so codes never straddle
+bytes), the first code of a byte in its least significant bits. Each row is padded to whole
+bytes, so a packed row has :func:`packed_row_bytes` bytes and rows stay independently
+addressable. A message of one
 width adds its row metadata, float32 ``(m, M)``: 8 bytes a row (:func:`message_bytes`).
 
 Pure tensor functions: they run unchanged on any device and allocate on the input's device.
@@ -16,7 +17,7 @@ import sys
 import torch
 from torch import Tensor
 
-from adaqp.bits import SUPPORTED_BITS
+from adaqp.quant.bits import SUPPORTED_BITS
 
 METADATA_BYTES_PER_ROW = 8  # float32 minimum + float32 maximum
 

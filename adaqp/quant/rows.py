@@ -1,7 +1,7 @@
 """Per-row stochastic integer quantization at one bit width: quantize, dequantize.
 
 Each row ``x`` of a ``[R, D]`` tensor (one message: one node's embedding or gradient) is
-quantized independently to ``b`` bits, ``b`` in :data:`~adaqp.bits.SUPPORTED_BITS`:
+quantized independently to ``b`` bits, ``b`` in :data:`~adaqp.quant.bits.SUPPORTED_BITS`:
 
 * ``m = min(x)``, ``M = max(x)``, ``L = 2**b - 1``, step ``Δ = (M - m) / L``;
 * ``t = (x - m) / Δ`` in ``[0, L]``; code ``q = floor(t) + Bernoulli(t - floor(t))``, never

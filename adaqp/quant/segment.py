@@ -2,7 +2,7 @@
 
 A segment holds the rows sent to one peer, each at its planned width: the rows at a quantized
 width in the :func:`~adaqp.quant.mixed.quantize_mixed` layout, followed by the plain float32
-bytes of the rows planned at full precision (:data:`~adaqp.bits.FULL_PRECISION_BITS`), both
+bytes of the rows planned at full precision (:data:`~adaqp.quant.bits.FULL_PRECISION_BITS`), both
 in row order. Sender and receiver know the widths, so no header travels. The quantizer's path
 (``kernels``: compiled or torch, :mod:`adaqp.quant.kernels`) is the caller's choice.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from adaqp.bits import FULL_PRECISION_BITS
+from adaqp.quant.bits import FULL_PRECISION_BITS
 from adaqp.quant.draws import RowKeys
 from adaqp.quant.mixed import blend_, dequantize_mixed, mixed_buffer_bytes, quantize_mixed
 

@@ -39,9 +39,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from adaqp.atomic import write_atomic
 from adaqp.config import RENAMED_KEYS, RESUMABLE
 from adaqp.partitioning.store import sha256_file
+from adaqp.process.atomic import write_atomic
 from adaqp.quant import kernels as quant_kernels
 from adaqp.run.ckptdir import MANIFEST, complete_epochs
 from adaqp.run.ckptdir import epoch_of as _epoch_of

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from adaqp.atomic import write_json
+from adaqp.process.atomic import write_json
 
 DEFAULT_DIR = "checkpoints"
 """Where a run's checkpoints go inside its output directory (``checkpoint.dir`` empty)."""

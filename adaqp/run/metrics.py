@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adaqp.atomic import write_json
+from adaqp.process.atomic import write_json
 
 LEGACY_RECORD_NAMES = {
     "halo_bytes_per_epoch": "halo_bytes",

@@ -29,8 +29,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from adaqp.atomic import write_json
-from adaqp.handoff import STATUS_DIR_ENV
+from adaqp.cli.handoff import STATUS_DIR_ENV
+from adaqp.process.atomic import write_json
+from adaqp.process.stop import stop_requested
 from adaqp.run.ckptdir import claim_checkpoints
 from adaqp.run.runfiles import (
     JOB_KEY,
@@ -44,7 +45,6 @@ from adaqp.run.runfiles import (
     read_status,
     unwritable,
 )
-from adaqp.stop import stop_requested
 
 if TYPE_CHECKING:
     from adaqp.run.placement import Placement

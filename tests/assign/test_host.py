@@ -25,7 +25,7 @@ from adaqp.assign import (
     uniform_assignment,
 )
 from adaqp.assign import host as host_solvers
-from adaqp.quant import packed_row_bytes
+from adaqp.quant.pack import packed_row_bytes
 from tests.assign.helpers import _expand, _gap, _lex_optima, _objective_kw, _same_bits
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from adaqp.assign import (
     solve_assignment,
     uniform_assignment,
 )
-from adaqp.quant import packed_row_bytes
+from adaqp.quant.pack import packed_row_bytes
 from tests.assign.helpers import _expand, _gap, _lex_optima, _objective_kw, _random_instance
 
 logger = logging.getLogger(__name__)

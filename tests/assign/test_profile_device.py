@@ -39,7 +39,7 @@ def _probe_worker(rank: int, world_size: int, init_method: str):
     import torch.distributed as dist
 
     from adaqp.assign import profile
-    from adaqp.bits import SUPPORTED_BITS
+    from adaqp.quant.bits import SUPPORTED_BITS
     from adaqp.runtime import World
 
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)

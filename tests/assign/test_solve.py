@@ -17,7 +17,7 @@ from adaqp.assign import (
     solve_assignment,
     uniform_assignment,
 )
-from adaqp.quant import packed_row_bytes
+from adaqp.quant.pack import packed_row_bytes
 from tests.assign.helpers import _random_instance, _same_bits
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from adaqp.bench.__main__ import BENCHMARKS, build_parser, main
+from adaqp.cli.parser import HelpFormatter
 from adaqp.emulate.cli import build_parser as cluster_parser
-from adaqp.helpformat import HelpFormatter
 from partition.__main__ import build_parser as partition_parser
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,8 +19,8 @@ from adaqp.bench import (
     modes,
 )
 from adaqp.bench.cluster_plot import pareto_points
-from adaqp.bits import planner_bits, uniform_bits
 from adaqp.config import QuantConfig
+from adaqp.quant.bits import planner_bits, uniform_bits
 from tests.bench.cluster_runs import cluster_run
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from adaqp.cores import usable_cores
 from adaqp.emulate import ClusterError, EmulatedCluster, LinkSpec, host_links
 from adaqp.emulate import cluster as cluster_module
 from adaqp.emulate.cgroups import (
@@ -20,6 +19,7 @@ from adaqp.emulate.cgroups import (
     HostGroup,
     host_budgets,
 )
+from adaqp.process.cores import usable_cores
 from tests.emulate.fake_cgroupfs import FakeCgroupV2
 from tests.emulate.helpers import (
     ENDLESS,

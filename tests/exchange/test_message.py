@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from adaqp.bits import SUPPORTED_BITS
 from adaqp.exchange import message
 from adaqp.exchange.message import BitPlan, MessageLayout
 from adaqp.quant import kernels as K
+from adaqp.quant.bits import SUPPORTED_BITS
 from adaqp.quant.draws import Draw, RowKeys, draw_key
 from adaqp.quant.mixed import blend_
 from adaqp.quant.pack import unpack

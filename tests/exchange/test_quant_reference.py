@@ -47,8 +47,8 @@ from adaqp.data import load_dataset
 from adaqp.graph.aggregate import SparseAdjacency, spmm
 from adaqp.model.gnn import CONVS, GNN
 from adaqp.partitioning.build import make_partition
-from adaqp.quant import dequantize_mixed, quantize_mixed
 from adaqp.quant.draws import Draw, RowKeys, draw_key
+from adaqp.quant.mixed import dequantize_mixed, quantize_mixed
 from tests.distributed import RecordingWriter, owner_of, run_workers
 from tests.run.exactness import (
     close,

@@ -9,8 +9,7 @@ import torch
 from adaqp.config import CommConfig
 from adaqp.exchange.transport import BitPlan, ExchangeKey, HaloTransport
 from adaqp.quant import kernels as quant_kernels
-from adaqp.quant import mixed_buffer_bytes
-from adaqp.quant.mixed import blend_
+from adaqp.quant.mixed import blend_, mixed_buffer_bytes
 from adaqp.runtime import init_distributed, shutdown
 from tests.distributed import run_workers
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from adaqp import stop
+from adaqp.process import stop
 
 ROOT = Path(__file__).resolve().parents[2]
 

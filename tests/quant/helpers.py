@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaqp.quant import SUPPORTED_BITS, QuantizedRows, packed_row_bytes
+from adaqp.quant.bits import SUPPORTED_BITS
 from adaqp.quant.draws import RowKeys
+from adaqp.quant.pack import packed_row_bytes
+from adaqp.quant.rows import QuantizedRows
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

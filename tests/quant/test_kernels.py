@@ -18,19 +18,12 @@ import pytest
 import torch
 
 from adaqp.config import ConfigError, load_config
-from adaqp.quant import (
-    SUPPORTED_BITS,
-    dequantize,
-    dequantize_mixed,
-    pack,
-    packed_row_bytes,
-    quantize,
-    quantize_mixed,
-    unpack,
-)
 from adaqp.quant import kernels as K
+from adaqp.quant.bits import SUPPORTED_BITS
 from adaqp.quant.draws import RowKeys
-from adaqp.quant.mixed import blend_
+from adaqp.quant.mixed import blend_, dequantize_mixed, quantize_mixed
+from adaqp.quant.pack import pack, packed_row_bytes, unpack
+from adaqp.quant.rows import dequantize, quantize
 from tests.quant.draws_reference import codes, draws, round_codes
 from tests.quant.helpers import _gen, _keys, _levels, _on_grid_rows, _parse_mixed
 

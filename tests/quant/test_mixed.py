@@ -5,18 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaqp import quant as Q
-from adaqp.quant import (
-    SUPPORTED_BITS,
-    dequantize,
-    dequantize_mixed,
-    message_bytes,
-    mixed_buffer_bytes,
-    packed_row_bytes,
-    quantize,
-    quantize_mixed,
-)
 from adaqp.quant import rows as R
+from adaqp.quant.bits import SUPPORTED_BITS
+from adaqp.quant.mixed import dequantize_mixed, mixed_buffer_bytes, quantize_mixed
+from adaqp.quant.pack import message_bytes, packed_row_bytes
+from adaqp.quant.rows import dequantize, quantize
 from tests.quant.helpers import (
     DEVICES,
     _gen,
@@ -128,7 +121,7 @@ def test_mixed_size_matches_message_bytes():
     bits_r = torch.tensor([2] * 5 + [8] * 3, dtype=torch.int8)
     assert mixed_buffer_bytes(bits_r, 30) == message_bytes(5, 30, 2) + message_bytes(3, 30, 8)
     assert mixed_buffer_bytes(bits_r.long(), 30) == mixed_buffer_bytes(bits_r, 30)
-    assert Q.row_step(torch.tensor([1.0]), torch.tensor([4.0]), 3).item() == 1.0
+    assert R.row_step(torch.tensor([1.0]), torch.tensor([4.0]), 3).item() == 1.0
     assert mixed_buffer_bytes(torch.tensor([1]), 9) == 8 + 2
 
 

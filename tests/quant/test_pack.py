@@ -5,17 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaqp.quant import (
-    SUPPORTED_BITS,
-    message_bytes,
-    mixed_buffer_bytes,
-    pack,
-    packed_row_bytes,
-    quantize,
-    quantize_mixed,
-    unpack,
-)
-from adaqp.quant.pack import _pack_slots
+from adaqp.quant.bits import SUPPORTED_BITS
+from adaqp.quant.mixed import mixed_buffer_bytes, quantize_mixed
+from adaqp.quant.pack import _pack_slots, message_bytes, pack, packed_row_bytes, unpack
+from adaqp.quant.rows import quantize
 from tests.quant.helpers import DEVICES, _gen, _keys, _levels
 
 # --------------------------------------------------------------------------- sizes and packing

@@ -5,19 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaqp.quant import (
-    SUPPORTED_BITS,
-    QuantizedRows,
-    dequantize,
-    dequantize_mixed,
-    mixed_buffer_bytes,
-    pack,
-    packed_row_bytes,
-    quantize,
-    quantize_mixed,
-    unpack,
-)
 from adaqp.quant import rows as R
+from adaqp.quant.bits import SUPPORTED_BITS
+from adaqp.quant.mixed import dequantize_mixed, mixed_buffer_bytes, quantize_mixed
+from adaqp.quant.pack import pack, packed_row_bytes, unpack
+from adaqp.quant.rows import QuantizedRows, dequantize, quantize
 from tests.quant.helpers import (
     DEVICES,
     _gen,

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from adaqp.bits import FULL_PRECISION_BITS
-from adaqp.quant import mixed_buffer_bytes
-from adaqp.quant.mixed import blend_
+from adaqp.quant.bits import FULL_PRECISION_BITS
+from adaqp.quant.mixed import blend_, mixed_buffer_bytes
 from adaqp.quant.segment import decode_segment, encode_segment, segment_bytes
 from tests.quant.helpers import _gen, _keys
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from adaqp import stop
+from adaqp.process import stop
 from adaqp.run.ckptdir import MANIFEST
 from adaqp.run.metrics import RunWriter
 from adaqp.run.placement import Placement, newest_version, version_of, versioned

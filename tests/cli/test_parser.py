@@ -1,11 +1,11 @@
-"""The errors every command's parser gives alike (``adaqp.helpformat``): the option meant
+"""The errors every command's parser gives alike (``adaqp.cli.parser``): the option meant
 by an unknown one, and a ``--set`` item without ``=``."""
 
 from __future__ import annotations
 
 import pytest
 
-from adaqp.helpformat import Parser, did_you_mean, set_item_problem
+from adaqp.cli.parser import Parser, did_you_mean, set_item_problem
 
 OPTIONS = ["--epochs", "--seed", "--set", "--mode", "-h", "--help"]
 

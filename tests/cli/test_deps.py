@@ -1,4 +1,4 @@
-"""adaqp/deps.py: the commands run with an interpreter that lacks torch and the others say
+"""adaqp/cli/deps.py: the commands run with an interpreter that lacks torch and the others say
 so in one line with the fix, exit code 2, instead of a traceback; their --help still works.
 
 The packages are hidden from a child python by a ``sitecustomize`` that refuses them as an
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from adaqp import deps
+from adaqp.cli import deps
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CORA = str(ROOT / "configs" / "cora-gcn.toml")
 
 HIDE = """\

@@ -4,59 +4,24 @@ name the offending key (``section.key``), never a silently ignored one.
 :mod:`adaqp.config` defines the sections; this module knows only how to fill any tree of
 dataclasses whose fields are bool, int, float, str, tuples of those, or nested sections.
 A config file that is not there is refused with the configs a user could have meant
-(``missing_config``): the launcher, which loads no third-party package, says it alike.
+(``adaqp.cli.configs.missing_config``, which the launcher says alike).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import tomllib
 import types
 import typing
 from pathlib import Path
 from typing import Any
 
-CONFIGS = "configs"
-"""The folder of config files, one per workload: the working folder's, else the checkout's."""
+from adaqp.cli.configs import missing_config
 
 
 class ConfigError(ValueError):
     """A configuration file or override is invalid; the message names the key."""
-
-
-def config_files(cwd: Path | None = None) -> tuple[str, list[str]]:
-    """The config files a user can name from ``cwd`` (default: the working folder):
-    ``configs/*.toml`` there, else in the checkout beside this package. Returns the
-    folder as a user in ``cwd`` would type it (relative where it lies below ``cwd``, else
-    absolute) and the files' names, sorted; no names where neither folder holds one."""
-    cwd = Path.cwd() if cwd is None else cwd
-    for folder in (cwd / CONFIGS, Path(__file__).resolve().parents[1] / CONFIGS):
-        names = sorted(path.name for path in folder.glob("*.toml"))
-        if names:
-            try:
-                return str(folder.relative_to(cwd)), names
-            except ValueError:
-                return str(folder.resolve()), names
-    return CONFIGS, []
-
-
-def missing_config(path: str | os.PathLike[str], cwd: Path | None = None) -> str:
-    """The one-line refusal of a config ``path`` that is not a regular file; where it does
-    not exist, with the configs that do (``config_files``): those in ``cwd``'s
-    ``configs/`` as paths to type, the checkout's as its folder and their names."""
-    path = Path(path)
-    if path.exists():
-        return f"config file {path} is not a regular file"
-    folder, names = config_files(cwd)
-    if not names:
-        return f"config file {path} not found"
-    if folder == CONFIGS:
-        return f"config file {path} not found; the configs here: " + ", ".join(
-            f"{CONFIGS}/{name}" for name in names
-        )
-    return f"config file {path} not found; the configs in {folder}/: " + ", ".join(names)
 
 
 def check(condition: bool, key: str, message: str) -> None:

@@ -1,6 +1,6 @@
 """Every command refuses a prefix of an option (argparse's ``allow_abbrev``): ``--epoch 5``
 ran as ``--epochs 5`` and ``--mod`` as ``--mode``, where a typo should be an error. The
-error names the option meant (``adaqp.helpformat.Parser``), and a ``--set`` item without
+error names the option meant (``adaqp.cli.parser.Parser``), and a ``--set`` item without
 ``=`` is refused as such, not as a stray argument or a config file."""
 
 from __future__ import annotations

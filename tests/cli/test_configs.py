@@ -1,14 +1,14 @@
 """The refusal of a config file that is not there names the configs that are
-(``adaqp.typed_toml.missing_config``): the working folder's ``configs/``, else the
+(``adaqp.cli.configs.missing_config``): the working folder's ``configs/``, else the
 checkout's."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from adaqp.typed_toml import config_files, missing_config
+from adaqp.cli.configs import config_files, missing_config
 
-CHECKOUT_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CHECKOUT_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def test_the_working_folders_configs_are_listed_as_paths_to_type(tmp_path):
