@@ -127,9 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         # ModuleNotFoundError: an optional partitioner (kaminpar) that is not installed.
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (
-        KeyboardInterrupt
-    ) as exc:  # Ctrl-C or SIGTERM: see adaqp.process.stop.stopping_on_signals
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: adaqp.process.stop
         return _stopped(str(exc), Path(args.out))
     print(_report(args.out, meta))
     return 0
@@ -138,11 +136,11 @@ def main(argv: list[str] | None = None) -> int:
 def _stopped(name: str, out: Path) -> int:
     """Says that the tool stopped and what it left (nothing, unless a removal failed);
     returns 128 + the signal's number, the shell's convention."""
-    from adaqp.partitioning.scratch import own_leftovers
+    from adaqp.partitioning.scratch import remove_own_leftovers
 
     if name not in signal.Signals.__members__:  # Python's own Ctrl-C handler names none
         name = "SIGINT"
-    left = own_leftovers(out.absolute().parent, out)
+    left = remove_own_leftovers(out.absolute().parent, out)
     if left:
         what = f"could not remove {', '.join(map(str, left))}: remove them by hand"
     else:

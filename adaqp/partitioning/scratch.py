@@ -15,6 +15,7 @@ names of a process still running.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -130,3 +131,17 @@ def own_leftovers(*directories: Path) -> list[Path]:
             continue
         found.extend(path for path in entries if owner(path.name) == mine)
     return found
+
+
+def remove_own_leftovers(*directories: Path) -> list[Path]:
+    """Removes what this process still owns in ``directories`` and returns what could not
+    be removed. After a stop: a signal can land between making a directory and handing it
+    to the code that would remove it (the write check's probe, a scratch folder being
+    made), and what this process made is this process's to remove."""
+    for path in own_leftovers(*directories):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink()
+    return own_leftovers(*directories)

@@ -13,6 +13,7 @@ Loading verifies a part file against its sha256 in the metadata before reading i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -121,12 +122,14 @@ def check_target(out_dir: str | Path) -> None:
     probe = where / owned_name(STAGING)
     try:
         probe.mkdir()
-        probe.rmdir()
     except OSError as exc:
         raise PartitionError(
             f"cannot write a partition to {out_dir}: cannot create files in {where} "
             f"({exc.strerror or exc}); choose another --out / partition.dir"
         ) from None
+    finally:  # also where a stop lands just after the probe was made
+        with contextlib.suppress(OSError):
+            probe.rmdir()
 
 
 class PartitionExists(PartitionError):

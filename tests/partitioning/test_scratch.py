@@ -77,6 +77,18 @@ def test_a_lean_source_spills_into_a_directory_this_process_owns(tmp_path):
     assert scratch.own_leftovers(tmp_path) == []
 
 
+def test_after_a_stop_what_this_process_still_owns_is_removed(tmp_path):
+    """A signal can land between making a directory (the write check's probe) and handing
+    it to the code that removes it: the stop removes what this process owns, only that."""
+    mine = tmp_path / scratch.owned_name(scratch.STAGING)
+    mine.mkdir()
+    (mine / "part-00000.npz").write_bytes(b"x")
+    theirs = tmp_path / f".adaqp-tmp-{scratch.scope()}-{os.getpid() + 1}-0123abcd"
+    theirs.mkdir()
+    assert scratch.remove_own_leftovers(tmp_path) == []
+    assert not mine.exists() and theirs.exists()
+
+
 def test_only_an_ended_process_s_scratch_on_this_host_is_removed(
     tmp_path, ended_pid, running_pid, caplog
 ):

