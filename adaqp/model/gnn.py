@@ -115,6 +115,9 @@ class GNN(nn.Module):
                 the row index (one process on the whole graph, global ids 0..N-1).
         """
         saved = SavedTensors(self.observe_saved)
+        # Without autograd (evaluation) nothing is computed again, so nothing is kept to
+        # compute it from: a layer's rows before its norm go as soon as the norm is done.
+        recomputes = torch.is_grad_enabled()
         with saved.hooks():
             h, before_norm = x_ID, None
             for layer, conv in enumerate(self.convs):
@@ -127,7 +130,7 @@ class GNN(nn.Module):
                 key = None if epoch is None else draw_key(self.seed, epoch, layer, Draw.ATTENTION)
                 dropped = self.dropout(h, keys)
                 last = layer == len(self.convs) - 1
-                if last or (before_norm is None and dropped is h):
+                if last or not recomputes or (before_norm is None and dropped is h):
                     # Layer 0's input undropped is held anyway; the last layer's is read
                     # first in backward, beside its gradient: kept, it costs no more at the
                     # peak than computed again, and no time.
@@ -141,9 +144,11 @@ class GNN(nn.Module):
                         out = conv(dropped, propagate, layer, key)
                 del dropped
                 if layer < len(self.convs) - 1:
-                    before_norm, h = out, norm_relu(out, self.norms[layer])
+                    h = norm_relu(out, self.norms[layer])
+                    before_norm = out if recomputes else None
                 else:
                     h = out
+                del out
         return h
 
     def _recipe(
