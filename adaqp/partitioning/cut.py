@@ -129,7 +129,11 @@ def _kaminpar(indptr, indices, num_parts, seed, train_mask, threads, scratch) ->
 
     Its Python API reads graphs from files only, so the CSR goes to a temporary ParHIP
     binary file (32-bit ids and offsets where they fit). ``kaminpar.reseed`` sets a
-    process-wide seed; a multi-threaded run may still differ from run to run.
+    process-wide seed; a multi-threaded run may still differ from run to run. Even on one
+    thread the same blocks have come back under other numbers (two blocks' labels swapped,
+    once in a test suite's run): the blocks are numbered by their smallest node id
+    (``numbered_by_first_node``), so that a part's number, which is the rank that trains
+    it, is the same every time.
     """
     try:
         import kaminpar
@@ -149,7 +153,19 @@ def _kaminpar(indptr, indices, num_parts, seed, train_mask, threads, scratch) ->
     kaminpar.reseed(seed)
     solver = kaminpar.KaMinPar(threads, kaminpar.default_context())
     parts = np.asarray(solver.compute_partition(graph, num_parts, IMBALANCE), dtype=np.int64)
-    return _check_nonempty(parts, num_parts, "KaMinPar")
+    return _check_nonempty(numbered_by_first_node(parts, num_parts), num_parts, "KaMinPar")
+
+
+def numbered_by_first_node(parts: np.ndarray, num_parts: int) -> np.ndarray:
+    """``parts`` (int64 ``[N]``, each node's block) with the blocks renumbered in the order
+    of their smallest node id: the same blocks under any numbering give the same result.
+    Labels no node has keep the numbers after the others, in their order."""
+    labels, first = np.unique(parts, return_index=True)
+    present = labels[np.argsort(first)]
+    absent = np.setdiff1d(np.arange(num_parts), present)
+    number = np.empty(num_parts, dtype=np.int64)
+    number[np.concatenate([present, absent])] = np.arange(num_parts)
+    return number[parts]
 
 
 def write_parhip(

@@ -16,7 +16,12 @@ import pytest
 from adaqp.config import ConfigError, load_config
 from adaqp.data import SyntheticSpec, load_dataset
 from adaqp.partitioning import schema
-from adaqp.partitioning.cut import IMBALANCE, assign_parts, write_parhip
+from adaqp.partitioning.cut import (
+    IMBALANCE,
+    assign_parts,
+    numbered_by_first_node,
+    write_parhip,
+)
 from partition.__main__ import main as partition_main
 
 
@@ -28,6 +33,18 @@ def graph():
 
 def _kaminpar(graph, num_parts, **kwargs):
     return assign_parts(graph.indptr, graph.indices, num_parts, method="kaminpar", **kwargs)
+
+
+def test_the_same_blocks_under_other_numbers_are_numbered_alike():
+    """KaMinPar has returned the same blocks under swapped numbers for one seed; the
+    blocks are numbered by their smallest node, so a part's rank does not move."""
+    parts = np.array([1, 3, 0, 2, 3, 3, 0, 1])
+    swapped = np.array([1, 2, 0, 3, 2, 2, 0, 1])  # blocks 2 and 3 swapped
+    expected = np.array([0, 1, 2, 3, 1, 1, 2, 0])
+    np.testing.assert_array_equal(numbered_by_first_node(parts, 4), expected)
+    np.testing.assert_array_equal(numbered_by_first_node(swapped, 4), expected)
+    # A label no node has is numbered last.
+    np.testing.assert_array_equal(numbered_by_first_node(np.array([2, 0, 2]), 3), [0, 1, 0])
 
 
 @pytest.mark.parametrize("num_parts", [2, 4, 8])
