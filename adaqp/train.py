@@ -37,6 +37,7 @@ try:
 except ModuleNotFoundError:  # numpy, which the config's dataset defaults import
     require(PROG)
     raise
+from adaqp.process.allocator import configure as configure_allocator  # noqa: E402
 from adaqp.process.stop import request_stop, stop_requested  # noqa: E402 - after the check above
 from adaqp.quant.bits import bits_text  # noqa: E402 - after the check above
 from adaqp.run.placement import Placement  # noqa: E402 - after the check above
@@ -249,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         return 0
     require(PROG)  # torch and the rest, before the job imports them
+    allocator = configure_allocator(config.train.allocator)  # before torch's first tensor
+    logger.debug("%s", allocator.text())
     from adaqp.run import job
 
     placed = job.Placed()

@@ -188,3 +188,8 @@ def test_a_renamed_key_is_refused_with_its_new_name(tmp_path):
         assert hasattr(getattr(load_config(), section), name), new_key
         with pytest.raises(ConfigError, match="renamed"):
             load_config(None, [f"{old_key}=1"])
+
+
+def test_an_unknown_allocator_is_refused_naming_the_choices():
+    with pytest.raises(ConfigError, match=r"train\.allocator: must be one of release, glibc"):
+        load_config(None, ["train.allocator=jemalloc"])

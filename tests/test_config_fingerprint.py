@@ -134,6 +134,7 @@ RESUMABLE_CHANGES = {
     "train.epochs": "400",
     "train.eval_every": "5",
     "train.warmup_epochs": "2",
+    "train.allocator": "glibc",
     "train.stop_on_nonfinite": "false",
     "comm.backend": "gloo",
     "comm.device": "cpu",

@@ -45,6 +45,7 @@ RESUMABLE: dict[str, str] = {
     "train.eval_every": "evaluation is a forward pass of its own, fresh and in full "
     "precision, that changes no training state",
     "train.warmup_epochs": "which epochs the median epoch time leaves out",
+    "train.allocator": "where freed memory goes, not what is computed",
     "train.stop_on_nonfinite": "whether a NaN or infinite loss ends the run; the epochs "
     "before it are the same",
     "comm.backend": _HARDWARE,

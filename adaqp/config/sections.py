@@ -16,6 +16,7 @@ from typing import Any
 
 from adaqp.config.typed_toml import check
 from adaqp.data import FEATURE_NORMS, GraphData, SyntheticSpec, load_dataset
+from adaqp.process.allocator import ALLOCATORS
 
 MODELS = ("gcn", "sage", "gat")
 PARTITION_METHODS = ("metis", "kaminpar", "random", "contiguous")
@@ -177,6 +178,11 @@ class TrainConfig:
     """Rows a training step computes: ``loss``, only those its loss reads (each layer the
     rows within reach of a training node, each exchange their halo rows: the same values,
     less work; adaqp/graph/loss_rows.py), or ``all``. Evaluation computes every row."""
+    allocator: str = "release"
+    """How freed tensors go back to the system: ``release``, every tensor over 1 MiB mapped
+    on its own and unmapped when freed (on huge pages where the kernel offers them), so a
+    worker holds what it uses; or ``glibc``, glibc's defaults, which keep freed memory for
+    reuse (at several workers, hundreds of MiB more at the peak). adaqp/process/allocator.py."""
 
     def __post_init__(self) -> None:
         check(self.epochs >= 1, "train.epochs", f"must be at least 1, got {self.epochs}")
@@ -190,6 +196,7 @@ class TrainConfig:
         check(self.eval_every >= 0, "train.eval_every", "must be non-negative")
         check(self.warmup_epochs >= 0, "train.warmup_epochs", "must be non-negative")
         check_choice(self.compute_rows, COMPUTE_ROWS, "train.compute_rows")
+        check_choice(self.allocator, ALLOCATORS, "train.allocator")
 
 
 @dataclass(frozen=True)

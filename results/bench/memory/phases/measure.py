@@ -17,8 +17,9 @@ wrappers on the loss, the transport's ``start`` and its handles' ``wait`` (a lay
 exchange in flight, then landed), the gradient buckets' ``finish`` and the optimizer's
 ``step``, and saved-tensor hooks (the model's own ``SavedTensors._pack``, wrapped here,
 and an outer pair for the loss). ``--trim`` calls glibc's ``malloc_trim(0)`` after every
-step and evaluation, as a trainer could; glibc's own settings come from the environment
-(``MALLOC_MMAP_THRESHOLD_=1048576``), and the report records every ``MALLOC_*`` variable.
+step and evaluation, as a trainer could; ``--allocator`` is ``train.allocator``
+(``release``, the default, or ``glibc``), applied before torch loads as the trainer applies
+it; the report records it and every ``MALLOC_*`` variable.
 
 Phases are contiguous: each ends where the next begins. Each phase's record holds
 
@@ -54,12 +55,20 @@ def _status_mb(field: str) -> float:
 
 START_RSS_MB = _status_mb("VmRSS")  # the bare interpreter, before numpy and torch
 
+import sys  # noqa: E402
+
+from adaqp.process.allocator import configure  # noqa: E402 - standard library only
+
+# ``train.allocator`` as ``python -m adaqp.train`` applies it: before torch is imported.
+ALLOCATOR = configure(
+    sys.argv[sys.argv.index("--allocator") + 1] if "--allocator" in sys.argv else "release"
+)
+
 import argparse  # noqa: E402
 import ctypes  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 import types  # noqa: E402
 import weakref  # noqa: E402
@@ -468,6 +477,9 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[])
     parser.add_argument("--warm-up", type=int, default=3, help="plain epochs first (default 3)")
     parser.add_argument("--trim", action="store_true", help="malloc_trim(0) after each step")
+    parser.add_argument(
+        "--allocator", default="release", help="train.allocator (default release), set first"
+    )
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args()
     rec = Recorder()
@@ -560,6 +572,7 @@ def main() -> None:
         "rows_by_layer": [int(n) for n in trainer.rows_by_layer],
         "val_acc": accuracy["val_acc"],
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+        "allocator": ALLOCATOR.text(),
         "phases": rec.records,
         "exchanges": rec.exchanges,
         "held_mb": {name: sum(found.values()) / MB for name, found in held.items()},
