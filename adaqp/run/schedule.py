@@ -8,9 +8,8 @@ of the epoch alone, so a resumed run and every rank step with the same rate.
 
 from __future__ import annotations
 
-import torch
-
 from adaqp.config.sections import TrainConfig
+from adaqp.run.adam import Adam
 
 
 def learning_rate(train: TrainConfig, epoch: int | None) -> float:
@@ -21,9 +20,7 @@ def learning_rate(train: TrainConfig, epoch: int | None) -> float:
     return train.lr * min(1.0, epoch / train.lr_warmup_epochs)
 
 
-def set_learning_rate(
-    optimizer: torch.optim.Optimizer, train: TrainConfig, epoch: int | None
-) -> None:
+def set_learning_rate(optimizer: Adam, train: TrainConfig, epoch: int | None) -> None:
     """Sets every parameter group's rate for the step of ``epoch``."""
     lr = learning_rate(train, epoch)
     for group in optimizer.param_groups:

@@ -39,6 +39,7 @@ from adaqp.graph.local import LocalGraph
 from adaqp.model.gnn import GNN
 from adaqp.model.layers import Propagation
 from adaqp.quant.kernels import compile_pending, use_compiled, warm_up
+from adaqp.run.adam import Adam
 from adaqp.run.checkpoint import Checkpointer
 from adaqp.run.compute_rows import order_by_loss, select_rows, training_propagation
 from adaqp.run.gradsync import GradientBuckets, GradientSyncError, gnn_layer_groups
@@ -156,7 +157,7 @@ class Trainer:
             graph, layer_rows, self.propagation, config.model.layers
         )
         del adjacency  # held as the propagations' blocks
-        self.optimizer = torch.optim.Adam(
+        self.optimizer = Adam(  # torch's update; not torch's class (adaqp/run/adam.py)
             self.model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay
         )
         self.buckets = GradientBuckets(

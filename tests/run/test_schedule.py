@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from adaqp.config import ConfigError, load_config
+from adaqp.run.adam import Adam
 from adaqp.run.schedule import learning_rate, set_learning_rate
 
 
@@ -30,7 +31,7 @@ def test_adam_steps_at_the_scheduled_rate():
     moved = {}
     for warmup in (0, 4):
         weight = torch.nn.Parameter(torch.ones(3))
-        optimizer = torch.optim.Adam([weight], lr=0.02)
+        optimizer = Adam([weight], lr=0.02)
         weight.grad = torch.tensor([1.0, -2.0, 0.5])
         set_learning_rate(optimizer, _train(f"train.lr_warmup_epochs={warmup}"), 1)
         optimizer.step()
