@@ -71,17 +71,28 @@ ExchangeFlags = Callable[[np.ndarray], np.ndarray]
 owners; returns the flags peers set on this rank's send list (a collective)."""
 
 
+def mark_reads(
+    indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray, inner: np.ndarray, halo: np.ndarray
+) -> None:
+    """Marks what the rows flagged in ``rows`` (bool [R]) read through their in-edges:
+    their inner in-neighbours in ``inner`` (bool [I]) and their halo ones in ``halo``
+    (bool [H]), in place. ``indptr`` ([R + 1], offsets into ``indices``, which may start
+    anywhere: R rows of a larger CSR) and ``indices`` (local ids: inner below I, halo
+    from I on) are those rows' in-edges. One rank's step of ``rings`` before its flag
+    exchange; ``adaqp/memory/layer_rows.py`` takes it a block of rows at a time."""
+    read = indices[np.repeat(rows, np.diff(indptr))]  # only the edges read: int32 mostly
+    from_halo = read >= inner.size
+    halo[read[from_halo] - inner.size] = True
+    inner[read[~from_halo]] = True
+
+
 def rings(graph: LocalGraph, num_layers: int, exchange: ExchangeFlags) -> np.ndarray:
     """int64 [I]: each inner row's ring, the number of layers, counted from the last, whose
     output reads it (0: a training row; ``num_layers``: no layer of a training step needs it).
 
     Collective: every rank calls it, with ``exchange`` moving flags between the ranks."""
-    num_inner = graph.num_inner
-    degree = np.diff(graph.indptr)
-    cols = graph.indices  # local ids, int32 where they fit: no [E] int64 copy is made
-    inner_edge = cols < num_inner
     send_idx = graph.send_idx.cpu().numpy()
-    ring = np.full(num_inner, num_layers, dtype=np.int64)
+    ring = np.full(graph.num_inner, num_layers, dtype=np.int64)
     needed = graph.train_mask.cpu().numpy().astype(bool)
     if needed.ndim > 1:  # a multilabel mask is per node all the same
         needed = needed.any(1)
@@ -89,11 +100,9 @@ def rings(graph: LocalGraph, num_layers: int, exchange: ExchangeFlags) -> np.nda
     for depth in range(1, num_layers):
         # The layer below the one whose output rows are ``needed`` must compute those,
         # their inner in-neighbours, and the rows its peers read as halo.
-        reads = np.repeat(needed, degree)
-        halo = np.zeros(graph.num_halo, dtype=bool)
-        halo[cols[reads & ~inner_edge] - num_inner] = True
         below = needed.copy()
-        below[cols[reads & inner_edge]] = True
+        halo = np.zeros(graph.num_halo, dtype=bool)
+        mark_reads(graph.indptr, graph.indices, needed, below, halo)
         below[send_idx[exchange(halo)]] = True
         ring[below & ~needed] = depth
         needed = below
