@@ -1,39 +1,45 @@
 """Each training worker's peak resident memory, predicted from its shape and the config.
 
-A worker's peak comes during backward: everything held across steps, every layer's
-tensors saved for backward (the forward pass has just ended), and the gradients backward
-has in flight. The prediction is that sum, term by term, in bytes, for a worker with
-I inner rows, H halo rows, E in-edges, S send rows (``adaqp.memory.shapes``), F features,
-C classes, hidden width D, L layers:
+A worker holds, across steps, its runtime, its part and the model; on top of that each
+training step and each evaluation make and let go of activations, gradients and exchange
+buffers, whose largest sum comes at one moment of one layer. The prediction is
 
-- ``runtime``: the interpreter, torch, the compiled kernels and the process group:
-  ``RUNTIME_BYTES``, measured (a worker before it loads its part).
-- ``features``: ``4 F I``, and with the layer-0 halo cache (``comm.cache_input_halo``,
-  more than one worker) the cached inputs ``4 F (I + H)`` beside them.
-- ``graph``: the local CSR (``8 E`` indices, ``8 I`` offsets), ids and degrees of every
-  local row (``24 (I + H)``), labels and masks (``11 I``), the send list (``8 S``).
-- ``adjacency``: the ``[I, I + H]`` aggregation matrix and its transpose for backward,
-  ``12`` bytes per stored entry each (int64 column, float32 value) plus offsets; entries
-  are E, plus I self-loops for GCN and GAT. With more than one worker the column split's
-  two blocks (inner and halo columns) add ``ADJACENCY_BLOCKS`` times the matrix.
-- ``parameters``: weights, their gradients and Adam's two moments, ``16`` bytes each.
-- ``activations``: what the forward pass saves for backward, per inner row: the
-  aggregated rows a layer's dense transform reads (``4 D_in``; none where a narrowing
-  layer transforms first) and, for a hidden layer, the input of its LayerNorm and ReLU
-  (``4 D``): the layers' inputs after dropout are computed again in backward, not kept
-  (``adaqp/model/recompute.py``).
-- ``backward``: the gradients in flight while backward runs a layer: two ``[I, D]`` and
-  the halo rows' ``[H, D]`` (``4 D (2 I + H)``).
-- ``stale rows`` (onebit, adaqp-s): every layer's last halo rows and gradients kept
-  across epochs, ``8 D H L``.
+    runtime + held (features, graph, adjacency, index copies, parameters, stale rows)
+            + the larger of the step's and the evaluation's peak (``adaqp.memory.step``)
+            + what the allocator keeps (``train.allocator``)
 
-The terms are the code's tensors; ``RUNTIME_BYTES`` is the only figure fitted, and the
-reading (docs/memory.md) compares the sum with measured peaks. GAT's attention keeps
-per-edge tensors that are not modelled: its prediction is a lower bound, and says so
-(``Prediction.note``, ``lower_bound`` in the JSON). The activations
-are counted for every inner row, as ``train.compute_rows = "all"`` computes them; the
-default computes fewer (``adaqp/graph/loss_rows.py``, how many depends on the graph, which
-this prediction does not load), so there it bounds them from above.
+in bytes, per worker, for I inner rows, H halo rows, E in-edges, S send rows
+(``adaqp.memory.shapes``), F features, C classes, hidden width D, L layers, with the rows
+each layer computes and exchanges (``adaqp.memory.layer_rows``: from the partition, exact,
+where it exists; else modelled from the training nodes' share and the degree):
+
+- ``runtime``: the interpreter, torch, numba's compiled kernels, the process group and
+  what the first steps add outside tensors: ``RUNTIME_BYTES``, the one figure fitted
+  (results/bench/memory/phases/).
+- ``features``: ``F`` values a row in the dataset's dtype, for the inner rows, or with the
+  layer-0 halo cache (``comm.cache_input_halo``, more than one worker) for the inner and
+  halo rows in one tensor.
+- ``graph``: the local CSR (``8 (I + 1)`` offsets, ``4 E`` int32 indices), global ids
+  (``8 (I + H)``), degrees (``4 (I + H)``), labels, masks, the send list (``8 S``).
+- ``adjacency``: the aggregation matrix of every row (int32 column and float32 value, 8
+  bytes an entry, ``E`` plus I self-loops for GCN and GAT; split into its inner and halo
+  column blocks with more than one worker), and the transposes backward reads, one per
+  layer that needs an input gradient (each over the entries of the rows that layer
+  computes).
+- ``index copies``: the input rows' global ids, each layer's send and keep lists.
+- ``parameters``: weights, their gradients and Adam's two moments, 16 bytes each.
+- ``activations``: the walk of a training step and of an evaluation
+  (``adaqp.memory.step``): the tensors each layer keeps for backward, those in hand while
+  it runs, the exchange buffers (the rows sent, the rows landed, the payload), backward's
+  gradients; the larger of the two peaks, and where it comes (``Prediction.where``).
+- ``stale rows`` (onebit, adaqp-s): every layer's last halo rows and gradients kept across
+  epochs.
+- ``allocator``: under ``train.allocator = "glibc"``, freed tensors under glibc's sliding
+  mmap threshold stay in the process: up to once more the step's peak (measured 0.9-1.4x
+  at four workers of the 200k workload); under ``"release"``, nothing.
+
+GAT's attention keeps per-edge tensors that are not walked: its prediction is a lower
+bound, and says so (``Prediction.note``, ``lower_bound`` in the JSON).
 """
 
 from __future__ import annotations
@@ -41,16 +47,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from adaqp.config import Config
-from adaqp.config.modes import STALE_MODES
+from adaqp.config.modes import QUANTIZED_MODES, STALE_MODES
+from adaqp.memory.layer_rows import LayerCounts, modelled_layer_counts, partition_layer_counts
 from adaqp.memory.shapes import Shapes, WorkerShape, counted, worker_shapes
+from adaqp.memory.step import FLOAT, LayerShape, Peak, evaluation, training_step
+from adaqp.process.allocator import planned
 
-RUNTIME_BYTES = 520 * 2**20
-"""A worker's resident set before its part's arrays and the activations: Python, torch,
-numba's compiled kernels, the model and the process group: fitted to the step's start
-less the tensors held (results/bench/memory/training/)."""
+RUNTIME_BYTES = 395 * 2**20
+"""A worker's resident set outside its tensors: Python, torch, numba's compiled kernels,
+the process group, and what the first steps add outside tensors (code paged in, Python's
+objects, glibc's own chunks): fitted to the 200k workload's measured phases at one and four
+workers (results/bench/memory/phases/)."""
 
-ADJACENCY_BLOCKS = 1.0
-"""The column split's inner and halo blocks, as a multiple of the adjacency's bytes."""
+GLIBC_KEPT = 1.0
+"""Under ``train.allocator = "glibc"``: the freed memory glibc keeps, as a multiple of the
+step's peak (measured 0.9-1.4x at four workers; results/bench/memory/phases/)."""
 
 LOWER_BOUND_MODELS = {
     "gat": "GAT's attention keeps per-edge tensors that the estimate does not count: its "
@@ -65,6 +76,9 @@ class WorkerEstimate:
 
     shape: WorkerShape
     terms: dict[str, int]
+    where: str = ""
+    """The moment of the peak (``adaqp.memory.step``'s walk: a step's or an evaluation's
+    layer and tensor)."""
 
     @property
     def peak_memory_bytes(self) -> int:
@@ -109,6 +123,7 @@ class Prediction:
             "note": self.note or None,
             "peak_memory_bytes_per_worker": [w.peak_memory_bytes for w in self.workers],
             "terms_per_worker": [w.terms for w in self.workers],
+            "peak_phase_per_worker": [w.where for w in self.workers],
             "shape_per_worker": [
                 {
                     "num_inner": w.shape.num_inner,
@@ -130,7 +145,7 @@ class Prediction:
             lines.append(
                 f"  rank {w.shape.rank}: {w.shape.num_inner} inner, {w.shape.num_halo} halo, "
                 f"{counted(w.shape.num_edges, 'edge')}: peak "
-                f"{w.peak_memory_bytes / 2**30:.2f} GiB ({parts})"
+                f"{w.peak_memory_bytes / 2**30:.2f} GiB ({parts}) at {w.where}"
             )
         at_least = "at least " if self.lower_bound else ""
         lines.append(f"largest worker: {at_least}{self.peak_memory_bytes / 2**30:.2f} GiB")
@@ -145,9 +160,43 @@ def predict(
     """Every worker's predicted peak for ``config`` on ``world_size`` workers."""
     shapes: Shapes = worker_shapes(config, world_size, halo_per_inner)
     model = f"{config.model.name} {config.model.layers} x {config.model.hidden}"
-    workers = [WorkerEstimate(s, worker_terms(s, config)) for s in shapes.workers]
+    rows = _layer_counts(config, shapes)
+    workers = [
+        _estimate(shape, config, training, whole)
+        for shape, (training, whole) in zip(shapes.workers, rows, strict=True)
+    ]
     note = LOWER_BOUND_MODELS.get(config.model.name, "")
     return Prediction(config_path, config.comm.mode, model, workers, shapes.source, note)
+
+
+def _cached(config: Config, world_size: int) -> bool:
+    return world_size > 1 and config.comm.cache_input_halo
+
+
+def _layer_counts(
+    config: Config, shapes: Shapes
+) -> list[tuple[list[LayerCounts], list[LayerCounts]]]:
+    """Per worker, the rows each layer computes and exchanges in a training step and in an
+    evaluation (every row): from the partition where there is one, else modelled."""
+    layers, world_size = config.model.layers, len(shapes.workers)
+    cached = _cached(config, world_size)
+    if shapes.partition is not None:
+        training = partition_layer_counts(
+            shapes.partition, layers, cached, config.train.compute_rows
+        )
+        whole = partition_layer_counts(shapes.partition, layers, cached, "all")
+        return list(zip(training, whole, strict=True))
+    out = []
+    for shape in shapes.workers:
+        degree = shape.num_edges / max(shape.num_inner, 1)
+        sizes = (shape.num_inner, shape.num_halo, shape.num_send, shape.num_train, degree)
+        out.append(
+            (
+                modelled_layer_counts(*sizes, layers, cached, config.train.compute_rows),
+                modelled_layer_counts(*sizes, layers, cached, "all"),
+            )
+        )
+    return out
 
 
 def _widths(config: Config, shape: WorkerShape) -> list[int]:
@@ -164,33 +213,75 @@ def _num_params(config: Config, widths: list[int]) -> int:
     return weights + norms
 
 
-def worker_terms(shape: WorkerShape, config: Config) -> dict[str, int]:
-    """The predicted peak of one worker, by term (see the module docstring)."""
+def layer_shapes(config: Config, shape: WorkerShape, counts: list[LayerCounts]) -> list[LayerShape]:
+    """The walk's layers (``adaqp.memory.step``) for one worker and its rows per layer."""
+    widths = _widths(config, shape)
+    cached = _cached(config, shape.world_size)
+    gat = config.model.name == "gat"
+    out = []
+    for layer, (count, a, b) in enumerate(zip(counts, widths[:-1], widths[1:], strict=True)):
+        first = gat or (config.comm.transform_first and b < a and not (layer == 0 and cached))
+        local = shape.world_size == 1 or (layer == 0 and cached)
+        out.append(
+            LayerShape(
+                num_out=count.num_out,
+                num_in=count.num_in,
+                num_halo=0 if local else count.num_halo,
+                num_send=0 if local else count.num_send,
+                width_in=a,
+                width_out=b,
+                transform_first=first,
+                input_halo=shape.num_halo if layer == 0 and cached else 0,
+                last=layer == len(counts) - 1,
+                exchanges=not local,
+            )
+        )
+    return out
+
+
+def _estimate(
+    shape: WorkerShape,
+    config: Config,
+    training: list[LayerCounts],
+    whole: list[LayerCounts],
+) -> WorkerEstimate:
+    """One worker's predicted peak, by term (see the module docstring)."""
     i, h, e, s = shape.num_inner, shape.num_halo, shape.num_edges, shape.num_send
     widths = _widths(config, shape)
-    f, d = widths[0], max(widths[1:-1], default=widths[-1])
-    distributed = shape.world_size > 1
-    cached = distributed and config.comm.cache_input_halo
-    entries = e + (i if config.model.name in ("gcn", "gat") else 0)
-    matrix = 12 * entries + 8 * (i + 1)
-    transpose = 12 * entries + 8 * (i + h + 1)
-    blocks = int(ADJACENCY_BLOCKS * matrix) if distributed else 0
+    f = widths[0]
+    cached = _cached(config, shape.world_size)
+    mode = config.comm.mode
+    bits = min(config.quant.bits or 8, 8) if mode in QUANTIZED_MODES else 32
+    model = config.model.name
+    dropout = config.model.dropout > 0
+    step = training_step(layer_shapes(config, shape, training), model, dropout, bits)
+    evaluated = evaluation(layer_shapes(config, shape, whole), model)
+    peak: Peak = max(step, evaluated, key=lambda p: p.bytes)
+    entries = e + (i if model in ("gcn", "gat") else 0)
+    blocks = 8 * (i + 1) + (8 * (i + 1) if shape.world_size > 1 else 0)
+    transposes = 0
+    for layer, count in enumerate(training):
+        if layer > 0 or not cached:  # a layer whose input needs a gradient
+            share = count.num_out / max(i, 1)
+            transposes += int(8 * entries * share) + 8 * (count.num_in + count.num_halo + 2)
     labels = 4 * i * shape.graph.num_classes if shape.graph.multilabel else 8 * i
-    saved = 0  # bytes per inner row
-    for layer, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
-        # A layer that narrows transforms first (comm.transform_first; not layer 0 on a
-        # cached input): its aggregation's input needs no keeping. Else its transform
-        # keeps the aggregated rows.
-        first = config.comm.transform_first and b < a and not (layer == 0 and cached)
-        saved += 0 if first else 4 * a
-        saved += 4 * b if layer < len(widths) - 2 else 0  # a hidden layer's norm input
-    return {
+    copies = 8 * (i + h) + sum(8 * (2 * c.num_send + c.num_halo) for c in training)
+    stale = 0
+    if mode in STALE_MODES:
+        stale = sum(
+            FLOAT * (c.num_halo + c.num_send) * w
+            for c, w in zip(training, widths[1:], strict=False)
+        )
+    allocator = planned(config.train.allocator)
+    terms = {
         "runtime": RUNTIME_BYTES,
-        "features": 4 * f * i + (4 * f * (i + h) if cached else 0),
-        "graph": 8 * e + 8 * (i + 1) + 24 * (i + h) + labels + 3 * i + 8 * s,
-        "adjacency": matrix + transpose + blocks,
+        "features": FLOAT * f * (i + h if cached else i),
+        "graph": 8 * (i + 1) + 4 * e + 12 * (i + h) + labels + 3 * i + 8 * s,
+        "adjacency": 8 * entries + blocks + transposes + 8 * i,
+        "index copies": copies,
         "parameters": 16 * _num_params(config, widths),
-        "activations": i * saved,
-        "backward": 4 * d * (2 * i + h),
-        "stale rows": 8 * d * h * config.model.layers if config.comm.mode in STALE_MODES else 0,
+        "activations": peak.bytes,
+        "stale rows": stale,
+        "allocator": int(GLIBC_KEPT * step.bytes) if allocator.threshold_bytes is None else 0,
     }
+    return WorkerEstimate(shape, terms, peak.where)

@@ -69,6 +69,8 @@ class Shapes:
 
     workers: list[WorkerShape]
     source: str
+    partition: Path | None = None
+    """The partition the shapes were read from (None: estimated from the graph's sizes)."""
 
 
 def graph_sizes(config: Config) -> GraphSizes:
@@ -161,7 +163,7 @@ def worker_shapes(config: Config, world_size: int, halo_per_inner: float | None 
             )  # fmt: skip
             for r, p in enumerate(parts)
         ]
-        return Shapes(workers, f"partition {where}")
+        return Shapes(workers, f"partition {where}", where)
     sizes = graph_sizes(config)
     ratio = DEFAULT_HALO_PER_INNER if halo_per_inner is None else halo_per_inner
     if world_size == 1:

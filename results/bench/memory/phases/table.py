@@ -57,10 +57,13 @@ PREDICTED = {
     "part arrays": "graph",
     "matrices (every row's, the layers' cuts, transposes, ids)": "adjacency",
     "parameters, Adam": "parameters",
-    "saved for backward": "activations",
-    "rise within the peak phase": "backward",
 }
-"""The measured term each predicted term stands for (the others it does not count)."""
+"""The measured term each predicted term stands for. The prediction's ``activations`` (its
+walk of a step and an evaluation, ``adaqp.memory.step``) stand for the saved tensors, the
+exchange buffers, the tensors in hand and the rise together: a row of their own."""
+
+WALKED = ("saved for backward", "exchange buffers", "other tensors in hand", "rise within")
+"""The measured terms the prediction's ``activations`` stand for (their names' starts)."""
 
 
 def rounded(obj):
@@ -208,6 +211,17 @@ def print_terms(out: dict, labels: list[str], key: str) -> None:
             else:
                 cells.append(fmt(measured))
         print(f"| {name} | " + " | ".join(cells) + " |")
+    cells = []
+    for label in labels:
+        run = out[label]
+        rank = run["largest_rank"]
+        walked = sum(
+            v for k, v in run[key][rank].items() if k.startswith(WALKED) and not isinstance(v, str)
+        )
+        predicted = run["prediction"]["terms_per_worker"][rank]["activations"] / MB
+        where = run["prediction"].get("peak_phase_per_worker", [""] * (rank + 1))[rank]
+        cells.append(f"{fmt(walked)} ({fmt(predicted)}: {cell(where)})")
+    print("| the step's tensors (saved, exchange, in hand, rise) | " + " | ".join(cells) + " |")
 
 
 def print_ratios(out: dict, labels: list[str]) -> None:

@@ -1,0 +1,256 @@
+"""The tensors a worker's training step and evaluation hold, in the order the code makes
+and lets go of them, and the largest sum they reach.
+
+A worker's peak is not the sum of everything it ever allocates: each layer's forward keeps
+some tensors for backward (the aggregated rows its transform reads, its norm's input, the
+ReLU's bits, the last layer's input) and lets the rest go; backward gives them back layer
+by layer while it makes the gradients, and the exchanges hold their rows only while they
+travel. :func:`training_step` and :func:`evaluation` walk those steps for one worker, layer
+by layer, from the shapes alone (``LayerShape``: the rows a layer computes and exchanges,
+``adaqp/memory/layer_rows.py``), and return the peak and the moment it comes. Each step
+names the tensor of ``adaqp/model/`` it stands for; the walk follows:
+
+- ``GNN.forward`` (``adaqp/model/gnn.py``): dropout before each layer (a new ``[rows, in]``
+  tensor where it drops anything), the input given up once the layer is done (a hidden
+  layer's dropped input is computed again in backward, ``adaqp/model/recompute.py``; the
+  last layer's is kept), ``norm_relu`` after a hidden layer (keeps its input and the ReLU's
+  bits);
+- ``Propagation`` (``adaqp/model/layers.py``): the rows sent (``index_select``, held until
+  the exchange lands), the halo rows received, the aggregation, its halo part added, the
+  dense transform after it (``_DeferredLinear``: keeps the aggregated rows), or before it
+  where a layer narrows (``transform_first``); in backward the transform's input gradient,
+  the inner rows' gradient (made before the exchange starts: autograd runs the later node
+  first), the halo rows' gradients sent and the sent rows' gradients received, the weight
+  gradient settled while they travel;
+- SAGE's root term (a second ``[rows, out]`` product), and its recomputed input in backward
+  (the root weight's gradient reads it).
+
+Sizes are float32 (4 bytes a value) but the ReLU's bits. Not walked: GAT's per-edge
+attention tensors (its prediction is a lower bound, ``adaqp.memory.estimate``), the
+quantized payloads beyond a byte a value (small next to the float rows they come from).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FLOAT = 4
+"""Bytes a value (float32)."""
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """One layer of one worker, as a step runs it."""
+
+    num_out: int
+    """Output rows."""
+    num_in: int
+    """Inner input rows."""
+    num_halo: int
+    """Halo rows its exchange receives (0: no exchange)."""
+    num_send: int
+    """Rows its exchange sends."""
+    width_in: int
+    width_out: int
+    transform_first: bool
+    """It transforms its input before aggregating (it narrows the rows)."""
+    input_halo: int = 0
+    """Halo rows already in its input (layer 0's cached input): aggregated locally."""
+    last: bool = False
+    exchanges: bool = True
+    """Its step exchanges rows (more than one worker, and not a cached layer 0): only then
+    is the transform's weight gradient deferred until the halo gradients travel."""
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The largest sum of live bytes a walk reached, and where."""
+
+    bytes: int
+    where: str
+
+
+class _Ledger:
+    """Live bytes, and their peak with the step that reached it."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.live = 0
+        self.peak = Peak(0, f"{label}: start")
+
+    def make(self, nbytes: float, where: str) -> int:
+        size = int(nbytes)
+        self.live += size
+        if self.live > self.peak.bytes:
+            self.peak = Peak(self.live, f"{self.label}: {where}")
+        return size
+
+    def drop(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+
+def _payload(rows: int, width: int, bits: int) -> float:
+    """A quantized message's bytes: ``bits`` a value, and a scale and an offset a row."""
+    return rows * (width * bits / 8 + 8) if bits < 32 else 0
+
+
+def _norm_kept(layer: LayerShape) -> int:
+    """A hidden layer's ``norm_relu`` keeps: its input, the ReLU's bits, two statistics a row."""
+    o, b = layer.num_out, layer.width_out
+    return 0 if layer.last else FLOAT * o * b + o * b // 8 + 2 * FLOAT * o
+
+
+def _transform_kept(layer: LayerShape) -> int:
+    """What a layer's dense transform keeps: the aggregated rows where it transforms after
+    aggregating; the last layer also its input (``GNN.forward``)."""
+    aggregated = 0 if layer.transform_first else FLOAT * layer.num_out * layer.width_in
+    kept_input = FLOAT * (layer.num_in + layer.input_halo) * layer.width_in if layer.last else 0
+    return aggregated + kept_input
+
+
+def saved_bytes(layer: LayerShape) -> int:
+    """What a layer's forward keeps for backward (see ``_norm_kept``, ``_transform_kept``)."""
+    return _norm_kept(layer) + _transform_kept(layer)
+
+
+def training_step(layers: list[LayerShape], model: str, dropout: bool, bits: int = 32) -> Peak:
+    """One training step's peak above what the worker holds across steps (bytes), for
+    ``model`` (``gcn``, ``sage``; ``gat`` as ``gcn``, its rows transformed first),
+    ``dropout`` (whether a layer's input dropout makes a new tensor) and the exchanges'
+    ``bits`` (32: float rows only)."""
+    led = _Ledger("train")
+    sage = model == "sage"
+    hidden_in = 0  # the previous layer's output, the next one's input (layer 0's is held)
+    grad = 0
+    for index, layer in enumerate(layers):
+        where = f"forward layer {index}"
+        o, n, a, b = layer.num_out, layer.num_in, layer.width_in, layer.width_out
+        layer_in = hidden_in
+        if dropout:
+            layer_in = led.make(FLOAT * (n + layer.input_halo) * a, f"{where}, dropout")
+            led.drop(hidden_in)  # the ReLU's output, once dropped out
+        width = b if layer.transform_first else a
+        transformed = 0
+        if layer.transform_first:  # SAGE: both weights in one product, then a copy
+            transformed = led.make(FLOAT * n * b * (3 if sage else 1), f"{where}, transform")
+        sent = led.make(FLOAT * layer.num_send * width, f"{where}, rows sent")
+        sent += led.make(_payload(layer.num_send, width, bits), f"{where}, payload")
+        halo = led.make(FLOAT * layer.num_halo * width, f"{where}, halo rows landed")
+        aggregated = led.make(FLOAT * o * width, f"{where}, aggregation")
+        marginal = led.make(FLOAT * min(o, layer.num_halo) * width, f"{where}, halo part added")
+        led.drop(marginal + halo + sent)
+        out = aggregated
+        if not layer.transform_first:
+            out = led.make(FLOAT * o * b, f"{where}, transform")
+            if sage:  # the root term, the neighbour term added into it
+                led.make(FLOAT * o * b, f"{where}, root term")
+                led.drop(out)
+        led.drop(transformed)
+        if layer.last:  # its input and transform's rows kept; the logits' gradient
+            led.drop(layer_in + out + (0 if layer.transform_first else aggregated))
+            led.make(_transform_kept(layer), f"{where}, kept for backward")
+            grad = led.make(FLOAT * o * b, "loss: the logits' gradient")
+            break
+        led.drop(layer_in)  # a hidden layer's input is computed again in backward
+        hidden_in = led.make(FLOAT * o * b, f"{where}, norm")
+        led.drop(out + (0 if layer.transform_first else aggregated))
+        led.make(saved_bytes(layer), f"{where}, kept for backward")
+    for index in range(len(layers) - 1, -1, -1):
+        layer = layers[index]
+        where = f"backward layer {index}"
+        o, n, a, b = layer.num_out, layer.num_in, layer.width_in, layer.width_out
+        width = b if layer.transform_first else a
+        if not layer.last:  # norm_relu's backward; its kept input goes with it
+            grad_out = led.make(FLOAT * o * b, f"{where}, norm's gradient")
+            led.drop(grad + _norm_kept(layer))
+            grad = grad_out
+        recomputed = 0
+        if dropout and not layer.last and (sage or layer.transform_first):
+            recomputed = led.make(FLOAT * n * a, f"{where}, input computed again")
+        deferred = 0
+        if not layer.transform_first:  # the transform's input gradient; its output's
+            deferred = grad  # gradient and input kept until its weight gradient settles
+            grad = led.make(FLOAT * o * a, f"{where}, transform's gradient")
+        if index == 0:  # the features need no gradient: the weight's, then done
+            led.drop(grad + deferred + _transform_kept(layer) + recomputed)
+            break
+        if deferred and not layer.exchanges:  # the weight gradient at once
+            led.drop(deferred + _transform_kept(layer))
+            deferred = 0
+        inner = led.make(FLOAT * n * width, f"{where}, inner rows' gradient")
+        if not layer.exchanges:
+            led.drop(grad)
+            grad = inner
+        else:
+            grad = _exchange_gradients(led, layer, where, width, bits, grad, inner, deferred)
+        if layer.transform_first:
+            grad_x = led.make(FLOAT * n * a, f"{where}, transform's input gradient")
+            led.drop(grad + _transform_kept(layer))
+            grad = grad_x
+        if sage and not layer.transform_first:
+            led.make(FLOAT * o * a, f"{where}, root term's input gradient")
+            led.drop(FLOAT * o * a)
+        if dropout:
+            grad_h = led.make(FLOAT * n * a, f"{where}, dropout's gradient")
+            led.drop(grad)
+            grad = grad_h
+        led.drop(recomputed)
+    return led.peak
+
+
+def _exchange_gradients(
+    led: _Ledger,
+    layer: LayerShape,
+    where: str,
+    width: int,
+    bits: int,
+    grad: int,
+    inner: int,
+    deferred: int,
+) -> int:
+    """A layer's backward exchange: the halo rows' gradients sent, the sent rows' gradients
+    landed, the transform's weight gradient settled while they travel, then the landed
+    gradients added into the inner rows'. Returns the input rows' gradient (bytes)."""
+    n = layer.num_in
+    sent = led.make(FLOAT * layer.num_halo * width, f"{where}, halo gradients sent")
+    sent += led.make(_payload(layer.num_halo, width, bits), f"{where}, payload")
+    landed = led.make(FLOAT * layer.num_send * width, f"{where}, gradients landed")
+    if deferred:  # the weight gradient, while they travel
+        led.drop(deferred + _transform_kept(layer))
+    added = led.make(FLOAT * n * width, f"{where}, gradients added")
+    led.drop(inner + landed + sent + grad)
+    return added
+
+
+def evaluation(layers: list[LayerShape], model: str) -> Peak:
+    """An evaluation's peak above what the worker holds (bytes): every row, no autograd,
+    the exchanges in float32 (``layers`` are the whole graph's)."""
+    led = _Ledger("eval")
+    sage = model == "sage"
+    hidden_in = 0
+    for index, layer in enumerate(layers):
+        where = f"forward layer {index}"
+        o, n, a, b = layer.num_out, layer.num_in, layer.width_in, layer.width_out
+        width = b if layer.transform_first else a
+        transformed = 0
+        if layer.transform_first:
+            transformed = led.make(FLOAT * n * b * (3 if sage else 1), f"{where}, transform")
+        sent = led.make(FLOAT * layer.num_send * width, f"{where}, rows sent")
+        halo = led.make(FLOAT * layer.num_halo * width, f"{where}, halo rows landed")
+        aggregated = led.make(FLOAT * o * width, f"{where}, aggregation")
+        led.drop(sent)
+        marginal = led.make(FLOAT * min(o, layer.num_halo) * width, f"{where}, halo part added")
+        led.drop(marginal + halo)
+        out = aggregated
+        if not layer.transform_first:
+            out = led.make(FLOAT * o * b, f"{where}, transform")
+            if sage:
+                led.make(FLOAT * o * b, f"{where}, root term")
+                led.drop(FLOAT * o * b)
+            led.drop(aggregated)
+        led.drop(transformed + hidden_in)  # the layer's input, once the layer is done
+        if layer.last:
+            break
+        hidden_in = led.make(FLOAT * o * b, f"{where}, norm")
+        led.drop(out)
+    return led.peak
