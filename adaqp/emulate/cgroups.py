@@ -45,7 +45,6 @@ import contextlib
 import logging
 import math
 import os
-import re
 import signal
 import time
 from dataclasses import dataclass, field
@@ -53,6 +52,7 @@ from pathlib import Path
 
 from adaqp.emulate.cgroup_leaf import LEAF, CgroupError, Leaf, enable_controllers
 from adaqp.emulate.hostvalues import per_host
+from adaqp.memory.limits import parse_memory as parse_size
 from adaqp.process.cores import usable_cores
 
 logger = logging.getLogger(__name__)
@@ -60,8 +60,6 @@ logger = logging.getLogger(__name__)
 CFS_PERIOD_US = 10_000
 """CFS period of every host's CPU quota (see the module docstring for why 10 ms)."""
 
-_MEMORY_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-_MEMORY = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(?:i?b)?")
 # The shell every host's command starts through: it writes its own pid into each file
 # before "--", then execs what follows, so the command and all its children are inside.
 _ENTER = (
@@ -87,13 +85,8 @@ class Budget:
 
 
 def parse_memory(text: str) -> int | None:
-    """``3g``, ``200m``, ``512k``, ``1.5GiB`` or plain bytes (binary multiples, as docker
-    reads them); ``""`` or ``0``: None (unlimited)."""
-    match = _MEMORY.fullmatch(text.strip().lower())
-    if match is None:
-        raise ValueError(f"memory-per-host: cannot read {text!r}; expected e.g. 200m or 3g")
-    value = int(float(match[1]) * _MEMORY_UNITS[match[2]])
-    return value or None
+    """``--memory-per-host``'s value: see :func:`adaqp.memory.limits.parse_memory`."""
+    return parse_size(text, "memory-per-host")
 
 
 def parse_cpus(text: str) -> float | None:

@@ -79,7 +79,7 @@ def memory_refused(spec: Launch) -> str | None:
         return None
     world = spec.nproc * spec.nnodes
     command = [sys.executable, "-m", "adaqp.memory", "--config", spec.config]
-    command += ["--nproc", str(world), "--json"]
+    command += ["--nproc", str(world), "--nproc-per-host", str(spec.nproc), "--json"]
     for override in train_overrides(spec.train_args):
         command += ["--set", override]
     try:

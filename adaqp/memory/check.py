@@ -41,7 +41,8 @@ def refusal(
 
     try:
         config = load_config(config_path, train_overrides(train_args))
-        prediction = predict(config, world_size, config_path=config_path)
+        per_host = max(len(ranks) for ranks, _ in hosts)
+        prediction = predict(config, world_size, config_path=config_path, workers_per_host=per_host)
     except (ConfigError, PartitionError, ValueError, OSError) as exc:
         logger.info("no memory estimate before launch: %s", exc)
         return None

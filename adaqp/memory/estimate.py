@@ -155,18 +155,42 @@ class Prediction:
 
 
 def predict(
-    config: Config, world_size: int, halo_per_inner: float | None = None, config_path: str = ""
+    config: Config,
+    world_size: int,
+    halo_per_inner: float | None = None,
+    config_path: str = "",
+    workers_per_host: int | None = None,
 ) -> Prediction:
-    """Every worker's predicted peak for ``config`` on ``world_size`` workers."""
+    """Every worker's predicted peak for ``config`` on ``world_size`` workers,
+    ``workers_per_host`` of them on each host (None: all on one). Where a quantized mode
+    sends float32 between workers of one host (``quant.full_precision = "auto"``) or may
+    anywhere (``"profile"``), its exchanges are walked as float rows, the larger."""
     shapes: Shapes = worker_shapes(config, world_size, halo_per_inner)
     model = f"{config.model.name} {config.model.layers} x {config.model.hidden}"
     rows = _layer_counts(config, shapes)
+    bits = _exchange_bits(config, workers_per_host or world_size)
     workers = [
-        _estimate(shape, config, training, whole)
+        _estimate(shape, config, training, whole, bits)
         for shape, (training, whole) in zip(shapes.workers, rows, strict=True)
     ]
     note = LOWER_BOUND_MODELS.get(config.model.name, "")
     return Prediction(config_path, config.comm.mode, model, workers, shapes.source, note)
+
+
+def _exchange_bits(config: Config, workers_per_host: int) -> int:
+    """The width a training exchange's rows travel at, as the walk takes it: 32 (float rows)
+    unless the mode quantizes every message of a worker (``quant.full_precision =
+    "never"``, or ``"auto"`` with one worker a host); then ``quant.bits`` (0: the model's
+    width, at most 8, what the adaptive scheme may choose)."""
+    quant = config.quant
+    if config.comm.mode not in QUANTIZED_MODES:
+        return 32
+    if not (
+        quant.full_precision == "never"
+        or (quant.full_precision == "auto" and workers_per_host == 1)
+    ):
+        return 32
+    return min(quant.bits or 8, 8)
 
 
 def _cached(config: Config, world_size: int) -> bool:
@@ -244,6 +268,7 @@ def _estimate(
     config: Config,
     training: list[LayerCounts],
     whole: list[LayerCounts],
+    bits: int,
 ) -> WorkerEstimate:
     """One worker's predicted peak, by term (see the module docstring)."""
     i, h, e, s = shape.num_inner, shape.num_halo, shape.num_edges, shape.num_send
@@ -251,7 +276,6 @@ def _estimate(
     f = widths[0]
     cached = _cached(config, shape.world_size)
     mode = config.comm.mode
-    bits = min(config.quant.bits or 8, 8) if mode in QUANTIZED_MODES else 32
     model = config.model.name
     dropout = config.model.dropout > 0
     step = training_step(layer_shapes(config, shape, training), model, dropout, bits)

@@ -20,6 +20,9 @@ from pathlib import Path, PurePosixPath
 OVERRIDE_FLAG = "--no-memory-check"
 """What lets a refused run go anyway (the launcher's and the emulated cluster's flag)."""
 
+_MEMORY_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+_MEMORY = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(?:i?b)?")
+
 USABLE_FRACTION = 0.9
 """The share of a host's memory a run's predicted need may take; a run predicted above it
 is refused. The rest is headroom the prediction does not count: the kernel, the page cache
@@ -33,6 +36,16 @@ _V1_UNLIMITED = 1 << 60
 
 _V2, _V1 = "memory.max", "memory.limit_in_bytes"
 """The limit's file in a cgroup v2 group and in a v1 memory-controller group."""
+
+
+def parse_memory(text: str, flag: str = "memory") -> int | None:
+    """``3g``, ``200m``, ``512k``, ``1.5GiB`` or plain bytes (binary multiples, as docker
+    reads them); ``""`` or ``0``: None (unlimited). ``flag`` names the option in errors."""
+    match = _MEMORY.fullmatch(text.strip().lower())
+    if match is None:
+        raise ValueError(f"{flag}: cannot read {text!r}; expected e.g. 200m or 3g")
+    value = int(float(match[1]) * _MEMORY_UNITS[match[2]])
+    return value or None
 
 
 @dataclass(frozen=True)

@@ -16,18 +16,19 @@ names the tensor of ``adaqp/model/`` it stands for; the walk follows:
   last layer's is kept), ``norm_relu`` after a hidden layer (keeps its input and the ReLU's
   bits);
 - ``Propagation`` (``adaqp/model/layers.py``): the rows sent (``index_select``, held until
-  the exchange lands), the halo rows received, the aggregation, its halo part added, the
-  dense transform after it (``_DeferredLinear``: keeps the aggregated rows), or before it
-  where a layer narrows (``transform_first``); in backward the transform's input gradient,
+  the exchange lands; quantized, until their payload is made), the halo rows received,
+  the aggregation, its halo part added, the dense transform after it
+  (``_DeferredLinear``: keeps the aggregated rows), or before it where a layer narrows
+  (``transform_first``); in backward the transform's input gradient,
   the inner rows' gradient (made before the exchange starts: autograd runs the later node
   first), the halo rows' gradients sent and the sent rows' gradients received, the weight
   gradient settled while they travel;
 - SAGE's root term (a second ``[rows, out]`` product), and its recomputed input in backward
   (the root weight's gradient reads it).
 
-Sizes are float32 (4 bytes a value) but the ReLU's bits. Not walked: GAT's per-edge
-attention tensors (its prediction is a lower bound, ``adaqp.memory.estimate``), the
-quantized payloads beyond a byte a value (small next to the float rows they come from).
+Sizes are float32 (4 bytes a value) but the ReLU's bits and the quantized payloads. Not
+walked: GAT's per-edge attention tensors (its prediction is a lower bound,
+``adaqp.memory.estimate``).
 """
 
 from __future__ import annotations
@@ -89,9 +90,16 @@ class _Ledger:
         self.live -= nbytes
 
 
-def _payload(rows: int, width: int, bits: int) -> float:
-    """A quantized message's bytes: ``bits`` a value, and a scale and an offset a row."""
-    return rows * (width * bits / 8 + 8) if bits < 32 else 0
+def _send(led: _Ledger, rows: int, width: int, bits: int, where: str) -> int:
+    """An exchange's outgoing rows: float rows held until they have left; quantized
+    (``bits`` < 32), the float rows let go once their payload (``bits`` a value, a scale
+    and an offset a row) is made. Returns the bytes still held (freed when it lands)."""
+    rows_bytes = led.make(FLOAT * rows * width, where)
+    if bits >= 32:
+        return rows_bytes
+    payload = led.make(rows * (width * bits / 8 + 8), f"{where}, payload")
+    led.drop(rows_bytes)
+    return payload
 
 
 def _norm_kept(layer: LayerShape) -> int:
@@ -133,8 +141,7 @@ def training_step(layers: list[LayerShape], model: str, dropout: bool, bits: int
         transformed = 0
         if layer.transform_first:  # SAGE: both weights in one product, then a copy
             transformed = led.make(FLOAT * n * b * (3 if sage else 1), f"{where}, transform")
-        sent = led.make(FLOAT * layer.num_send * width, f"{where}, rows sent")
-        sent += led.make(_payload(layer.num_send, width, bits), f"{where}, payload")
+        sent = _send(led, layer.num_send, width, bits, f"{where}, rows sent")
         halo = led.make(FLOAT * layer.num_halo * width, f"{where}, halo rows landed")
         aggregated = led.make(FLOAT * o * width, f"{where}, aggregation")
         marginal = led.make(FLOAT * min(o, layer.num_halo) * width, f"{where}, halo part added")
@@ -212,8 +219,7 @@ def _exchange_gradients(
     landed, the transform's weight gradient settled while they travel, then the landed
     gradients added into the inner rows'. Returns the input rows' gradient (bytes)."""
     n = layer.num_in
-    sent = led.make(FLOAT * layer.num_halo * width, f"{where}, halo gradients sent")
-    sent += led.make(_payload(layer.num_halo, width, bits), f"{where}, payload")
+    sent = _send(led, layer.num_halo, width, bits, f"{where}, halo gradients sent")
     landed = led.make(FLOAT * layer.num_send * width, f"{where}, gradients landed")
     if deferred:  # the weight gradient, while they travel
         led.drop(deferred + _transform_kept(layer))

@@ -14,7 +14,7 @@ from adaqp.emulate.cli import main as cluster_main
 from adaqp.launcher import main as launcher_main
 from adaqp.memory.__main__ import main as memory_main
 from adaqp.memory.check import refusal
-from adaqp.memory.estimate import RUNTIME_BYTES, predict
+from adaqp.memory.estimate import RUNTIME_BYTES, _exchange_bits, predict
 from adaqp.memory.limits import HostLimit
 from adaqp.partitioning.build import ensure_partition
 
@@ -153,3 +153,29 @@ def test_counts_of_one_are_singular(tmp_path, capsys) -> None:
     assert "; 0 halo rows per inner row assumed)" in out and ": 1 worker, " in out
     assert memory_main([*args, "--nproc", "2", "--halo-per-inner", "0.5"]) == 0
     assert "; 0.5 halo rows per inner row assumed)" in capsys.readouterr().out
+
+
+def test_hosts_of_finds_the_fewest_hosts_that_fit(tmp_path, capsys) -> None:
+    where = f"partition.dir={tmp_path / 'none'}"
+    base = ["--config", CONFIG, "--set", where]
+    assert memory_main([*base, "--hosts-of", "64g"]) == 0
+    assert "fewest hosts of 64 GiB: 1" in capsys.readouterr().out
+    assert memory_main([*base, "--hosts-of", "100m", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)  # under the runtime alone: nothing fits
+    assert out["fewest_hosts"] is None and [t["nproc"] for t in out["tries"]][-1] == 1024
+    with pytest.raises(SystemExit) as exited:  # neither --nproc nor --hosts-of
+        memory_main(["--config", CONFIG])
+    assert exited.value.code == 2 and "--hosts-of" in capsys.readouterr().err
+
+
+def test_a_quantized_mode_is_walked_as_float_rows_where_a_host_holds_two(cora_parts) -> None:
+    def bits(mode: str, per_host: int, *overrides: str) -> int:
+        return _exchange_bits(load_config(CONFIG, [f"comm.mode={mode}", *overrides]), per_host)
+
+    assert bits("adaqp", 2) == 32  # float32 between the workers of one host
+    assert bits("adaqp", 1) == bits("adaqp", 2, "quant.full_precision=never") == 1
+    assert bits("adaqp", 1, "quant.full_precision=profile") == 32  # may choose float32
+    assert bits("vanilla", 1) == 32
+    config = load_config(CONFIG, [f"partition.dir={cora_parts}", "comm.mode=adaqp"])
+    vanilla = predict(load_config(CONFIG, [f"partition.dir={cora_parts}"]), 2)
+    assert predict(config, 2).workers[0].terms == vanilla.workers[0].terms
