@@ -140,10 +140,14 @@ class Prediction:
             f"{self.config_path}: {counted(len(self.workers), 'worker')}, {self.mode}, "
             f"{self.model}; from {self.source}"
         ]
-        for w in self.workers:
+        alike = len(
+            {(w.shape.num_inner, w.shape.num_halo, w.shape.num_edges) for w in self.workers}
+        )
+        for w in self.workers[:1] if alike == 1 else self.workers:
             parts = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in w.terms.items() if v)
+            who = "every rank" if alike == 1 and len(self.workers) > 1 else f"rank {w.shape.rank}"
             lines.append(
-                f"  rank {w.shape.rank}: {w.shape.num_inner} inner, {w.shape.num_halo} halo, "
+                f"  {who}: {w.shape.num_inner} inner, {w.shape.num_halo} halo, "
                 f"{counted(w.shape.num_edges, 'edge')}: peak "
                 f"{w.peak_memory_bytes / 2**30:.2f} GiB ({parts}) at {w.where}"
             )

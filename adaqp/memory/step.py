@@ -122,6 +122,17 @@ def saved_bytes(layer: LayerShape) -> int:
 
 
 def training_step(layers: list[LayerShape], model: str, dropout: bool, bits: int = 32) -> Peak:
+    """One training step's peak above what the worker holds across steps (bytes): the
+    larger of the two orders backward may take at a layer that exchanges (``_backward``)."""
+    return max(
+        (_training_step(layers, model, dropout, bits, overlap) for overlap in (False, True)),
+        key=lambda peak: peak.bytes,
+    )
+
+
+def _training_step(
+    layers: list[LayerShape], model: str, dropout: bool, bits: int, overlap: bool
+) -> Peak:
     """One training step's peak above what the worker holds across steps (bytes), for
     ``model`` (``gcn``, ``sage``; ``gat`` as ``gcn``, its rows transformed first),
     ``dropout`` (whether a layer's input dropout makes a new tensor) and the exchanges'
@@ -133,11 +144,11 @@ def training_step(layers: list[LayerShape], model: str, dropout: bool, bits: int
     for index, layer in enumerate(layers):
         where = f"forward layer {index}"
         o, n, a, b = layer.num_out, layer.num_in, layer.width_in, layer.width_out
+        width = b if layer.transform_first else a
         layer_in = hidden_in
         if dropout:
             layer_in = led.make(FLOAT * (n + layer.input_halo) * a, f"{where}, dropout")
             led.drop(hidden_in)  # the ReLU's output, once dropped out
-        width = b if layer.transform_first else a
         transformed = 0
         if layer.transform_first:  # SAGE: both weights in one product, then a copy
             transformed = led.make(FLOAT * n * b * (3 if sage else 1), f"{where}, transform")
@@ -166,66 +177,116 @@ def training_step(layers: list[LayerShape], model: str, dropout: bool, bits: int
         layer = layers[index]
         where = f"backward layer {index}"
         o, n, a, b = layer.num_out, layer.num_in, layer.width_in, layer.width_out
-        width = b if layer.transform_first else a
         if not layer.last:  # norm_relu's backward; its kept input goes with it
             grad_out = led.make(FLOAT * o * b, f"{where}, norm's gradient")
             led.drop(grad + _norm_kept(layer))
             grad = grad_out
-        recomputed = 0
-        if dropout and not layer.last and (sage or layer.transform_first):
-            recomputed = led.make(FLOAT * n * a, f"{where}, input computed again")
-        deferred = 0
-        if not layer.transform_first:  # the transform's input gradient; its output's
-            deferred = grad  # gradient and input kept until its weight gradient settles
-            grad = led.make(FLOAT * o * a, f"{where}, transform's gradient")
-        if index == 0:  # the features need no gradient: the weight's, then done
-            led.drop(grad + deferred + _transform_kept(layer) + recomputed)
-            break
-        if deferred and not layer.exchanges:  # the weight gradient at once
-            led.drop(deferred + _transform_kept(layer))
-            deferred = 0
-        inner = led.make(FLOAT * n * width, f"{where}, inner rows' gradient")
-        if not layer.exchanges:
-            led.drop(grad)
-            grad = inner
-        else:
-            grad = _exchange_gradients(led, layer, where, width, bits, grad, inner, deferred)
         if layer.transform_first:
-            grad_x = led.make(FLOAT * n * a, f"{where}, transform's input gradient")
-            led.drop(grad + _transform_kept(layer))
-            grad = grad_x
-        if sage and not layer.transform_first:
-            led.make(FLOAT * o * a, f"{where}, root term's input gradient")
-            led.drop(FLOAT * o * a)
+            grad = _narrowing_backward(led, layer, index, where, bits, dropout, grad)
+        else:
+            grad = _backward(
+                led, layer, index, where, bits, sage and (dropout or index > 0), overlap, grad
+            )
+        if index == 0:
+            break
         if dropout:
             grad_h = led.make(FLOAT * n * a, f"{where}, dropout's gradient")
             led.drop(grad)
             grad = grad_h
-        led.drop(recomputed)
     return led.peak
 
 
-def _exchange_gradients(
+def _backward(
     led: _Ledger,
     layer: LayerShape,
+    index: int,
     where: str,
-    width: int,
     bits: int,
+    root: bool,
+    overlap: bool,
     grad: int,
-    inner: int,
-    deferred: int,
 ) -> int:
-    """A layer's backward exchange: the halo rows' gradients sent, the sent rows' gradients
-    landed, the transform's weight gradient settled while they travel, then the landed
-    gradients added into the inner rows'. Returns the input rows' gradient (bytes)."""
-    n = layer.num_in
-    sent = _send(led, layer.num_halo, width, bits, f"{where}, halo gradients sent")
-    landed = led.make(FLOAT * layer.num_send * width, f"{where}, gradients landed")
-    if deferred:  # the weight gradient, while they travel
+    """A layer that aggregates, then transforms (``root``: SAGE's root term, whose weight
+    reads the layer's input computed again): from its output's gradient ``grad`` to its
+    input's (bytes; 0 at layer 0, whose features need none). The input's gradient gathers
+    in one buffer, each part added into it as it comes: SAGE's root term first (its weight
+    reads the input, computed again), then the inner rows' and the landed rows'. With an
+    exchange the transform's weight gradient waits for the halo gradients to travel; which
+    comes first, the exchange or the inner rows' gradient, follows autograd's order:
+    the exchange where the layer ``overlap``s (its land node is the later one), else the
+    inner rows'."""
+    o, n, a = layer.num_out, layer.num_in, layer.width_in
+    buffer = 0
+    if root and index > 0:  # the root term's weight and input gradient
+        recomputed = led.make(FLOAT * n * a, f"{where}, input computed again")
+        root = led.make(FLOAT * o * a, f"{where}, root term's input gradient")
+        led.drop(recomputed)
+        buffer = led.make(FLOAT * n * a, f"{where}, input's gradient")
+        led.drop(root)
+    elif root:
+        led.drop(led.make(FLOAT * n * a, f"{where}, input computed again"))  # its weight's
+    deferred = grad  # the output's gradient, and the input kept, until the weight's
+    grad = led.make(FLOAT * o * a, f"{where}, transform's gradient")
+    if index == 0 or not layer.exchanges:  # the weight's gradient at once
         led.drop(deferred + _transform_kept(layer))
-    added = led.make(FLOAT * n * width, f"{where}, gradients added")
-    led.drop(inner + landed + sent + grad)
-    return added
+        if index == 0:
+            led.drop(grad)
+            return 0
+        buffer = _add(led, buffer, FLOAT * n * a, f"{where}, inner rows' gradient")
+        led.drop(grad)
+        return buffer
+    if not overlap:
+        buffer = _add(led, buffer, FLOAT * n * a, f"{where}, inner rows' gradient")
+    sent = _send(led, layer.num_halo, a, bits, f"{where}, halo gradients sent")
+    landed = led.make(FLOAT * layer.num_send * a, f"{where}, gradients landed")
+    led.drop(deferred + _transform_kept(layer))  # the weight gradient, while they travel
+    if overlap:
+        buffer = _add(led, buffer, FLOAT * n * a, f"{where}, inner rows' gradient")
+    buffer = _add(led, buffer, FLOAT * n * a, f"{where}, landed gradients added")
+    led.drop(landed + sent + grad)
+    return buffer
+
+
+def _add(led: _Ledger, buffer: int, nbytes: int, where: str) -> int:
+    """A gradient made and added into ``buffer`` (autograd accumulates in place): the
+    buffer's bytes after (the new gradient is the buffer where there was none)."""
+    made = led.make(nbytes, where)
+    if not buffer:
+        return made
+    led.drop(made)
+    return buffer
+
+
+def _narrowing_backward(
+    led: _Ledger,
+    layer: LayerShape,
+    index: int,
+    where: str,
+    bits: int,
+    dropout: bool,
+    grad: int,
+) -> int:
+    """A layer that transforms first (it narrows): the aggregation's gradients into the
+    transformed rows (inner, then the landed rows added), then the transform's input
+    gradient, its weight reading the input (the last layer's kept; a hidden layer's
+    computed again)."""
+    n, a, b = layer.num_in, layer.width_in, layer.width_out
+    recomputed = 0
+    if dropout and not layer.last:
+        recomputed = led.make(FLOAT * n * a, f"{where}, input computed again")
+    if index == 0:  # only the weight's gradient
+        led.drop(grad + _transform_kept(layer) + recomputed)
+        return 0
+    buffer = led.make(FLOAT * n * b, f"{where}, inner rows' gradient")
+    if layer.exchanges:
+        sent = _send(led, layer.num_halo, b, bits, f"{where}, halo gradients sent")
+        landed = led.make(FLOAT * layer.num_send * b, f"{where}, gradients landed")
+        buffer = _add(led, buffer, FLOAT * n * b, f"{where}, landed gradients added")
+        led.drop(landed + sent)
+    led.drop(grad)
+    grad_x = led.make(FLOAT * n * a, f"{where}, transform's input gradient")
+    led.drop(buffer + _transform_kept(layer) + recomputed)
+    return grad_x
 
 
 def evaluation(layers: list[LayerShape], model: str) -> Peak:
