@@ -47,7 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from adaqp.config import Config
-from adaqp.config.modes import QUANTIZED_MODES, STALE_MODES
+from adaqp.config.modes import OVERLAP_MODES, QUANTIZED_MODES, STALE_MODES
 from adaqp.memory.layer_rows import LayerCounts, modelled_layer_counts, partition_layer_counts
 from adaqp.memory.shapes import Shapes, WorkerShape, counted, worker_shapes
 from adaqp.memory.step import FLOAT, LayerShape, Peak, evaluation, training_step
@@ -173,8 +173,9 @@ def predict(
     model = f"{config.model.name} {config.model.layers} x {config.model.hidden}"
     rows = _layer_counts(config, shapes)
     bits = _exchange_bits(config, workers_per_host or world_size)
+    orders = _overlap_orders(config, workers_per_host or world_size)
     workers = [
-        _estimate(shape, config, training, whole, bits)
+        _estimate(shape, config, training, whole, bits, orders)
         for shape, (training, whole) in zip(shapes.workers, rows, strict=True)
     ]
     note = LOWER_BOUND_MODELS.get(config.model.name, "")
@@ -195,6 +196,17 @@ def _exchange_bits(config: Config, workers_per_host: int) -> int:
     ):
         return 32
     return min(quant.bits or 8, 8)
+
+
+def _overlap_orders(config: Config, workers_per_host: int) -> tuple[bool, ...]:
+    """Whether the step's layers overlap (``comm.overlap``; ``runtime.overlaps``): not in
+    the modes that never do or under ``off``; yes under ``on`` or ``auto`` with one worker a
+    host; else it depends on the host's cores, and the walk takes the larger of both."""
+    if config.comm.mode not in OVERLAP_MODES or config.comm.overlap == "off":
+        return (False,)
+    if config.comm.overlap == "on" or workers_per_host == 1:
+        return (True,)
+    return (False, True)
 
 
 def _cached(config: Config, world_size: int) -> bool:
@@ -273,6 +285,7 @@ def _estimate(
     training: list[LayerCounts],
     whole: list[LayerCounts],
     bits: int,
+    orders: tuple[bool, ...],
 ) -> WorkerEstimate:
     """One worker's predicted peak, by term (see the module docstring)."""
     i, h, e, s = shape.num_inner, shape.num_halo, shape.num_edges, shape.num_send
@@ -282,7 +295,7 @@ def _estimate(
     mode = config.comm.mode
     model = config.model.name
     dropout = config.model.dropout > 0
-    step = training_step(layer_shapes(config, shape, training), model, dropout, bits)
+    step = training_step(layer_shapes(config, shape, training), model, dropout, bits, orders)
     evaluated = evaluation(layer_shapes(config, shape, whole), model)
     peak: Peak = max(step, evaluated, key=lambda p: p.bytes)
     entries = e + (i if model in ("gcn", "gat") else 0)

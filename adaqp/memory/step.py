@@ -121,11 +121,18 @@ def saved_bytes(layer: LayerShape) -> int:
     return _norm_kept(layer) + _transform_kept(layer)
 
 
-def training_step(layers: list[LayerShape], model: str, dropout: bool, bits: int = 32) -> Peak:
+def training_step(
+    layers: list[LayerShape],
+    model: str,
+    dropout: bool,
+    bits: int = 32,
+    overlap: tuple[bool, ...] = (False, True),
+) -> Peak:
     """One training step's peak above what the worker holds across steps (bytes): the
-    larger of the two orders backward may take at a layer that exchanges (``_backward``)."""
+    largest over the orders a layer that exchanges may run its backward in (``overlap``:
+    the central rows split from the marginal ones, or not; ``_backward``)."""
     return max(
-        (_training_step(layers, model, dropout, bits, overlap) for overlap in (False, True)),
+        (_training_step(layers, model, dropout, bits, order) for order in overlap),
         key=lambda peak: peak.bytes,
     )
 
@@ -227,19 +234,22 @@ def _backward(
         led.drop(led.make(FLOAT * n * a, f"{where}, input computed again"))  # its weight's
     deferred = grad  # the output's gradient, and the input kept, until the weight's
     grad = led.make(FLOAT * o * a, f"{where}, transform's gradient")
-    if index == 0 or not layer.exchanges:  # the weight's gradient at once
+    if index == 0 or not layer.exchanges or overlap:  # the weight's gradient at once
         led.drop(deferred + _transform_kept(layer))
         if index == 0:
             led.drop(grad)
             return 0
-        buffer = _add(led, buffer, FLOAT * n * a, f"{where}, inner rows' gradient")
-        led.drop(grad)
-        return buffer
-    if not overlap:
+        if not layer.exchanges:
+            buffer = _add(led, buffer, FLOAT * n * a, f"{where}, inner rows' gradient")
+            led.drop(grad)
+            return buffer
+        deferred = 0
+    else:
         buffer = _add(led, buffer, FLOAT * n * a, f"{where}, inner rows' gradient")
     sent = _send(led, layer.num_halo, a, bits, f"{where}, halo gradients sent")
     landed = led.make(FLOAT * layer.num_send * a, f"{where}, gradients landed")
-    led.drop(deferred + _transform_kept(layer))  # the weight gradient, while they travel
+    if deferred:  # the weight gradient, while they travel
+        led.drop(deferred + _transform_kept(layer))
     if overlap:
         buffer = _add(led, buffer, FLOAT * n * a, f"{where}, inner rows' gradient")
     buffer = _add(led, buffer, FLOAT * n * a, f"{where}, landed gradients added")

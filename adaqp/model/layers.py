@@ -276,9 +276,13 @@ class Propagation:
                 "this Propagation was built for linear aggregations only (linear=True) and "
                 "keeps no whole adjacency for another"
             )
+        in_flight = not local and self.overlap and self.policy.waits(layer)
         # Deferred weight gradients make the exchange's ticket need a gradient, so its
         # backward exchange runs: worth it only where the input's gradient needs it anyway.
-        defer = linear and not local and h_RD.requires_grad
+        # Where the layer overlaps, the inner rows' gradient hides the exchange: the weight
+        # gradient is made at once, and its input and output gradient let go before the
+        # halo gradients' buffers are made (results/bench/memory/hosts-1gbit/).
+        defer = linear and not local and h_RD.requires_grad and not in_flight
         if transform is not None and not defer:
             # Nothing to defer its weight gradients to: part of the finish.
             return self(h_RD, layer, lambda agg, rows: finish(transform(agg), rows), aggregate)
@@ -300,7 +304,6 @@ class Propagation:
         params = () if transform is None else _params(transform)
         # Not kept here: the exchange holds the sent rows until they have left.
         ticket = _ExchangeStart.apply(h_RD.index_select(0, rows.send_idx), flight, *params)
-        in_flight = self.overlap and self.policy.waits(layer)
         central = slice(0, rows.num_central)
         marginal = slice(rows.num_central, rows.num_out)
         if linear:

@@ -148,7 +148,8 @@ def _log_deferred_grads(monkeypatch, events: list[str]) -> None:
     settle_deferred = layers._InFlight.settle_deferred
 
     def logged_settle_deferred(flight):
-        events.append("weight gradients")
+        if flight.deferred is not None:
+            events.append("weight gradients")
         return settle_deferred(flight)
 
     monkeypatch.setattr(layers._InFlight, "settle_deferred", logged_settle_deferred)
@@ -158,11 +159,10 @@ def test_inner_columns_are_aggregated_and_differentiated_while_the_exchange_trav
     monkeypatch,
 ):
     """The product aggregation's window: every row's sum over its inner in-neighbours
-    runs in flight, the halo terms and the finish after landing; backward, the inner
-    sum's gradient and the transform's weight gradients are computed between sending the
-    halo gradients and waiting, the weight's first (so that the rows it reads are let go
-    before the inner gradients are made), and the weight's gradient is ready after the
-    wait."""
+    runs in flight, the halo terms and the finish after landing; backward, the transform's
+    weight gradient is made at once, before the halo gradients are sent (its input and
+    output gradient let go before the exchange's buffers are made: the inner sum's
+    gradient, computed between sending and waiting, hides the exchange)."""
     prop, events, policy, dense, halo, _ = _setup(overlap=True)
 
     def logged_spmm(block, x):
@@ -190,11 +190,10 @@ def test_inner_columns_are_aggregated_and_differentiated_while_the_exchange_trav
     linear.weight.register_post_accumulate_grad_hook(lambda p: events.append("weight ready"))
     out.sum().backward()
     assert events == [
+        "weight ready",  # at once: nothing deferred
         "start layer1/backward",
-        "weight gradients",  # inside the window
         "grad inner",  # inside the window
         "wait layer1/backward",
-        "weight ready",
     ]
 
 
@@ -303,26 +302,30 @@ def test_an_input_without_a_gradient_sends_no_gradient_back(overlap, bias):
         torch.testing.assert_close(param.grad, param_ref.grad)
 
 
-def test_another_linear_aggregation_splits_by_columns_and_defers_the_weights(monkeypatch):
+@pytest.mark.parametrize("overlap", [True, False])
+def test_another_linear_aggregation_splits_by_columns_and_defers_the_weights(monkeypatch, overlap):
     """The path follows what an aggregation declares, not which one it is: a scaled
-    product (a LinearAggregation) aggregates every row's inner columns in flight and adds
-    the marginal rows' halo columns after landing, and its transform's weight gradients
-    are computed in the backward window, as the product's are."""
-    prop, events, _, dense, halo, _ = _setup(overlap=True)
+    product (a LinearAggregation) aggregates every row's inner columns (in flight where the
+    layer overlaps) and adds the marginal rows' halo columns after landing; its transform's
+    weight gradients are computed in the backward window where the layer does not overlap,
+    as the product's are, and at once where it does."""
+    prop, events, _, dense, halo, _ = _setup(overlap=overlap)
     _log_deferred_grads(monkeypatch, events)
     linear = torch.nn.Linear(DIM, 5)
     h = torch.randn(NUM_INNER, DIM, requires_grad=True)
     out = prop(h, 1, aggregate=_Scaled(0.5, events), transform=linear)
+    inner = f"aggregate {NUM_INNER}x{NUM_INNER}"
+    window = [inner, "wait layer1/forward"] if overlap else ["wait layer1/forward", inner]
     assert events == [
         "start layer1/forward",
-        f"aggregate {NUM_INNER}x{NUM_INNER}",  # inside the window
-        "wait layer1/forward",
+        *window,
         f"aggregate {NUM_INNER - 2}x{NUM_HALO}",  # the marginal rows' halo block
     ]
     torch.testing.assert_close(out, linear(0.5 * dense @ torch.cat([h.detach(), halo])))
     events.clear()
     out.sum().backward()
-    assert events == ["start layer1/backward", "weight gradients", "wait layer1/backward"]
+    deferred = [] if overlap else ["weight gradients"]
+    assert events == ["start layer1/backward", *deferred, "wait layer1/backward"]
 
 
 @pytest.mark.parametrize(("num_central", "stray"), [(3, 1), (4, 3)])
