@@ -189,7 +189,7 @@ def _training_step(
             led.drop(grad + _norm_kept(layer))
             grad = grad_out
         if layer.transform_first:
-            grad = _narrowing_backward(led, layer, index, where, bits, dropout, grad)
+            grad = _narrowing_backward(led, layer, index, where, bits, dropout, sage, grad)
         else:
             grad = _backward(
                 led, layer, index, where, bits, sage and (dropout or index > 0), overlap, grad
@@ -274,12 +274,13 @@ def _narrowing_backward(
     where: str,
     bits: int,
     dropout: bool,
+    sage: bool,
     grad: int,
 ) -> int:
     """A layer that transforms first (it narrows): the aggregation's gradients into the
-    transformed rows (inner, then the landed rows added), then the transform's input
-    gradient, its weight reading the input (the last layer's kept; a hidden layer's
-    computed again)."""
+    transformed rows (inner, then the landed rows added; SAGE's both weights' rows, ``[N,
+    2 out]``, its root term's slice first), then the transform's input gradient, its
+    weight reading the input (the last layer's kept; a hidden layer's computed again)."""
     n, a, b = layer.num_in, layer.width_in, layer.width_out
     recomputed = 0
     if dropout and not layer.last:
@@ -287,7 +288,8 @@ def _narrowing_backward(
     if index == 0:  # only the weight's gradient
         led.drop(grad + _transform_kept(layer) + recomputed)
         return 0
-    buffer = led.make(FLOAT * n * b, f"{where}, inner rows' gradient")
+    buffer = led.make(FLOAT * n * 2 * b, f"{where}, both products' gradient") if sage else 0
+    buffer = _add(led, buffer, FLOAT * n * b, f"{where}, inner rows' gradient")
     if layer.exchanges:
         sent = _send(led, layer.num_halo, b, bits, f"{where}, halo gradients sent")
         landed = led.make(FLOAT * layer.num_send * b, f"{where}, gradients landed")
