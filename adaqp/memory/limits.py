@@ -220,7 +220,8 @@ def over_limit(
     return (
         f"{host} needs {need / 2**30:.2f} GiB by the memory estimate ({count} "
         f"worker{'s' if count != 1 else ''}, the largest {largest / 2**30:.2f} GiB; "
-        f"python -m adaqp.memory --config {config} --nproc {world_size} says more), over "
+        f"python -m adaqp.memory --config {config} --nproc {world_size} --nproc-per-host "
+        f"{count} says more), over "
         f"the {limit.usable_bytes / 2**30:.2f} GiB a run may take: {USABLE_FRACTION:.0%} of "
         f"its {limit.bytes / 2**30:.1f} GiB ({limit.source}); pass {OVERRIDE_FLAG} to run "
         "anyway"
