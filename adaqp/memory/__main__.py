@@ -17,11 +17,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Predict each training worker's peak resident memory for a config and a "
         "number of workers, before anything starts: from the run's partition where it exists, "
-        "else from the graph's sizes. Prints one line per worker and the largest, or with "
-        "--json an object with peak_memory_bytes (the largest worker's) and "
-        "peak_memory_bytes_per_worker, and lower_bound (true where the model keeps what "
-        "the estimate does not count: GAT) with its note. Exit codes: 0 done, 2 bad "
-        "arguments or a config, partition or dataset that cannot be read.",
+        "else from the graph's sizes, walking a training step and an evaluation over the "
+        "rows each layer computes (docs/memory.md). Prints one line per worker (one for "
+        "all where they are alike) and the largest, or with --json an object with "
+        "peak_memory_bytes (the largest worker's), peak_memory_bytes_per_worker, "
+        "terms_per_worker, peak_phase_per_worker, and lower_bound (true where the model "
+        "keeps what the estimate does not count: GAT) with its note. Exit codes: 0 done, "
+        "2 bad arguments or a config, partition or dataset that cannot be read.",
         allow_abbrev=False,
     )
     parser.add_argument("--config", required=True, help="TOML config of the run (required)")
@@ -40,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--hosts-of",
         metavar="SIZE",
         help="instead of one P: the fewest hosts of SIZE memory (e.g. 64g), one worker each, "
-        f"whose every worker is predicted within {USABLE_FRACTION:.0%} of SIZE, trying P = 1, "
+        f"whose every worker is predicted within {USABLE_FRACTION:.0%}% of SIZE, trying P = 1, "
         "2, 4, ... 1024; prints each try and the first that fits",
     )
     parser.add_argument("--mode", help="training mode (default: the config's comm.mode)")

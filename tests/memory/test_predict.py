@@ -179,3 +179,11 @@ def test_a_quantized_mode_is_walked_as_float_rows_where_a_host_holds_two(cora_pa
     config = load_config(CONFIG, [f"partition.dir={cora_parts}", "comm.mode=adaqp"])
     vanilla = predict(load_config(CONFIG, [f"partition.dir={cora_parts}"]), 2)
     assert predict(config, 2).workers[0].terms == vanilla.workers[0].terms
+
+
+def test_help_names_every_option(capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        memory_main(["--help"])
+    out = capsys.readouterr().out
+    assert exited.value.code == 0
+    assert all(flag in out for flag in ("--nproc-per-host", "--hosts-of", "within 90% of SIZE"))
