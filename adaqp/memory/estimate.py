@@ -174,8 +174,9 @@ def predict(
     rows = _layer_counts(config, shapes)
     bits = _exchange_bits(config, workers_per_host or world_size)
     orders = _overlap_orders(config, workers_per_host or world_size)
+    keeps = planned(config.train.allocator).threshold_bytes is None  # glibc keeps freed blocks
     workers = [
-        _estimate(shape, config, training, whole, bits, orders)
+        _estimate(shape, config, training, whole, bits, orders, keeps)
         for shape, (training, whole) in zip(shapes.workers, rows, strict=True)
     ]
     note = LOWER_BOUND_MODELS.get(config.model.name, "")
@@ -286,6 +287,7 @@ def _estimate(
     whole: list[LayerCounts],
     bits: int,
     orders: tuple[bool, ...],
+    glibc_keeps: bool,
 ) -> WorkerEstimate:
     """One worker's predicted peak, by term (see the module docstring)."""
     i, h, e, s = shape.num_inner, shape.num_halo, shape.num_edges, shape.num_send
@@ -313,7 +315,6 @@ def _estimate(
             FLOAT * (c.num_halo + c.num_send) * w
             for c, w in zip(training, widths[1:], strict=False)
         )
-    allocator = planned(config.train.allocator)
     terms = {
         "runtime": RUNTIME_BYTES,
         "features": FLOAT * f * (i + h if cached else i),
@@ -323,6 +324,6 @@ def _estimate(
         "parameters": 16 * _num_params(config, widths),
         "activations": peak.bytes,
         "stale rows": stale,
-        "allocator": int(GLIBC_KEPT * step.bytes) if allocator.threshold_bytes is None else 0,
+        "allocator": int(GLIBC_KEPT * step.bytes) if glibc_keeps else 0,
     }
     return WorkerEstimate(shape, terms, peak.where)

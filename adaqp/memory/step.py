@@ -140,10 +140,9 @@ def training_step(
 def _training_step(
     layers: list[LayerShape], model: str, dropout: bool, bits: int, overlap: bool
 ) -> Peak:
-    """One training step's peak above what the worker holds across steps (bytes), for
-    ``model`` (``gcn``, ``sage``; ``gat`` as ``gcn``, its rows transformed first),
-    ``dropout`` (whether a layer's input dropout makes a new tensor) and the exchanges'
-    ``bits`` (32: float rows only)."""
+    """``training_step``'s walk in one order: ``model`` (``gcn``, ``sage``; ``gat`` as
+    ``gcn``, its rows transformed first), ``dropout`` (whether a layer's input dropout makes
+    a new tensor), the exchanges' ``bits`` (32: float rows only)."""
     led = _Ledger("train")
     sage = model == "sage"
     hidden_in = 0  # the previous layer's output, the next one's input (layer 0's is held)

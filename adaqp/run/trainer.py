@@ -31,7 +31,6 @@ from adaqp.exchange.nocomm import NoCommTransport
 from adaqp.exchange.policy import ExchangePolicy
 from adaqp.exchange.transport import (
     INPUT_CACHE_KEY,
-    ExchangeError,
     ExchangeKey,
     HaloTransport,
 )
@@ -42,17 +41,14 @@ from adaqp.quant.kernels import compile_pending, use_compiled, warm_up
 from adaqp.run.adam import Adam
 from adaqp.run.checkpoint import Checkpointer
 from adaqp.run.compute_rows import order_by_loss, select_rows, training_propagation
-from adaqp.run.gradsync import GradientBuckets, GradientSyncError, gnn_layer_groups
+from adaqp.run.failure import TrainingError, epoch_failure
+from adaqp.run.gradsync import GradientBuckets, gnn_layer_groups
 from adaqp.run.metrics import EpochRecord, RunWriter
 from adaqp.run.schedule import set_learning_rate
 from adaqp.run.summary import Outcome, RunFacts, Summary, last_solve, summarize
-from adaqp.runtime import World, overlaps, unresponsive_peers
+from adaqp.runtime import World, overlaps
 
 logger = logging.getLogger(__name__)
-
-
-class TrainingError(RuntimeError):
-    """A training step failed (often a dead or stuck peer); names the rank and epoch."""
 
 
 class Trainer:
@@ -324,6 +320,40 @@ class Trainer:
                 self.policy.close()
         return summarize(self.config, self.world.world_size, outcome, facts or RunFacts())
 
+    def step_epoch(self, epoch: int) -> EpochRecord:
+        """Epoch ``epoch``'s training step as ``fit`` runs it, evaluation aside: the policy's
+        epoch begun, the step timed between barriers, the counters reduced over the ranks,
+        the policy's epoch ended (its re-solve's time in the record).
+
+        Raises:
+            TrainingError: the loss is not finite and ``train.stop_on_nonfinite`` is set.
+        """
+        counters = EpochCounters()
+        if self.policy is not None:
+            self.policy.begin_epoch(epoch, counters)
+        self.world.synchronize()
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        loss = self.train_step(counters, epoch)
+        self.world.synchronize()
+        epoch_time = time.perf_counter() - t0
+        counters.cpu_time_s = time.process_time() - cpu0
+        reduced = self._reduce(counters)
+        record = EpochRecord.from_counters(epoch, loss, epoch_time, reduced)
+        if not math.isfinite(loss) and self.config.train.stop_on_nonfinite:
+            raise TrainingError(
+                f"rank {self.world.rank}: training loss is {loss} at epoch {epoch}; "
+                "check the learning rate and the input features (set "
+                "train.stop_on_nonfinite=false to continue anyway)"
+            )
+        if self.policy is not None:
+            record.solver_time_s = self.policy.end_epoch(
+                epoch,
+                record.exchange_after_arrival_by_tag,
+                wait_s_by_tag=reduced.comm_wait_by_tag,
+                epoch_s=epoch_time,
+            )
+        return record
+
     def _fit(
         self,
         writer: RunWriter,
@@ -340,30 +370,7 @@ class Trainer:
         first = len(records) + 1
         for epoch in range(first, cfg.train.epochs + 1):
             try:
-                counters = EpochCounters()
-                if self.policy is not None:
-                    self.policy.begin_epoch(epoch, counters)
-                self.world.synchronize()
-                t0, cpu0 = time.perf_counter(), time.process_time()
-                loss = self.train_step(counters, epoch)
-                self.world.synchronize()
-                epoch_time = time.perf_counter() - t0
-                counters.cpu_time_s = time.process_time() - cpu0
-                reduced = self._reduce(counters)
-                record = EpochRecord.from_counters(epoch, loss, epoch_time, reduced)
-                if not math.isfinite(loss) and cfg.train.stop_on_nonfinite:
-                    raise TrainingError(
-                        f"rank {self.world.rank}: training loss is {loss} at epoch {epoch}; "
-                        "check the learning rate and the input features (set "
-                        "train.stop_on_nonfinite=false to continue anyway)"
-                    )
-                if self.policy is not None:
-                    record.solver_time_s = self.policy.end_epoch(
-                        epoch,
-                        record.exchange_after_arrival_by_tag,
-                        wait_s_by_tag=reduced.comm_wait_by_tag,
-                        epoch_s=epoch_time,
-                    )
+                record = self.step_epoch(epoch)
                 record.wall_time_s = time.perf_counter() - started  # the re-solve included
                 every = cfg.train.eval_every
                 if (every and epoch % every == 0) or epoch == cfg.train.epochs:
@@ -395,7 +402,7 @@ class Trainer:
             except (RuntimeError, ValueError) as exc:
                 # This rank's own: gloo/nccl failures, timeouts, checkpoint I/O, and bad
                 # values (a NaN the quantizer met) that its peers never saw.
-                raise self._failure(epoch, exc) from exc
+                raise epoch_failure(self.world, epoch, exc) from exc
         total_s = time.perf_counter() - started
         peak = torch.tensor(
             float(self.world.peak_memory_bytes()), dtype=torch.float64, device=self.world.device
@@ -416,27 +423,6 @@ class Trainer:
             plan_report=self.policy.report(last_solve(records)) if self.policy else {},
             rows_by_layer=[int(n) for n in self._all_sum(torch.tensor(self.rows_by_layer))],
         )
-
-    def _failure(self, epoch: int, exc: RuntimeError) -> TrainingError:
-        """The error of a failed epoch; names the peers that did not see the failure."""
-        message = f"rank {self.world.rank}: training step failed at epoch {epoch}: {exc}"
-        if self.world.world_size > 1 and _is_communication_failure(exc):
-            peers = unresponsive_peers(self.world, f"epoch {epoch}")
-            if peers:
-                message += (
-                    f"\n  rank(s) {', '.join(map(str, peers))} did not report the failure: "
-                    "stopped, hung or lost (check their hosts and logs)"
-                )
-        return TrainingError(message)
-
-
-def _is_communication_failure(exc: RuntimeError) -> bool:
-    """Whether a failed step failed in communication (an exchange, the gradient
-    all-reduce, or any collective: the backend's own errors name it)."""
-    if isinstance(exc, ExchangeError | GradientSyncError | dist.DistError):
-        return True
-    text = str(exc).lower()
-    return "gloo" in text or "nccl" in text
 
 
 def _make_evaluator(info: dict[str, Any]):

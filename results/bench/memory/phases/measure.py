@@ -77,14 +77,12 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from adaqp.exchange.counters import EpochCounters  # noqa: E402
 from adaqp.graph.local import LocalGraph  # noqa: E402
 from adaqp.model.recompute import SavedTensors  # noqa: E402
 from adaqp.partitioning.store import load_part  # noqa: E402
 from adaqp.quant.kernels import use_compiled, warm_up  # noqa: E402
 from adaqp.run.compute_rows import LayerPropagations  # noqa: E402
 from adaqp.run.job import prepare_partition  # noqa: E402
-from adaqp.run.metrics import EpochRecord  # noqa: E402
 from adaqp.run.preflight import partition_dir  # noqa: E402
 from adaqp.run.trainer import Trainer  # noqa: E402
 from adaqp.runtime import init_distributed, shutdown  # noqa: E402
@@ -506,16 +504,7 @@ def main() -> None:
     rec.buckets = trainer.buckets
 
     def step(epoch: int) -> None:
-        counters = EpochCounters()
-        if trainer.policy is not None:
-            trainer.policy.begin_epoch(epoch, counters)
-        loss = trainer.train_step(counters, epoch)
-        reduced = trainer._reduce(counters)
-        record = EpochRecord.from_counters(epoch, loss, 1.0, reduced)
-        if trainer.policy is not None:
-            trainer.policy.end_epoch(
-                epoch, record.exchange_after_arrival_by_tag, wait_s_by_tag=reduced.comm_wait_by_tag
-            )
+        trainer.step_epoch(epoch)  # as Trainer.fit runs it
         if args.trim:
             _malloc_trim()
 

@@ -59,11 +59,9 @@ RSS = {"import": _status_mb("VmRSS")}  # before torch: the bare interpreter
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from adaqp.exchange.counters import EpochCounters  # noqa: E402
 from adaqp.graph.local import LocalGraph  # noqa: E402
 from adaqp.partitioning.store import load_part  # noqa: E402
 from adaqp.run.job import prepare_partition  # noqa: E402
-from adaqp.run.metrics import EpochRecord  # noqa: E402
 from adaqp.run.preflight import partition_dir  # noqa: E402
 from adaqp.run.trainer import Trainer  # noqa: E402
 from adaqp.runtime import init_distributed, shutdown  # noqa: E402
@@ -233,19 +231,7 @@ def main() -> None:
     trainer = Trainer(config, graph, meta, world)
     RSS["trainer"] = _status_mb("VmRSS")
 
-    def step(epoch: int) -> None:
-        counters = EpochCounters()
-        if trainer.policy is not None:
-            trainer.policy.begin_epoch(epoch, counters)
-        loss = trainer.train_step(counters, epoch)
-        reduced = trainer._reduce(counters)
-        record = EpochRecord.from_counters(epoch, loss, 1.0, reduced)
-        if trainer.policy is not None:
-            trainer.policy.end_epoch(
-                epoch, record.exchange_after_arrival_by_tag, wait_s_by_tag=reduced.comm_wait_by_tag
-            )
-
-    step(1)
+    trainer.step_epoch(1)  # as Trainer.fit runs an epoch's step
     log = _SavedLog(trainer.model)
     RSS["before step"] = _status_mb("VmRSS")
     local_loss_sum = trainer.local_loss_sum
@@ -258,7 +244,7 @@ def main() -> None:
     trainer.local_loss_sum = at_forward_end
     reset = _reset_peak()
     with torch.autograd.graph.saved_tensors_hooks(log.pack, log.unpack):
-        step(2)
+        trainer.step_epoch(2)
     RSS["step peak (VmHWM)" if reset else "process peak (VmHWM)"] = _status_mb("VmHWM")
     RSS["ru_maxrss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -276,7 +262,7 @@ def main() -> None:
 
     trainer.local_loss_sum = walk_at_forward_end
     with torch.autograd.graph.saved_tensors_hooks(names_log.pack, names_log.unpack):
-        step(3)
+        trainer.step_epoch(3)
     names_by_sig: dict[tuple, list[list[str]]] = defaultdict(list)
     for ptr, (layer, _, shape, dtype) in names_log.by_ptr.items():
         names_by_sig[(layer, shape, dtype)].append(sorted(set(walked.get(ptr, ["?"]))))
