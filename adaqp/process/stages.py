@@ -24,8 +24,9 @@ logger = logging.getLogger(__name__)
 _PROC = Path("/proc/self")
 
 
-def _status_bytes(key: str) -> int | None:
-    """A ``/proc/self/status`` figure (``VmRSS``, ``VmHWM``) in bytes; None without procfs."""
+def status_bytes(key: str) -> int | None:
+    """A ``/proc/self/status`` figure (``VmRSS``, ``VmHWM``, ``RssAnon``, ...) in bytes; None
+    without procfs or where the kernel does not report it."""
     try:
         text = (_PROC / "status").read_text()
     except OSError:
@@ -38,12 +39,12 @@ def _status_bytes(key: str) -> int | None:
 
 def resident_bytes() -> int | None:
     """This process's resident set now, in bytes; None where procfs is absent."""
-    return _status_bytes("VmRSS")
+    return status_bytes("VmRSS")
 
 
 def peak_resident_bytes() -> int:
     """The resident set's high-water mark (since the last reset, see the module docstring)."""
-    peak = _status_bytes("VmHWM")
+    peak = status_bytes("VmHWM")
     if peak is None:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     return peak

@@ -44,13 +44,12 @@ them (``held_mb``), and the saved tensors by layer (``saved_mb``).
 
 from __future__ import annotations
 
+from adaqp.process.stages import reset_peak, status_bytes  # standard library only
+
 
 def _status_mb(field: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+    value = status_bytes(field)
+    return float("nan") if value is None else value / 2**20
 
 
 START_RSS_MB = _status_mb("VmRSS")  # the bare interpreter, before numpy and torch
@@ -89,16 +88,6 @@ from adaqp.runtime import init_distributed, shutdown  # noqa: E402
 from adaqp.train import config_from_args  # noqa: E402
 
 MB = 2**20
-
-
-def _reset_peak() -> bool:
-    """Resets ``VmHWM`` to the current RSS (Linux >= 4.0); False where refused."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 class _MallInfo2(ctypes.Structure):
@@ -291,7 +280,7 @@ class Recorder:
             record.update(self.census())
         record["malloc_mb"] = _malloc_mb()
         self.records.append(record)
-        _reset_peak()  # the census's own temporaries are gone by now
+        reset_peak()  # the census's own temporaries are gone by now
         self.phase = name
         self._began = time.perf_counter()
 

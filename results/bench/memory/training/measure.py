@@ -35,23 +35,12 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from adaqp.process.stages import reset_peak, status_bytes  # standard library only
+
 
 def _status_mb(field: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _reset_peak() -> bool:
-    """Resets ``VmHWM`` to the current RSS (Linux >= 4.0); False where refused."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
+    value = status_bytes(field)
+    return float("nan") if value is None else value / 2**20
 
 
 RSS = {"import": _status_mb("VmRSS")}  # before torch: the bare interpreter
@@ -242,7 +231,7 @@ def main() -> None:
         return loss
 
     trainer.local_loss_sum = at_forward_end
-    reset = _reset_peak()
+    reset = reset_peak()
     with torch.autograd.graph.saved_tensors_hooks(log.pack, log.unpack):
         trainer.step_epoch(2)
     RSS["step peak (VmHWM)" if reset else "process peak (VmHWM)"] = _status_mb("VmHWM")
