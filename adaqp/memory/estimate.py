@@ -261,7 +261,7 @@ def layer_shapes(config: Config, shape: WorkerShape, counts: list[LayerCounts]) 
     gat = config.model.name == "gat"
     out = []
     for layer, (count, a, b) in enumerate(zip(counts, widths[:-1], widths[1:], strict=True)):
-        first = gat or (config.comm.transform_first and b < a and not (layer == 0 and cached))
+        first = gat or (config.comm.transform_first and b <= a and not (layer == 0 and cached))
         local = shape.world_size == 1 or (layer == 0 and cached)
         out.append(
             LayerShape(

@@ -111,7 +111,9 @@ def _norm_kept(layer: LayerShape) -> int:
 def _transform_kept(layer: LayerShape) -> int:
     """What a layer's dense transform keeps: the aggregated rows where it transforms after
     aggregating; the last layer also its input (``GNN.forward``)."""
-    aggregated = 0 if layer.transform_first else FLOAT * layer.num_out * layer.width_in
+    if layer.transform_first:  # its input is computed again in backward
+        return 0
+    aggregated = FLOAT * layer.num_out * layer.width_in
     kept_input = FLOAT * (layer.num_in + layer.input_halo) * layer.width_in if layer.last else 0
     return aggregated + kept_input
 
@@ -150,34 +152,24 @@ def _training_step(
     for index, layer in enumerate(layers):
         where = f"forward layer {index}"
         o, n, a, b = layer.num_out, layer.num_in, layer.width_in, layer.width_out
-        width = b if layer.transform_first else a
         layer_in = hidden_in
-        if dropout:
+        if dropout and index == 0:  # the features are held: a new tensor
             layer_in = led.make(FLOAT * (n + layer.input_halo) * a, f"{where}, dropout")
-            led.drop(hidden_in)  # the ReLU's output, once dropped out
-        transformed = 0
-        if layer.transform_first:  # SAGE: both weights in one product, then a copy
-            transformed = led.make(FLOAT * n * b * (3 if sage else 1), f"{where}, transform")
-        sent = _send(led, layer.num_send, width, bits, f"{where}, rows sent")
-        halo = led.make(FLOAT * layer.num_halo * width, f"{where}, halo rows landed")
-        aggregated = led.make(FLOAT * o * width, f"{where}, aggregation")
-        marginal = led.make(FLOAT * min(o, layer.num_halo) * width, f"{where}, halo part added")
-        led.drop(marginal + halo + sent)
-        out = aggregated
-        if not layer.transform_first:
-            out = led.make(FLOAT * o * b, f"{where}, transform")
-            if sage:  # the root term, the neighbour term added into it
-                led.make(FLOAT * o * b, f"{where}, root term")
-                led.drop(out)
-        led.drop(transformed)
-        if layer.last:  # its input and transform's rows kept; the logits' gradient
-            led.drop(layer_in + out + (0 if layer.transform_first else aggregated))
+        # (a hidden layer's input is the ReLU's output, dropped out where it is)
+        if layer.transform_first:
+            handed_off = layer_in if index > 0 or dropout else 0  # recomputed in backward
+            out = _transforming_first(led, layer, where, bits, sage, handed_off)
+            layer_in -= handed_off
+        else:
+            out = _aggregating_first(led, layer, where, bits, sage)
+        if layer.last:  # what its transform keeps; the logits' gradient
+            led.drop(layer_in + out)
             led.make(_transform_kept(layer), f"{where}, kept for backward")
             grad = led.make(FLOAT * o * b, "loss: the logits' gradient")
             break
         led.drop(layer_in)  # a hidden layer's input is computed again in backward
         hidden_in = led.make(FLOAT * o * b, f"{where}, norm")
-        led.drop(out + (0 if layer.transform_first else aggregated))
+        led.drop(out)
         led.make(saved_bytes(layer), f"{where}, kept for backward")
     for index in range(len(layers) - 1, -1, -1):
         layer = layers[index]
@@ -200,6 +192,40 @@ def _training_step(
             led.drop(grad)
             grad = grad_h
     return led.peak
+
+
+def _aggregating_first(led: _Ledger, layer: LayerShape, where: str, bits: int, sage: bool) -> int:
+    """A layer's forward that aggregates, then transforms: the bytes of its output; the
+    aggregated rows stay (freed with the output, or kept for backward)."""
+    o, a, b = layer.num_out, layer.width_in, layer.width_out
+    sent = _send(led, layer.num_send, a, bits, f"{where}, rows sent")
+    halo = led.make(FLOAT * layer.num_halo * a, f"{where}, halo rows landed")
+    aggregated = led.make(FLOAT * o * a, f"{where}, aggregation")
+    led.drop(halo + sent)  # added in place (``add_spmm_``)
+    out = led.make(FLOAT * o * b, f"{where}, transform")
+    if sage:  # the root term, the neighbour term added into it
+        led.make(FLOAT * o * b, f"{where}, root term")
+        led.drop(out)
+    return out + aggregated
+
+
+def _transforming_first(
+    led: _Ledger, layer: LayerShape, where: str, bits: int, sage: bool, handed_off: int
+) -> int:
+    """A layer's forward that transforms first (``adaqp/model/transform.py``): the
+    transformed rows, SAGE's root term over the output rows (the sum the aggregation adds
+    into; GCN's aggregation makes it), the input let go once transformed where it is
+    ``handed_off`` (its bytes; one computed again in backward), the transformed rows once
+    the inner rows are aggregated, before the halo rows land. Returns the output's bytes."""
+    n, o, b = layer.num_in, layer.num_out, layer.width_out
+    transformed = led.make(FLOAT * n * b, f"{where}, transform")
+    out = led.make(FLOAT * o * b, f"{where}, root term" if sage else f"{where}, aggregation")
+    led.drop(handed_off)
+    sent = _send(led, layer.num_send, b, bits, f"{where}, rows sent")
+    led.drop(transformed)
+    halo = led.make(FLOAT * layer.num_halo * b, f"{where}, halo rows landed")
+    led.drop(halo + sent)  # added in place (``add_spmm_``)
+    return out
 
 
 def _backward(
@@ -251,7 +277,7 @@ def _backward(
         led.drop(deferred + _transform_kept(layer))
     if overlap:
         buffer = _add(led, buffer, FLOAT * n * a, f"{where}, inner rows' gradient")
-    buffer = _add(led, buffer, FLOAT * n * a, f"{where}, landed gradients added")
+    # The landed gradients come as a sparse gradient: added into the buffer in place.
     led.drop(landed + sent + grad)
     return buffer
 
@@ -277,26 +303,28 @@ def _narrowing_backward(
     grad: int,
 ) -> int:
     """A layer that transforms first (it narrows): the aggregation's gradients into the
-    transformed rows (inner, then the landed rows added; SAGE's both weights' rows, ``[N,
-    2 out]``, its root term's slice first), then the transform's input gradient, its
-    weight reading the input (the last layer's kept; a hidden layer's computed again)."""
+    transformed rows (inner, then the landed rows added; SAGE's root weight reads the
+    output's gradient itself), then the transform's (``adaqp/model/transform.py``): its
+    input computed again (but layer 0's undropped features, held), the weights' gradients,
+    the input let go, then the input's gradient."""
     n, a, b = layer.num_in, layer.width_in, layer.width_out
+    buffer = 0
+    if index > 0:
+        buffer = led.make(FLOAT * n * b, f"{where}, inner rows' gradient")
+        if layer.exchanges:
+            sent = _send(led, layer.num_halo, b, bits, f"{where}, halo gradients sent")
+            landed = led.make(FLOAT * layer.num_send * b, f"{where}, gradients landed")
+            # The landed gradients come as a sparse gradient: added in place.
+            led.drop(landed + sent)
     recomputed = 0
-    if dropout and not layer.last:
+    if index > 0 or dropout:
         recomputed = led.make(FLOAT * n * a, f"{where}, input computed again")
-    if index == 0:  # only the weight's gradient
-        led.drop(grad + _transform_kept(layer) + recomputed)
+    led.drop(recomputed)  # once the weights' gradients are made
+    if index == 0:  # only the weights' gradients
+        led.drop(grad)
         return 0
-    buffer = led.make(FLOAT * n * 2 * b, f"{where}, both products' gradient") if sage else 0
-    buffer = _add(led, buffer, FLOAT * n * b, f"{where}, inner rows' gradient")
-    if layer.exchanges:
-        sent = _send(led, layer.num_halo, b, bits, f"{where}, halo gradients sent")
-        landed = led.make(FLOAT * layer.num_send * b, f"{where}, gradients landed")
-        buffer = _add(led, buffer, FLOAT * n * b, f"{where}, landed gradients added")
-        led.drop(landed + sent)
-    led.drop(grad)
     grad_x = led.make(FLOAT * n * a, f"{where}, transform's input gradient")
-    led.drop(buffer + _transform_kept(layer) + recomputed)
+    led.drop(buffer + grad)
     return grad_x
 
 
@@ -309,24 +337,24 @@ def evaluation(layers: list[LayerShape], model: str) -> Peak:
     for index, layer in enumerate(layers):
         where = f"forward layer {index}"
         o, n, a, b = layer.num_out, layer.num_in, layer.width_in, layer.width_out
-        width = b if layer.transform_first else a
-        transformed = 0
-        if layer.transform_first:
-            transformed = led.make(FLOAT * n * b * (3 if sage else 1), f"{where}, transform")
-        sent = led.make(FLOAT * layer.num_send * width, f"{where}, rows sent")
-        halo = led.make(FLOAT * layer.num_halo * width, f"{where}, halo rows landed")
-        aggregated = led.make(FLOAT * o * width, f"{where}, aggregation")
-        led.drop(sent)
-        marginal = led.make(FLOAT * min(o, layer.num_halo) * width, f"{where}, halo part added")
-        led.drop(marginal + halo)
-        out = aggregated
-        if not layer.transform_first:
+        if layer.transform_first:  # the input held by the caller (no autograd)
+            transformed = led.make(FLOAT * n * b, f"{where}, transform")
+            out = led.make(FLOAT * o * b, f"{where}, aggregation")
+            sent = led.make(FLOAT * layer.num_send * b, f"{where}, rows sent")
+            led.drop(transformed)
+            halo = led.make(FLOAT * layer.num_halo * b, f"{where}, halo rows landed")
+            led.drop(sent + halo)
+        else:
+            sent = led.make(FLOAT * layer.num_send * a, f"{where}, rows sent")
+            halo = led.make(FLOAT * layer.num_halo * a, f"{where}, halo rows landed")
+            aggregated = led.make(FLOAT * o * a, f"{where}, aggregation")
+            led.drop(sent + halo)  # added in place
             out = led.make(FLOAT * o * b, f"{where}, transform")
             if sage:
                 led.make(FLOAT * o * b, f"{where}, root term")
                 led.drop(FLOAT * o * b)
             led.drop(aggregated)
-        led.drop(transformed + hidden_in)  # the layer's input, once the layer is done
+        led.drop(hidden_in)  # the layer's input, once the layer is done
         if layer.last:
             break
         hidden_in = led.make(FLOAT * o * b, f"{where}, norm")

@@ -30,14 +30,18 @@ class _MaskedScale(torch.autograd.Function):
     """``x·mask·scale`` with the mask of (keys, threshold); backward: the same for the gradient."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, keys: RowKeys, threshold: int, scale: float, kernels):
+    def forward(ctx, x, keys: RowKeys, threshold: int, scale: float, kernels, in_place: bool):
         ctx.mask = (keys, threshold, scale, kernels)
-        return masked_scale(x, keys, threshold, scale, kernels)
+        if not in_place:
+            return masked_scale(x, keys, threshold, scale, kernels)
+        ctx.mark_dirty(x)
+        masked_scale(x, keys, threshold, scale, kernels, True)
+        return x
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        return masked_scale(grad, *ctx.mask), None, None, None, None
+        return masked_scale(grad, *ctx.mask), None, None, None, None, None
 
 
 def keep_scale(p: float, dtype: torch.dtype = torch.float32) -> float:
@@ -62,10 +66,17 @@ class Dropout(nn.Dropout):
         self.kernels = quant_kernels.check_kernels(kernels)
         self._threshold = keep_threshold(p)
 
-    def forward(self, x: torch.Tensor, keys: RowKeys | None = None) -> torch.Tensor:
+    def drops(self, x: torch.Tensor) -> bool:
+        """Whether a call on ``x`` drops anything (else it returns ``x`` itself)."""
+        return self.training and self.p > 0 and x.numel() > 0
+
+    def forward(
+        self, x: torch.Tensor, keys: RowKeys | None = None, in_place: bool = False
+    ) -> torch.Tensor:
         """``x`` [R, ...] with values dropped; ``keys``: the call's keys, one per row of ``x``
-        (needed in training with ``p > 0``)."""
-        if not self.training or self.p == 0 or x.numel() == 0:
+        (needed in training with ``p > 0``); ``in_place``: written into ``x`` (contiguous,
+        read by no backward), one ``[R, ...]`` tensor fewer."""
+        if not self.drops(x):
             return x
         if keys is None:
             raise ValueError(
@@ -73,7 +84,7 @@ class Dropout(nn.Dropout):
                 "global ids its mask is drawn for); pass the epoch to the model"
             )
         scale = keep_scale(self.p, x.dtype)
-        return _MaskedScale.apply(x, keys, self._threshold, scale, self.kernels)
+        return _MaskedScale.apply(x, keys, self._threshold, scale, self.kernels, in_place)
 
     def replay(self, x: torch.Tensor, keys: RowKeys, in_place: bool = False) -> torch.Tensor:
         """What a training call with ``keys`` returned for ``x``, drawn again without

@@ -23,6 +23,7 @@ from adaqp.config import ModelConfig
 from adaqp.model.dropout import Dropout
 from adaqp.model.layers import GATConv, GCNConv, SAGEConv
 from adaqp.model.recompute import Observer, SavedTensors, norm_relu, norm_relu_again
+from adaqp.model.transform import Handoff
 from adaqp.quant.draws import Draw, RowKeys, draw_key
 
 CONVS = {"gcn": GCNConv, "sage": SAGEConv, "gat": GATConv}
@@ -41,8 +42,8 @@ class GNN(nn.Module):
     Args:
         config: architecture.
         in_dim, out_dim: feature and class counts.
-        transform_first: let GCN and SAGE layers that narrow the rows transform before
-            aggregating (GAT layers always do).
+        transform_first: let GCN and SAGE layers that do not widen the rows transform
+            before aggregating (``adaqp/model/transform.py``; GAT layers always do).
         cached_input: layer 0 receives its halo rows with the input (nothing to narrow).
         kernels: the dropout masks' path (``auto``, ``torch``, ``compiled``, see
             adaqp/quant/kernels.py; ``quant.kernels`` in training), kept by every dropout.
@@ -79,7 +80,9 @@ class GNN(nn.Module):
                 conv(
                     a,
                     b,
-                    transform_first=transform_first and b < a and not (layer == 0 and cached_input),
+                    transform_first=transform_first
+                    and b <= a
+                    and not (layer == 0 and cached_input),
                 )
                 for layer, (a, b) in enumerate(zip(dims[:-1], dims[1:], strict=True))
             )
@@ -128,21 +131,32 @@ class GNN(nn.Module):
                     base = draw_key(self.seed, epoch, layer, Draw.DROPOUT)
                     keys = RowKeys.of(base, ids, h.shape[0])
                 key = None if epoch is None else draw_key(self.seed, epoch, layer, Draw.ATTENTION)
-                dropped = self.dropout(h, keys)
+                drops = self.dropout.drops(h)
+                # The ReLU's output is this pass's own: dropped out where it is.
+                dropped = self.dropout(h, keys, in_place=before_norm is not None)
                 last = layer == len(self.convs) - 1
-                if last or not recomputes or (before_norm is None and dropped is h):
-                    # Layer 0's input undropped is held anyway; the last layer's is read
-                    # first in backward, beside its gradient: kept, it costs no more at the
-                    # peak than computed again, and no time.
+                # The last layer's input is read first in backward, beside its gradient:
+                # kept, it costs no more than computed again, and no time; but a layer that
+                # transforms first lets its input go before making the input's gradient.
+                keeps = last and not getattr(conv, "transform_first", False)
+                if keeps or not recomputes or (before_norm is None and not drops):
+                    # Layer 0's input undropped is held anyway.
                     del h
                     out = conv(dropped, propagate, layer, key)
+                    del dropped
                 else:
                     # The layer's input is saved as the way to compute it again.
-                    recipe = self._recipe(layer, before_norm, x_ID, keys, dropped is not h)
+                    recipe = self._recipe(layer, before_norm, x_ID, keys, drops)
                     del h  # the ReLU's output, once dropped out: nothing keeps it
                     with saved.recomputed(dropped, recipe):
-                        out = conv(dropped, propagate, layer, key)
-                del dropped
+                        if getattr(conv, "transform_first", False):
+                            # Handed off: it goes once transformed (adaqp/model/transform.py).
+                            handoff = Handoff(dropped)
+                            del dropped
+                            out = conv(handoff, propagate, layer, key)
+                        else:
+                            out = conv(dropped, propagate, layer, key)
+                            del dropped
                 if layer < len(self.convs) - 1:
                     h = norm_relu(out, self.norms[layer])
                     before_norm = out if recomputes else None

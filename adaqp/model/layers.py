@@ -7,7 +7,7 @@ Where the input already holds its halo rows (the cached layer-0 input, ``[I + H,
 the ``Propagation`` is told so when it is built, and no exchange runs for that layer.
 
 Otherwise the exchange is two autograd nodes around the layer's local work:
-``_ExchangeStart`` sends the boundary rows and ``_ExchangeLand`` waits for the halo rows.
+``ExchangeStart`` sends the boundary rows and ``ExchangeLand`` waits for the halo rows.
 A linear aggregation (a :class:`~adaqp.graph.aggregate.LinearAggregation`, such as the
 default product) splits the adjacency by columns: every inner row's sum over its inner
 in-neighbours (``[I, I]`` block) runs first, with ``overlap`` on while the exchange is in
@@ -17,12 +17,12 @@ softmax spans a row's every in-edge) splits by rows instead: the central rows (n
 in-neighbour) are aggregated and finished in flight, the marginal rows after landing.
 Both splits rely on central rows having no halo entry, which is checked when the
 ``Propagation`` is built. Neither split happens where the policy says the layer will
-not wait (e.g. stale rows already landed). Backward mirrors it: ``_ExchangeLand``'s
-backward sends the halo gradients to their owners and ``_ExchangeStart``'s waits for
+not wait (e.g. stale rows already landed). Backward mirrors it: ``ExchangeLand``'s
+backward sends the halo gradients to their owners and ``ExchangeStart``'s waits for
 them, and autograd, which runs the nodes recorded last first, computes the in-flight
 work's gradients in between. A layer's dense ``transform`` of a linear aggregation (GCN's
 weight, SAGE's neighbour weight) adds to that window: its backward returns only the
-input's gradient, and ``_ExchangeLand``'s backward, once the halo gradients are sent,
+input's gradient, and ``ExchangeLand``'s backward, once the halo gradients are sent,
 computes the weight's (one ``[O, D]`` product over all rows) and lets go of the rows it
 read before the inner rows' gradients are made, as pipeline schedules split a layer's
 backward into the input's and the weights' gradients. That needs a backward exchange to hide in,
@@ -43,115 +43,29 @@ from functools import cached_property
 import torch
 from torch import nn
 
-from adaqp.exchange.policy import ExchangePolicy, Pending
-from adaqp.exchange.transport import ExchangeKey
+from adaqp.exchange.policy import ExchangePolicy
 from adaqp.graph.aggregate import PRODUCT, LinearAggregation, SparseAdjacency
 from adaqp.graph.attention import attend
 from adaqp.graph.local import LocalGraph
 from adaqp.graph.loss_rows import LayerRows
 from adaqp.model.dropout import Dropout
+from adaqp.model.flight import DeferredLinear, ExchangeLand, ExchangeStart, InFlight
+from adaqp.model.transform import Handoff, transform
 
 Finish = Callable[[torch.Tensor, slice], torch.Tensor]
 """A layer's row-wise work after aggregation: ``finish(agg_XD, rows) -> [X, O]`` for
 the inner rows ``rows`` (a slice of 0..I)."""
+
+First = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor | None]]
+"""``first(h_ID, O) -> (hw_IF, sum_OF | None)``: a layer's transform run before its
+aggregation (``adaqp/model/transform.py``), and the sum its aggregation adds into, if any
+(SAGE's root term over the O output rows)."""
 
 Aggregate = Callable[[SparseAdjacency, torch.Tensor, slice], torch.Tensor]
 """``aggregate(block, x_MD, rows) -> [X, D]``: the in-neighbour aggregation of the inner
 rows ``rows`` over a block of the adjacency (``[X, M]``); by default ``block @ x``
 (:data:`~adaqp.graph.aggregate.PRODUCT`). GAT passes its attention here. A
 :class:`~adaqp.graph.aggregate.LinearAggregation` is split by columns, any other by rows."""
-
-
-class _InFlight:
-    """The exchange between its two autograd nodes: the pending forward exchange, then
-    the pending backward one."""
-
-    def __init__(self, policy: ExchangePolicy, layer: int, selected: bool):
-        self.policy = policy
-        self.layer = layer
-        self.selected = selected
-        """Whether the layer computes only the rows its loss reads, and its exchanges move
-        their halo rows (the transport's selection for the layer)."""
-        self.pending: Pending | None = None
-        self.num_params = 0
-        """The transform's parameters whose gradients are deferred (weight, bias)."""
-        self.deferred: tuple[torch.Tensor, torch.Tensor] | None = None
-        """The transform's ``(input, output gradient)``, left by ``_DeferredLinear``."""
-        self.param_grads: tuple[torch.Tensor | None, ...] = ()
-
-    def settle_deferred(self) -> None:
-        """The transform's weight (and bias) gradients from ``deferred``, into
-        ``param_grads``; the ``[I, D]`` and ``[I, O]`` rows they came from are let go."""
-        if self.deferred is None:  # no gradient reached the transform
-            self.param_grads = (None,) * self.num_params
-            return
-        (x_ID, grad_IO), self.deferred = self.deferred, None
-        grad_weight = grad_IO.t().mm(x_ID)
-        bias = (grad_IO.sum(0),) if self.num_params == 2 else ()
-        self.param_grads = (grad_weight, *bias)
-
-
-class _ExchangeStart(torch.autograd.Function):
-    """Sends the boundary rows; returns an empty ticket for ``_ExchangeLand``."""
-
-    @staticmethod
-    def forward(ctx, send_SD: torch.Tensor, flight: _InFlight, *params) -> torch.Tensor:
-        """``params``: the transform's weight (and bias) whose gradients are deferred."""
-        ctx.flight, flight.num_params = flight, len(params)
-        key = ExchangeKey.forward(flight.layer)
-        flight.pending = flight.policy.start(key, send_SD.detach(), flight.selected)
-        return send_SD.new_empty(0)
-
-    @staticmethod
-    def backward(ctx, _grad_ticket: torch.Tensor):
-        # The halo gradients were sent by _ExchangeLand.backward, and the transform's
-        # weight gradients computed while they travel: the boundary's are collected.
-        flight = ctx.flight
-        grads, flight.param_grads = flight.param_grads, ()
-        grad_SD, flight.pending = flight.pending.wait(), None
-        return grad_SD, None, *grads
-
-
-class _ExchangeLand(torch.autograd.Function):
-    """Waits for the halo rows [H, D]; backward sends their gradients to the owners."""
-
-    @staticmethod
-    def forward(ctx, _ticket: torch.Tensor, flight: _InFlight) -> torch.Tensor:
-        ctx.flight = flight
-        halo_HD, flight.pending = flight.pending.wait(), None
-        # A new tensor object: the policy may hand out the same buffer again (stale rows
-        # reused by a later epoch), and autograd marks what a node returns as its output.
-        return halo_HD.view_as(halo_HD)
-
-    @staticmethod
-    def backward(ctx, grad_HD: torch.Tensor):
-        flight = ctx.flight
-        key = ExchangeKey.backward(flight.layer)
-        flight.pending = flight.policy.start(key, grad_HD.contiguous(), flight.selected)
-        # While they travel: the transform's weight gradients, first of the work autograd
-        # runs before _ExchangeStart.backward waits, so that its rows are let go before
-        # the inner rows' gradients are made.
-        flight.settle_deferred()
-        return grad_HD.new_empty(0), None
-
-
-class _DeferredLinear(torch.autograd.Function):
-    """``x @ weight.T + bias`` that returns only the input's gradient and leaves
-    ``(x, grad)`` in ``flight.deferred``: ``_ExchangeStart``'s backward computes the weight
-    gradients from them while the layer's halo gradients travel. The weight and bias come
-    in detached; ``_ExchangeStart`` holds the parameters themselves."""
-
-    @staticmethod
-    def forward(ctx, x_ID, weight_OD, bias_O, flight: _InFlight):
-        ctx.save_for_backward(x_ID, weight_OD)
-        ctx.flight = flight
-        return nn.functional.linear(x_ID, weight_OD, bias_O)
-
-    @staticmethod
-    def backward(ctx, grad_IO: torch.Tensor):
-        x_ID, weight_OD = ctx.saved_tensors
-        ctx.flight.deferred = (x_ID, grad_IO)
-        return grad_IO.mm(weight_OD), None, None, None
 
 
 def _whole(agg: torch.Tensor, rows: slice) -> torch.Tensor:
@@ -262,11 +176,15 @@ class Propagation:
         finish: Finish = _whole,
         aggregate: Aggregate = PRODUCT,
         transform: nn.Linear | None = None,
+        first: First | None = None,
     ) -> torch.Tensor:
         """Returns ``finish(transform(agg), rows)`` of the aggregation ``agg`` of every inner
         row, [I, O] (``transform``: none by default). A transform's weight gradients are
         computed while the layer's halo gradients travel, where a linear aggregation
-        exchanges and the input needs a gradient."""
+        exchanges and the input needs a gradient. ``first``: the layer transforms its
+        rows before aggregating them (``_transformed_first``)."""
+        if first is not None:  # h_RD may be handed off (``Handoff``)
+            return self._transformed_first(h_RD, layer, finish, aggregate, first)
         rows = self.rows
         every = slice(0, rows.num_out)
         local = self.policy is None or (layer == 0 and self.cached_input)
@@ -300,37 +218,81 @@ class Propagation:
             return finish(aggregate(self.adjacency, h_RD, every), every)
         # Every rank joins every exchange, also one whose part has no halo rows: its
         # peers may still need its rows.
-        flight = _InFlight(self.policy, layer, selected=rows.send_keep is not None)
+        flight = InFlight(self.policy, layer, selected=rows.send_keep is not None)
         params = () if transform is None else _params(transform)
-        # Not kept here: the exchange holds the sent rows until they have left.
-        ticket = _ExchangeStart.apply(h_RD.index_select(0, rows.send_idx), flight, *params)
+        ticket = ExchangeStart.apply(h_RD, rows.send_idx, flight, *params)
         central = slice(0, rows.num_central)
         marginal = slice(rows.num_central, rows.num_out)
         if linear:
             inner_block, halo_block = self._column_blocks
             if in_flight:
                 agg_ID = aggregate(inner_block, h_RD, every)
-                halo_HD = _ExchangeLand.apply(ticket, flight)
+                halo_HD = ExchangeLand.apply(ticket, flight)
             else:
-                halo_HD = _ExchangeLand.apply(ticket, flight)
+                halo_HD = ExchangeLand.apply(ticket, flight)
                 agg_ID = aggregate(inner_block, h_RD, every)
             agg_ID = aggregate.add_(agg_ID, marginal.start, halo_block, halo_HD, marginal)
             del halo_HD  # added: not kept while the transform runs
             if transform is not None:
                 bias = None if transform.bias is None else transform.bias.detach()
-                agg_ID = _DeferredLinear.apply(agg_ID, transform.weight.detach(), bias, flight)
+                agg_ID = DeferredLinear.apply(agg_ID, transform.weight.detach(), bias, flight)
             return finish(agg_ID, every)
         if not in_flight:
-            halo_HD = _ExchangeLand.apply(ticket, flight)
+            halo_HD = ExchangeLand.apply(ticket, flight)
             return finish(aggregate(self.adjacency, torch.cat([h_RD, halo_HD]), every), every)
         # Central rows need no halo: aggregated and finished while the exchange travels.
         central_block, marginal_block = self._row_blocks
         central_CO = finish(aggregate(central_block, h_RD, central), central)
-        halo_HD = _ExchangeLand.apply(ticket, flight)
+        halo_HD = ExchangeLand.apply(ticket, flight)
         marginal_MO = finish(
             aggregate(marginal_block, torch.cat([h_RD, halo_HD]), marginal), marginal
         )
         return torch.cat([central_CO, marginal_MO])
+
+    def _transformed_first(
+        self,
+        h_RD: torch.Tensor,
+        layer: int,
+        finish: Finish,
+        aggregate: Aggregate,
+        first: First,
+    ) -> torch.Tensor:
+        """``finish(sum, rows)`` where ``first(h, O) -> (hw [I, F], sum [O, F] | None)``
+        transforms the rows (``adaqp/model/transform.py``) and the aggregation of ``hw``
+        is added into ``sum`` (SAGE's root term) or makes it. The inner rows are aggregated
+        before the halo rows are waited for, also without ``overlap`` (the same sums), so
+        that ``hw`` goes before they land: this Propagation holds the only reference."""
+        if not isinstance(aggregate, LinearAggregation):
+            raise ValueError("a layer that transforms first needs a linear aggregation")
+        rows = self.rows
+        every = slice(0, rows.num_out)
+        marginal = slice(rows.num_central, rows.num_out)
+        if isinstance(h_RD, Handoff):
+            h_RD = h_RD.take()
+        hw_IF, sum_OF = first(h_RD, rows.num_out)
+        del h_RD  # transformed: kept, if at all, by the transform's node
+
+        def add(block: SparseAdjacency, x_MF: torch.Tensor) -> torch.Tensor:
+            if sum_OF is None:
+                return aggregate(block, x_MF, every)
+            return aggregate.add_(sum_OF, 0, block, x_MF, every)
+
+        if self.policy is None or (layer == 0 and self.cached_input):
+            if self.adjacency is not None:
+                sum_OF = add(self.adjacency, hw_IF)
+                return finish(sum_OF, every)
+            inner_block, halo_block = self._column_blocks
+            sum_OF = add(inner_block, hw_IF[: rows.num_in])
+            halo_HF = hw_IF[rows.num_in :]
+        else:
+            flight = InFlight(self.policy, layer, selected=rows.send_keep is not None)
+            ticket = ExchangeStart.apply(hw_IF, rows.send_idx, flight)
+            inner_block, halo_block = self._column_blocks
+            sum_OF = add(inner_block, hw_IF)
+            del hw_IF  # aggregated: let go before the halo rows land
+            halo_HF = ExchangeLand.apply(ticket, flight)
+        sum_OF = aggregate.add_(sum_OF, marginal.start, halo_block, halo_HF, marginal)
+        return finish(sum_OF, every)
 
 
 def _params(linear: nn.Linear) -> tuple[nn.Parameter, ...]:
@@ -355,8 +317,9 @@ class GCNConv(nn.Module):
     def forward(self, h: torch.Tensor, propagate, layer: int, key=None) -> torch.Tensor:
         """``key``: the base key of the layer's own draws (GAT's); unused here."""
         if self.transform_first:
-            hw = nn.functional.linear(h, self.linear.weight)
-            return propagate(hw, layer) + self.linear.bias
+            weight = self.linear.weight
+            out = propagate(h, layer, first=lambda h, num_out: (transform(h, weight), None))
+            return out.add_(self.linear.bias)
         return propagate(h, layer, transform=self.linear)
 
 
@@ -379,17 +342,13 @@ class SAGEConv(nn.Module):
     def forward(self, h: torch.Tensor, propagate, layer: int, key=None) -> torch.Tensor:
         """``key``: the base key of the layer's own draws (GAT's); unused here."""
         if self.transform_first:
-            # Both weights in one product: backward then reads h once, for one gradient
-            # [rows, in_dim] rather than two at a time (h has no halo rows here: a cached
-            # input is never transformed first).
-            out = self.neigh.out_features
-            both = nn.functional.linear(h, torch.cat([self.neigh.weight, self.root.weight]))
-            root = both[:, out:]
-            return propagate(
-                both[:, :out].contiguous(),
-                layer,
-                lambda agg, rows: (root[rows] + self.root.bias).add_(agg),
-            )
+            # The root term over the output rows is the sum the aggregation adds into.
+            neigh, root = self.neigh.weight, self.root
+
+            def first(h, num_out):
+                return transform(h, neigh, root.weight, root.bias, num_out)
+
+            return propagate(h, layer, first=first)
         # h may carry halo rows after the inner ones (cached input): the root term is
         # taken over the inner rows, row range by row range with the aggregation. The sum
         # goes into the root term's rows (no third [rows, out_dim] tensor).

@@ -35,9 +35,11 @@ Shapes: R rows, D features.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -184,7 +186,7 @@ class SavedTensors:
     def __init__(self, observe: Observer | None = None):
         self.layer = 0
         self._observe = observe
-        self._recipes: dict[int, tuple[Callable[[], torch.Tensor], tuple[int, ...]]] = {}
+        self._recipes: dict[int, tuple[Callable[[], torch.Tensor], tuple[int, ...], Any]] = {}
 
     def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
         return torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
@@ -199,7 +201,10 @@ class SavedTensors:
         if key is None or not tensor.is_contiguous():
             yield
             return
-        self._recipes[key] = (recipe, tuple(tensor.shape))
+        # Not held here: the layer may let it go inside (``adaqp/model/transform.py``), and
+        # a tensor made later at its address is then not it.
+        self._recipes[key] = (recipe, tuple(tensor.shape), weakref.ref(tensor))
+        del tensor
         try:
             yield
         finally:
@@ -208,9 +213,11 @@ class SavedTensors:
     def _pack(self, tensor: torch.Tensor):
         key = _storage_key(tensor)
         found = self._recipes.get(key) if key is not None else None
+        if found is not None and found[2]() is None:  # gone: another tensor at its address
+            found = None
         if found is None:
             if self._observe is not None:
                 self._observe(self.layer, tensor)
             return tensor.detach()  # not the tensor itself: its grad_fn may hold this node
-        recipe, base_shape = found
+        recipe, base_shape, _ = found
         return _Token(recipe, base_shape, tensor.size(), tensor.stride(), tensor.storage_offset())

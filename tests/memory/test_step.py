@@ -23,7 +23,7 @@ def _layers(rows: int, transform_first: bool = True) -> list[LayerShape]:
             num_send=0,
             width_in=a,
             width_out=b,
-            transform_first=transform_first and b < a,
+            transform_first=transform_first and b <= a,
             last=layer == 2,
             exchanges=False,
         )
@@ -65,5 +65,6 @@ def test_an_exchange_adds_its_buffers_and_a_quantized_one_lets_its_float_rows_go
     float_rows = training_step(exchanging, "gcn", True)
     assert float_rows.bytes > training_step(alone, "gcn", True).bytes
     quantized = training_step(exchanging, "gcn", True, bits=2)
-    assert training_step(alone, "gcn", True).bytes < quantized.bytes < float_rows.bytes
+    # (the quantized payloads are small enough here not to set the peak)
+    assert training_step(alone, "gcn", True).bytes <= quantized.bytes < float_rows.bytes
     assert evaluation(exchanging, "gcn").bytes > evaluation(alone, "gcn").bytes

@@ -86,12 +86,12 @@ def test_no_layernorm_means_identity_norms():
     assert len(model.norms) == 2 and all(isinstance(n, nn.Identity) for n in model.norms)
 
 
-def test_transform_first_only_where_gcn_rows_narrow():
+def test_transform_first_only_where_gcn_rows_do_not_widen():
     config = ModelConfig(name="gcn", layers=3, hidden=4)
     flags = [c.transform_first for c in GNN(config, F, C, transform_first=True).convs]
-    assert flags == [True, False, True]  # 6 -> 4 narrows, 4 -> 4 does not, 4 -> 3 does
-    flags = [c.transform_first for c in GNN(ModelConfig(name="gcn", hidden=5), F, C, True).convs]
-    assert flags == [True, True]
+    assert flags == [True, True, True]  # 6 -> 4 narrows, 4 -> 4 keeps, 4 -> 3 narrows
+    flags = [c.transform_first for c in GNN(ModelConfig(name="gcn", hidden=8), F, C, True).convs]
+    assert flags == [False, True]  # 6 -> 8 widens
     # A cached layer-0 input has its halo rows already: nothing to narrow there.
     cached = GNN(ModelConfig(name="gcn", hidden=5), F, C, transform_first=True, cached_input=True)
     assert [c.transform_first for c in cached.convs] == [False, True]

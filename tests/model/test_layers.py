@@ -13,7 +13,7 @@ import torch
 from adaqp.exchange.transport import ExchangeKey
 from adaqp.graph import aggregate as aggregate_module
 from adaqp.graph.aggregate import LinearAggregation, SparseAdjacency, spmm
-from adaqp.model import layers
+from adaqp.model import flight, layers
 from adaqp.model.layers import Propagation
 
 # 4 inner rows (0, 1 central; 2, 3 marginal), 2 halo rows (4, 5); rows 1 and 3 are sent.
@@ -145,14 +145,14 @@ def test_split_work_equals_whole_aggregation(overlap, aggregate, weights):
 
 def _log_deferred_grads(monkeypatch, events: list[str]) -> None:
     """Logs "weight gradients" in ``events`` where a layer computes its deferred ones."""
-    settle_deferred = layers._InFlight.settle_deferred
+    settle_deferred = flight.InFlight.settle_deferred
 
     def logged_settle_deferred(flight):
         if flight.deferred is not None:
             events.append("weight gradients")
         return settle_deferred(flight)
 
-    monkeypatch.setattr(layers._InFlight, "settle_deferred", logged_settle_deferred)
+    monkeypatch.setattr(flight.InFlight, "settle_deferred", logged_settle_deferred)
 
 
 def test_inner_columns_are_aggregated_and_differentiated_while_the_exchange_travels(

@@ -163,18 +163,21 @@ def test_recomputing_gives_plain_autogradss_outputs_and_gradients_bit_for_bit(
     assert not torch.equal(_gradients(model, graph, epoch=4)[2], ours[2])
 
 
+@pytest.mark.parametrize("transform_first", [False, True])
 @pytest.mark.parametrize("kernels", ["compiled", "torch"])
-def test_masks_drawn_again_in_backward_equal_the_forwards(kernels, graph, monkeypatch):
+def test_masks_drawn_again_in_backward_equal_the_forwards(
+    kernels, transform_first, graph, monkeypatch
+):
     """Dropout's mask is drawn once in forward (its output stored here) and drawn again
     where backward recomputes a layer's input: the two are equal bit for bit."""
-    model = _model("sage")
+    model = _model("sage", transform_first=transform_first)
     model.dropout.kernels = kernels
     stored: list[torch.Tensor] = []
     replayed: list[torch.Tensor] = []
     forward, replay = Dropout.forward, Dropout.replay
 
-    def storing_forward(self, x, keys=None):
-        out = forward(self, x, keys)
+    def storing_forward(self, x, keys=None, in_place=False):
+        out = forward(self, x, keys, in_place)
         stored.append(out.detach().clone())
         return out
 
@@ -187,9 +190,10 @@ def test_masks_drawn_again_in_backward_equal_the_forwards(kernels, graph, monkey
     monkeypatch.setattr(Dropout, "replay", logged_replay)
     _gradients(model, graph, epoch=2)
     # Layer 0's input and layer 1's (read by SAGE's root weight), backward drawing them last
-    # first; the last layer's input is kept, not drawn again.
-    assert len(stored) == 3 and len(replayed) == 2
-    for before, again in zip(stored[:2], replayed[::-1], strict=True):
+    # first; the last layer's input is kept where it aggregates first, drawn again where
+    # it transforms first (its transform lets it go before making its gradient).
+    assert len(stored) == 3 and len(replayed) == (3 if transform_first else 2)
+    for before, again in zip(stored[: len(replayed)], replayed[::-1], strict=True):
         assert torch.equal(before, again)
     assert (stored[1] == 0).any() and (stored[1] != 0).any()  # dropout did drop
 
