@@ -57,7 +57,8 @@ class CommConfig:
     """Fetch layer-0 halo features once at start-up (they never change; exact). With
     input dropout each worker then draws its own mask for those rows."""
     transform_first: bool = True
-    """GCN: exchange h·W instead of h when that narrows the rows (exact)."""
+    """GCN and SAGE: exchange h·W instead of h where that does not widen the rows (exact;
+    the layer then keeps only its input for backward, adaqp/model/transform.py)."""
     overlap: str = "auto"
     """Central/marginal overlap in OVERLAP_MODES: auto (on, except where every rank shares
     one host's CPU cores with more threads than cores: an exchange there is a copy by those

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -207,31 +208,45 @@ def _product(matrix: torch.Tensor, x_MD: torch.Tensor) -> torch.Tensor:
     return torch.addmm(out, matrix, x_MD, beta=0, out=out)
 
 
+GradHand = Callable[[torch.Tensor], bool]
+"""``hand(grad_MD) -> bool``: takes a product's input gradient to deliver it through another
+node (True: the product returns none), or leaves it to autograd (False). The layers hand
+the inner rows' gradient to the exchange, which adds the landed gradients into it where it
+is (``adaqp/model/flight.py``): autograd would add a second gradient out of place."""
+
+
+def _hand(hand: GradHand | None, grad_MD: torch.Tensor) -> torch.Tensor | None:
+    return None if hand is not None and hand(grad_MD) else grad_MD
+
+
 class _SpMM(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, adjacency: SparseAdjacency, x_MD: torch.Tensor) -> torch.Tensor:
-        ctx.adjacency = adjacency
+    def forward(ctx, adjacency: SparseAdjacency, x_MD: torch.Tensor, hand) -> torch.Tensor:
+        ctx.adjacency, ctx.hand = adjacency, hand
         return _product(adjacency.forward, x_MD)
 
     @staticmethod
     def backward(ctx, grad_ND: torch.Tensor):
         grad_MD = _product(ctx.adjacency.transpose, grad_ND.contiguous())
-        return None, grad_MD
+        return None, _hand(ctx.hand, grad_MD), None
 
 
-def spmm(adjacency: SparseAdjacency, x_MD: torch.Tensor) -> torch.Tensor:
-    """Returns adjacency @ x_MD, shape [N, D], differentiable in x_MD."""
+def spmm(
+    adjacency: SparseAdjacency, x_MD: torch.Tensor, hand: GradHand | None = None
+) -> torch.Tensor:
+    """Returns adjacency @ x_MD, shape [N, D], differentiable in x_MD (its gradient given to
+    ``hand`` first, where one is given)."""
     if x_MD.shape[0] != adjacency.shape[1]:
         raise ValueError(
             f"spmm: adjacency has {adjacency.shape[1]} columns but x has {x_MD.shape[0]} rows"
         )
-    return _SpMM.apply(adjacency, x_MD)
+    return _SpMM.apply(adjacency, x_MD, hand)
 
 
 class _AddSpMM(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, out_ND, row_start: int, block: SparseAdjacency, x_MD):
-        ctx.row_start, ctx.block = row_start, block
+    def forward(ctx, out_ND, row_start: int, block: SparseAdjacency, x_MD, hand):
+        ctx.row_start, ctx.block, ctx.hand = row_start, block, hand
         rows = out_ND[row_start:]
         if rows.is_contiguous():
             # Added where the rows are: the same bits as adding a separate product.
@@ -244,18 +259,26 @@ class _AddSpMM(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_ND: torch.Tensor):
         grad_rows = grad_ND[ctx.row_start :].contiguous()
-        return grad_ND, None, None, _product(ctx.block.transpose, grad_rows)
+        grad_MD = _product(ctx.block.transpose, grad_rows)
+        return grad_ND, None, None, _hand(ctx.hand, grad_MD), None
 
 
-def add_spmm_(out_ND: torch.Tensor, row_start: int, block: SparseAdjacency, x_MD: torch.Tensor):
+def add_spmm_(
+    out_ND: torch.Tensor,
+    row_start: int,
+    block: SparseAdjacency,
+    x_MD: torch.Tensor,
+    hand: GradHand | None = None,
+):
     """Adds ``block @ x_MD`` to the rows ``row_start..`` of ``out_ND`` in place and returns
-    ``out_ND``, differentiable in both (``block``: ``[N - row_start, M]``)."""
+    ``out_ND``, differentiable in both (``block``: ``[N - row_start, M]``; ``hand``: see
+    :data:`GradHand`)."""
     if block.shape != (out_ND.shape[0] - row_start, x_MD.shape[0]):
         raise ValueError(
             f"add_spmm_: a {tuple(block.shape)} block cannot add {x_MD.shape[0]} rows "
             f"into rows {row_start}..{out_ND.shape[0]}"
         )
-    return _AddSpMM.apply(out_ND, row_start, block, x_MD)
+    return _AddSpMM.apply(out_ND, row_start, block, x_MD, hand)
 
 
 class LinearAggregation(ABC):

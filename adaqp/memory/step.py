@@ -11,18 +11,19 @@ by layer, from the shapes alone (``LayerShape``: the rows a layer computes and e
 names the tensor of ``adaqp/model/`` it stands for; the walk follows:
 
 - ``GNN.forward`` (``adaqp/model/gnn.py``): dropout before each layer (a new ``[rows, in]``
-  tensor where it drops anything), the input given up once the layer is done (a hidden
-  layer's dropped input is computed again in backward, ``adaqp/model/recompute.py``; the
-  last layer's is kept), ``norm_relu`` after a hidden layer (keeps its input and the ReLU's
-  bits);
-- ``Propagation`` (``adaqp/model/layers.py``): the rows sent (``index_select``, held until
-  the exchange lands; quantized, until their payload is made), the halo rows received,
-  the aggregation, its halo part added, the dense transform after it
-  (``_DeferredLinear``: keeps the aggregated rows), or before it where a layer narrows
-  (``transform_first``); in backward the transform's input gradient,
-  the inner rows' gradient (made before the exchange starts: autograd runs the later node
-  first), the halo rows' gradients sent and the sent rows' gradients received, the weight
-  gradient settled while they travel;
+  tensor at layer 0, a hidden layer's dropped where it is), the input given up once the
+  layer is done (a hidden layer's is computed again in backward,
+  ``adaqp/model/recompute.py``; the last layer's is kept where it aggregates first),
+  ``norm_relu`` after a hidden layer (keeps its input and the ReLU's bits);
+- ``Propagation`` (``adaqp/model/layers.py``, the exchange's nodes in
+  ``adaqp/model/flight.py``): the rows sent (held until the exchange lands; quantized,
+  until their payload is made), the halo rows received and added in place, the
+  aggregation, the dense transform after it (``DeferredLinear``: keeps the aggregated
+  rows) where a layer widens the rows, or before it (``adaqp/model/transform.py``: keeps
+  only its input, handed off and computed again; SAGE's root term is the sum the
+  aggregation adds into); in backward the transform's input gradient, the inner rows'
+  gradient, the halo rows' gradients sent and the sent rows' gradients received (added in
+  place, as a sparse gradient), the weight gradient settled while they travel;
 - SAGE's root term (a second ``[rows, out]`` product), and its recomputed input in backward
   (the root weight's gradient reads it).
 

@@ -6,8 +6,10 @@ local work and ``ExchangeLand`` after it; autograd, which runs the nodes recorde
 first, then sends the halo gradients (``ExchangeLand.backward``) before the local work's
 gradients are made and waits for its own (``ExchangeStart.backward``) after them. The
 landed gradients come back as a sparse gradient of the rows sent (their rows' ids and
-values): autograd adds them into the input's gradient where it is, not through a second
-``[I, D]`` tensor of zeros with the landed rows scattered in.
+values), or, where the layer's inner rows' product handed its input gradient to the
+flight (``InFlight.hand_inner_grad``), added into that one where it is: never a second
+``[I, D]`` tensor (``index_select``'s backward scatters into zeros, and autograd adds a
+sparse gradient into a dense one out of place).
 
 Shapes: I inner rows, S rows sent to peers, H halo rows, D features, O output features.
 """
@@ -37,6 +39,21 @@ class InFlight:
         self.deferred: tuple[torch.Tensor, torch.Tensor] | None = None
         """The transform's ``(input, output gradient)``, left by ``DeferredLinear``."""
         self.param_grads: tuple[torch.Tensor | None, ...] = ()
+        self.inner_grad: torch.Tensor | None = None
+        """The gradient of the rows sent from, made by the inner rows' product and handed
+        here (``hand_inner_grad``) for ``ExchangeStart``'s backward to add the landed
+        gradients into."""
+        self.landed_back = False
+        """``ExchangeStart``'s backward has run: a gradient handed later goes to autograd."""
+
+    def hand_inner_grad(self, grad_ID: torch.Tensor) -> bool:
+        """A :data:`~adaqp.graph.aggregate.GradHand`: keeps the inner rows' product's input
+        gradient where the landed gradients are still to come (autograd runs that product's
+        backward first: it was recorded after ``ExchangeStart``)."""
+        if self.landed_back:
+            return False
+        self.inner_grad = grad_ID
+        return True
 
     def settle_deferred(self) -> None:
         """The transform's weight (and bias) gradients from ``deferred``, into
@@ -74,8 +91,13 @@ class ExchangeStart(torch.autograd.Function):
         flight = ctx.flight
         grads, flight.param_grads = flight.param_grads, ()
         grad_SD, flight.pending = flight.pending.wait(), None
-        # A row sent to several peers appears once per peer: the sparse gradient's
-        # repeated entries add up, as index_select's backward adds them.
+        flight.landed_back = True
+        # A row sent to several peers appears once per peer: its landed gradients add up.
+        inner, flight.inner_grad = flight.inner_grad, None
+        if inner is not None:  # added where the inner rows' gradient is
+            return inner.index_add_(0, ctx.send_idx, grad_SD), None, None, *grads
+        # A sparse gradient, which autograd adds into the input's (in place where it comes
+        # first, as here, where no gradient was handed).
         grad_RD = torch.sparse_coo_tensor(
             ctx.send_idx.unsqueeze(0), grad_SD, ctx.shape, check_invariants=False
         )

@@ -6,8 +6,9 @@ layer's row-wise ``finish(agg, rows)`` (its dense transform) to the aggregated r
 Where the input already holds its halo rows (the cached layer-0 input, ``[I + H, D]``)
 the ``Propagation`` is told so when it is built, and no exchange runs for that layer.
 
-Otherwise the exchange is two autograd nodes around the layer's local work:
-``ExchangeStart`` sends the boundary rows and ``ExchangeLand`` waits for the halo rows.
+Otherwise the exchange is two autograd nodes around the layer's local work
+(``adaqp/model/flight.py``): ``ExchangeStart`` sends the boundary rows and
+``ExchangeLand`` waits for the halo rows.
 A linear aggregation (a :class:`~adaqp.graph.aggregate.LinearAggregation`, such as the
 default product) splits the adjacency by columns: every inner row's sum over its inner
 in-neighbours (``[I, I]`` block) runs first, with ``overlap`` on while the exchange is in
@@ -44,7 +45,7 @@ import torch
 from torch import nn
 
 from adaqp.exchange.policy import ExchangePolicy
-from adaqp.graph.aggregate import PRODUCT, LinearAggregation, SparseAdjacency
+from adaqp.graph.aggregate import PRODUCT, LinearAggregation, SparseAdjacency, add_spmm_, spmm
 from adaqp.graph.attention import attend
 from adaqp.graph.local import LocalGraph
 from adaqp.graph.loss_rows import LayerRows
@@ -272,7 +273,11 @@ class Propagation:
         hw_IF, sum_OF = first(h_RD, rows.num_out)
         del h_RD  # transformed: kept, if at all, by the transform's node
 
-        def add(block: SparseAdjacency, x_MF: torch.Tensor) -> torch.Tensor:
+        def add(block: SparseAdjacency, x_MF: torch.Tensor, hand=None) -> torch.Tensor:
+            if hand is not None and aggregate is PRODUCT:  # its gradient handed (flight.py)
+                if sum_OF is None:
+                    return spmm(block, x_MF, hand)
+                return add_spmm_(sum_OF, 0, block, x_MF, hand)
             if sum_OF is None:
                 return aggregate(block, x_MF, every)
             return aggregate.add_(sum_OF, 0, block, x_MF, every)
@@ -288,7 +293,7 @@ class Propagation:
             flight = InFlight(self.policy, layer, selected=rows.send_keep is not None)
             ticket = ExchangeStart.apply(hw_IF, rows.send_idx, flight)
             inner_block, halo_block = self._column_blocks
-            sum_OF = add(inner_block, hw_IF)
+            sum_OF = add(inner_block, hw_IF, flight.hand_inner_grad)
             del hw_IF  # aggregated: let go before the halo rows land
             halo_HF = ExchangeLand.apply(ticket, flight)
         sum_OF = aggregate.add_(sum_OF, marginal.start, halo_block, halo_HF, marginal)

@@ -20,12 +20,15 @@ tensors of which backward needs one. Two things cut that to what backward reads:
   the recipe gives the same bits, and the linear maps that read the input in backward (for
   their weights' gradients) hold a small token instead of ``[I, D]`` floats. Layer 0's
   input is registered as the dropout of the features, which are held anyway. The last
-  layer's input is kept: backward reads it first, beside its own gradient, so computed
-  again it would cost the same memory at that moment and a LayerNorm more.
+  layer's input is kept where it aggregates first (backward reads it first, beside its
+  own gradient: computed again it would cost the same memory then, and a LayerNorm
+  more); where it transforms first it is computed again too, since its transform lets
+  it go before making its gradient (``adaqp/model/transform.py``).
 
 What stays per hidden layer is one ``[I, D]`` input of the norm, the ReLU's bits and
-whatever the aggregation's dense transform saves (the aggregated rows, ``[I, D_in]``:
-computing them again would cost a sparse product). The recipes run in backward: a
+whatever the aggregation's dense transform saves: nothing where the layer transforms
+first, the aggregated rows (``[I, D_in]``: computing them again would cost a sparse
+product) where it widens the rows and aggregates first. The recipes run in backward: a
 LayerNorm, a ReLU and a dropout mask per recomputed input, elementwise work beside the
 sparse products. No recipe holds a tensor that would not be held anyway, and a token dies
 with the backward node that saved it, so nothing lives longer than under plain autograd.
