@@ -408,9 +408,13 @@ class HaloTransport:
         recv = torch.empty(sum(received.segment_bytes), dtype=torch.uint8, device=rows_RD.device)
         work = self._launch(recv, send, received.segment_bytes, sent.segment_bytes, key)
 
+        # The float rows are not needed once encoded: the decoder keeps only their dtype,
+        # so they go as soon as the caller lets them go (not when the exchange lands).
+        dtype = rows_RD.dtype
+
         def decode(buf: torch.Tensor, out: torch.Tensor | None = None, blend: float | None = None):
             if out is None:
-                out = torch.empty((in_rows, dim), dtype=rows_RD.dtype, device=buf.device)
+                out = torch.empty((in_rows, dim), dtype=dtype, device=buf.device)
             return message.decode(buf, received, out, plan.has_full, self.kernels, blend)
 
         return PendingExchange(

@@ -159,7 +159,7 @@ def _training_step(
         # (a hidden layer's input is the ReLU's output, dropped out where it is)
         if layer.transform_first:
             handed_off = layer_in if index > 0 or dropout else 0  # recomputed in backward
-            out = _transforming_first(led, layer, where, bits, sage, handed_off)
+            out = _transforming_first(led, layer, where, bits, sage, handed_off, overlap)
             layer_in -= handed_off
         else:
             out = _aggregating_first(led, layer, where, bits, sage)
@@ -211,7 +211,13 @@ def _aggregating_first(led: _Ledger, layer: LayerShape, where: str, bits: int, s
 
 
 def _transforming_first(
-    led: _Ledger, layer: LayerShape, where: str, bits: int, sage: bool, handed_off: int
+    led: _Ledger,
+    layer: LayerShape,
+    where: str,
+    bits: int,
+    sage: bool,
+    handed_off: int,
+    overlap: bool,
 ) -> int:
     """A layer's forward that transforms first (``adaqp/model/transform.py``): the
     transformed rows, SAGE's root term over the output rows (the sum the aggregation adds
@@ -223,8 +229,14 @@ def _transforming_first(
     out = led.make(FLOAT * o * b, f"{where}, root term" if sage else f"{where}, aggregation")
     led.drop(handed_off)
     sent = _send(led, layer.num_send, b, bits, f"{where}, rows sent")
+    # Float rows are received where they land, a buffer made as the exchange starts: at
+    # once where it overlaps the inner rows' aggregation, else after it (the transformed
+    # rows gone). Quantized rows are decoded once the payload is in.
+    early = bits >= 32 and overlap
+    halo = led.make(FLOAT * layer.num_halo * b, f"{where}, halo rows' buffer") if early else 0
     led.drop(transformed)
-    halo = led.make(FLOAT * layer.num_halo * b, f"{where}, halo rows landed")
+    if not early:
+        halo = led.make(FLOAT * layer.num_halo * b, f"{where}, halo rows landed")
     led.drop(halo + sent)  # added in place (``add_spmm_``)
     return out
 
@@ -338,13 +350,14 @@ def evaluation(layers: list[LayerShape], model: str) -> Peak:
     for index, layer in enumerate(layers):
         where = f"forward layer {index}"
         o, n, a, b = layer.num_out, layer.num_in, layer.width_in, layer.width_out
-        if layer.transform_first:  # the input held by the caller (no autograd)
+        if layer.transform_first:  # the input handed off, the buffer made at the start
             transformed = led.make(FLOAT * n * b, f"{where}, transform")
             out = led.make(FLOAT * o * b, f"{where}, aggregation")
+            led.drop(hidden_in)
+            hidden_in = 0
             sent = led.make(FLOAT * layer.num_send * b, f"{where}, rows sent")
-            led.drop(transformed)
-            halo = led.make(FLOAT * layer.num_halo * b, f"{where}, halo rows landed")
-            led.drop(sent + halo)
+            halo = led.make(FLOAT * layer.num_halo * b, f"{where}, halo rows' buffer")
+            led.drop(transformed + sent + halo)
         else:
             sent = led.make(FLOAT * layer.num_send * a, f"{where}, rows sent")
             halo = led.make(FLOAT * layer.num_halo * a, f"{where}, halo rows landed")

@@ -45,6 +45,17 @@ class InFlight:
         gradients into."""
         self.landed_back = False
         """``ExchangeStart``'s backward has run: a gradient handed later goes to autograd."""
+        self.hold_launch = False
+        """``ExchangeStart`` keeps the rows to send for :meth:`launch` instead of sending
+        them (an exchange that is not overlapped starts after the local work)."""
+        self._held: torch.Tensor | None = None
+
+    def launch(self) -> None:
+        """Starts the forward exchange whose rows ``ExchangeStart`` held (no-op otherwise)."""
+        rows_SD, self._held = self._held, None
+        if rows_SD is not None:
+            key = ExchangeKey.forward(self.layer)
+            self.pending = self.policy.start(key, rows_SD, self.selected)
 
     def hand_inner_grad(self, grad_ID: torch.Tensor) -> bool:
         """A :data:`~adaqp.graph.aggregate.GradHand`: keeps the inner rows' product's input
@@ -78,10 +89,10 @@ class ExchangeStart(torch.autograd.Function):
         """``params``: the transform's weight (and bias) whose gradients are deferred."""
         ctx.flight, flight.num_params = flight, len(params)
         ctx.send_idx, ctx.shape = send_idx, h_RD.shape
-        key = ExchangeKey.forward(flight.layer)
         # Not kept here: the exchange holds the sent rows until they have left.
-        send_SD = h_RD.detach().index_select(0, send_idx)
-        flight.pending = flight.policy.start(key, send_SD, flight.selected)
+        flight._held = h_RD.detach().index_select(0, send_idx)
+        if not flight.hold_launch:
+            flight.launch()
         return h_RD.new_empty(0)
 
     @staticmethod

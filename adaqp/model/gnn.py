@@ -138,25 +138,21 @@ class GNN(nn.Module):
                 # The last layer's input is read first in backward, beside its gradient:
                 # kept, it costs no more than computed again, and no time; but a layer that
                 # transforms first lets its input go before making the input's gradient.
-                keeps = last and not getattr(conv, "transform_first", False)
-                if keeps or not recomputes or (before_norm is None and not drops):
-                    # Layer 0's input undropped is held anyway.
-                    del h
-                    out = conv(dropped, propagate, layer, key)
-                    del dropped
-                else:
-                    # The layer's input is saved as the way to compute it again.
+                first = getattr(conv, "transform_first", False)
+                keeps = last and not first
+                recipe = None
+                if not (keeps or not recomputes or (before_norm is None and not drops)):
+                    # Saved as the way to compute it again (layer 0's undropped input, held
+                    # anyway, and a kept one are saved as they are).
                     recipe = self._recipe(layer, before_norm, x_ID, keys, drops)
-                    del h  # the ReLU's output, once dropped out: nothing keeps it
-                    with saved.recomputed(dropped, recipe):
-                        if getattr(conv, "transform_first", False):
-                            # Handed off: it goes once transformed (adaqp/model/transform.py).
-                            handoff = Handoff(dropped)
-                            del dropped
-                            out = conv(handoff, propagate, layer, key)
-                        else:
-                            out = conv(dropped, propagate, layer, key)
-                            del dropped
+                del h  # the ReLU's output, once dropped out: nothing else keeps it
+                with saved.recomputed(dropped, recipe):
+                    # A layer that transforms first is handed its input, which then goes
+                    # once transformed (adaqp/model/transform.py).
+                    layer_in = Handoff(dropped) if first else dropped
+                    del dropped
+                    out = conv(layer_in, propagate, layer, key)
+                    del layer_in
                 if layer < len(self.convs) - 1:
                     h = norm_relu(out, self.norms[layer])
                     before_norm = out if recomputes else None

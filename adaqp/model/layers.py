@@ -261,8 +261,10 @@ class Propagation:
         """``finish(sum, rows)`` where ``first(h, O) -> (hw [I, F], sum [O, F] | None)``
         transforms the rows (``adaqp/model/transform.py``) and the aggregation of ``hw``
         is added into ``sum`` (SAGE's root term) or makes it. The inner rows are aggregated
-        before the halo rows are waited for, also without ``overlap`` (the same sums), so
-        that ``hw`` goes before they land: this Propagation holds the only reference."""
+        before the halo rows are waited for, so that ``hw`` goes before they land (this
+        Propagation holds the only reference); without ``overlap`` the exchange starts
+        only then. In backward the halo gradients travel while the inner rows' gradient
+        is made, in either case (autograd's order: the land node is recorded later)."""
         if not isinstance(aggregate, LinearAggregation):
             raise ValueError("a layer that transforms first needs a linear aggregation")
         rows = self.rows
@@ -291,10 +293,14 @@ class Propagation:
             halo_HF = hw_IF[rows.num_in :]
         else:
             flight = InFlight(self.policy, layer, selected=rows.send_keep is not None)
+            # Not overlapped, the exchange starts once the inner rows are aggregated: its
+            # buffers are not made beside the transformed rows.
+            flight.hold_launch = not (self.overlap and self.policy.waits(layer))
             ticket = ExchangeStart.apply(hw_IF, rows.send_idx, flight)
             inner_block, halo_block = self._column_blocks
             sum_OF = add(inner_block, hw_IF, flight.hand_inner_grad)
             del hw_IF  # aggregated: let go before the halo rows land
+            flight.launch()
             halo_HF = ExchangeLand.apply(ticket, flight)
         sum_OF = aggregate.add_(sum_OF, marginal.start, halo_block, halo_HF, marginal)
         return finish(sum_OF, every)

@@ -196,12 +196,14 @@ class SavedTensors:
 
     @contextmanager
     def recomputed(
-        self, tensor: torch.Tensor, recipe: Callable[[], torch.Tensor]
+        self, tensor: torch.Tensor, recipe: Callable[[], torch.Tensor] | None
     ) -> Iterator[None]:
         """Inside, autograd saves ``tensor`` (contiguous), or any view of it, as ``recipe``:
-        a function that returns the same values again from tensors held anyway."""
+        a function that returns the same values again from tensors held anyway (None:
+        saved as itself)."""
         key = _storage_key(tensor)
-        if key is None or not tensor.is_contiguous():
+        if recipe is None or key is None or not tensor.is_contiguous():
+            del tensor
             yield
             return
         # Not held here: the layer may let it go inside (``adaqp/model/transform.py``), and

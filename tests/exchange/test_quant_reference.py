@@ -9,7 +9,7 @@ and ``step = (max - min) / (2**b - 1)``, rebuilt as ``min(min + q·step, max)``;
 draws are keyed by ``(base key, u)``. Epochs count from 1, layers from 0 (the model's).
 
 * Forward, a layer that aggregates rows ``h`` (the layer's input, or ``h W`` where the
-  trainer transforms first: GCN's and SAGE's narrowing last layer, every GAT layer): an
+  trainer transforms first: GCN's and SAGE's layers that do not widen, every GAT layer): an
   edge u -> v reads ``h[u]`` when u and v are on one part, else
   ``Q(h[u], (draw_key(seed, epoch, layer, FORWARD), u))``: one rounding of u's row, whichever
   part reads it.
@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from adaqp.data import load_dataset
 from adaqp.graph.aggregate import SparseAdjacency, spmm
 from adaqp.model.gnn import CONVS, GNN
+from adaqp.model.transform import Handoff
 from adaqp.partitioning.build import make_partition
 from adaqp.quant.draws import Draw, RowKeys, draw_key
 from adaqp.quant.mixed import dequantize_mixed, quantize_mixed
@@ -216,11 +217,17 @@ def _reference(graph, adjacency, case: tuple, initial: np.ndarray, rounding: Rou
     optimizer = torch.optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
     every = slice(0, graph.num_nodes)
 
-    def propagate(h, layer, finish=lambda agg, rows: agg, aggregate=None, transform=None, epoch=1):
+    def propagate(
+        h, layer, finish=lambda agg, rows: agg, aggregate=None, transform=None, first=None, epoch=1
+    ):
+        root = None
+        if first is not None:  # transformed first: the rows exchanged are h W
+            h, root = first(h.take() if isinstance(h, Handoff) else h, graph.num_nodes)
         cached = layer == 0  # the cached input: every part reads it exactly
         halo = h.repeat(rounding.parts, 1) if cached else _Halo.apply(h, rounding, epoch, layer)
         rows = torch.cat([h, halo])
         agg = spmm(adjacency, rows) if aggregate is None else aggregate(adjacency, rows, every)
+        agg = agg if root is None else root + agg  # SAGE's root term
         return finish(agg if transform is None else transform(agg), every)
 
     losses = []

@@ -30,6 +30,7 @@ from adaqp.data import load_dataset
 from adaqp.exchange.transport import Direction, ExchangeKey
 from adaqp.graph.aggregate import SparseAdjacency
 from adaqp.model.gnn import GNN
+from adaqp.model.transform import Handoff
 from adaqp.partitioning.build import make_partition
 from tests.distributed import RecordingWriter, owner_of, run_workers
 from tests.exchange.landings import delay_landings, schedule_landings
@@ -246,8 +247,19 @@ def _stale_reference(
             return max(1, e - staleness), max(1, e - staleness)
 
         def propagate(
-            h, layer, finish=lambda agg, rows: agg, aggregate=None, transform=None, e=epoch
+            h,
+            layer,
+            finish=lambda agg, rows: agg,
+            aggregate=None,
+            transform=None,
+            first=None,
+            e=epoch,
         ):
+            if first is not None:  # transformed first: the rows exchanged are h W
+                h = h.take() if isinstance(h, Handoff) else h
+                hw, root = first(h, h.shape[0])
+                added = finish if root is None else lambda agg, rows: finish(root + agg, rows)
+                return propagate(hw, layer, added, aggregate, e=e)
             if transform is not None:
                 transformed = lambda agg, rows: finish(transform(agg), rows)  # noqa: E731
                 return propagate(h, layer, transformed, aggregate, e=e)
