@@ -181,7 +181,7 @@ def _training_step(
             led.drop(grad + _norm_kept(layer))
             grad = grad_out
         if layer.transform_first:
-            grad = _narrowing_backward(led, layer, index, where, bits, dropout, sage, grad)
+            grad = _narrowing_backward(led, layer, index, where, bits, dropout, sage, overlap, grad)
         else:
             grad = _backward(
                 led, layer, index, where, bits, sage and (dropout or index > 0), overlap, grad
@@ -313,22 +313,29 @@ def _narrowing_backward(
     bits: int,
     dropout: bool,
     sage: bool,
+    overlap: bool,
     grad: int,
 ) -> int:
-    """A layer that transforms first (it narrows): the aggregation's gradients into the
-    transformed rows (inner, then the landed rows added; SAGE's root weight reads the
-    output's gradient itself), then the transform's (``adaqp/model/transform.py``): its
+    """A layer that transforms first (it does not widen): the aggregation's gradients into
+    the transformed rows (inner, and the landed rows added into them: after them where the
+    layer ``overlap``s, else landed first; SAGE's root weight reads the output's gradient
+    itself), then the transform's (``adaqp/model/transform.py``): its
     input computed again (but layer 0's undropped features, held), the weights' gradients,
     the input let go, then the input's gradient."""
     n, a, b = layer.num_in, layer.width_in, layer.width_out
     buffer = 0
-    if index > 0:
+    if index > 0 and layer.exchanges and not overlap:  # landed first, then the inner rows'
+        sent = _send(led, layer.num_halo, b, bits, f"{where}, halo gradients sent")
+        landed = led.make(FLOAT * layer.num_send * b, f"{where}, gradients landed")
+        led.drop(sent)
+        buffer = led.make(FLOAT * n * b, f"{where}, inner rows' gradient")
+        led.drop(landed)  # added where the inner rows' gradient is
+    elif index > 0:
         buffer = led.make(FLOAT * n * b, f"{where}, inner rows' gradient")
         if layer.exchanges:
             sent = _send(led, layer.num_halo, b, bits, f"{where}, halo gradients sent")
             landed = led.make(FLOAT * layer.num_send * b, f"{where}, gradients landed")
-            # The landed gradients come as a sparse gradient: added in place.
-            led.drop(landed + sent)
+            led.drop(landed + sent)  # added where the inner rows' gradient is
     recomputed = 0
     if index > 0 or dropout:
         recomputed = led.make(FLOAT * n * a, f"{where}, input computed again")

@@ -46,8 +46,9 @@ class InFlight:
         self.landed_back = False
         """``ExchangeStart``'s backward has run: a gradient handed later goes to autograd."""
         self.hold_launch = False
-        """``ExchangeStart`` keeps the rows to send for :meth:`launch` instead of sending
-        them (an exchange that is not overlapped starts after the local work)."""
+        """The exchange is not overlapped: ``ExchangeStart`` keeps the rows to send for
+        :meth:`launch` (it starts after the local work), and ``ExchangeLand``'s backward
+        waits for the halo gradients at once (they land before the local gradients)."""
         self._held: torch.Tensor | None = None
 
     def launch(self) -> None:
@@ -131,11 +132,25 @@ class ExchangeLand(torch.autograd.Function):
         flight = ctx.flight
         key = ExchangeKey.backward(flight.layer)
         flight.pending = flight.policy.start(key, grad_HD.contiguous(), flight.selected)
+        if flight.hold_launch:
+            # Not overlapped: landed now, before the inner rows' gradient is made, so that
+            # the rows sent and the receive buffer are never beside it.
+            flight.pending = _Landed(flight.pending.wait())
         # While they travel: the transform's weight gradients, first of the work autograd
         # runs before ExchangeStart.backward waits, so that its rows are let go before
         # the inner rows' gradients are made.
         flight.settle_deferred()
         return grad_HD.new_empty(0), None
+
+
+class _Landed:
+    """A backward exchange already waited for: ``ExchangeStart``'s backward collects it."""
+
+    def __init__(self, rows: torch.Tensor):
+        self._rows = rows
+
+    def wait(self) -> torch.Tensor:
+        return self._rows
 
 
 class DeferredLinear(torch.autograd.Function):
