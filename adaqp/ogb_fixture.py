@@ -22,8 +22,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Load the graph that --config's [data] names (e.g. the products-scale "
         "synthetic graph) and write it in OGB's raw layout under ROOT/<name with _>/, marked "
         f"synthetic ({FIXTURE_MARKER}), so that load_dataset(NAME, root=ROOT) or a run with "
-        "--set data.dataset=NAME --set data.root=ROOT reads it without network. An existing "
-        "folder is never overwritten. Exit codes: 0 written, 2 refused.",
+        "--set data.dataset=NAME --set data.root=ROOT reads it without network. The layout "
+        "is the one OGB has for NAME: csv.gz files (ogbn-products, ogbn-arxiv), or NumPy "
+        "archives with float16 features and labels only on the split's nodes "
+        "(ogbn-papers100M). An existing folder is never overwritten. Exit codes: 0 "
+        "written, 2 refused.",
         epilog="example: python -m adaqp.ogb_fixture --config "
         "configs/products-scale-sage.toml --root /tmp/ogb-fixture, then "
         'load_dataset("ogbn-products", root="/tmp/ogb-fixture")',
@@ -39,7 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--root", required=True, help="folder the fixture is written under")
     parser.add_argument(
-        "--name", default="ogbn-products", help="OGB dataset to stand in for (default: %(default)s)"
+        "--name",
+        default="ogbn-products",
+        help="OGB dataset to stand in for, whose layout, split and class count the fixture "
+        "takes (default: %(default)s; ogbn-papers100M for the binary layout)",
     )
     parser.add_argument(
         "--compresslevel",
@@ -47,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         choices=range(1, 10),
         metavar="1-9",
-        help="gzip level of the csv.gz files (default: %(default)s, the fastest)",
+        help="gzip level of the csv.gz files (default: %(default)s, the fastest); the "
+        "binary layout's .npz archives are stored uncompressed, so that they can be mapped",
     )
     return parser
 

@@ -10,9 +10,11 @@ Sources accepted by :func:`load_dataset`:
   features (no row normalisation), random 20-per-class / 500 / 1000 split.
 * ``synthetic``: a seeded contextual stochastic block model, see :class:`SyntheticSpec`
   (``docs/datasets.md`` tabulates how METIS cuts it with and without communities).
-* ``ogbn-*`` (homogeneous, csv-format OGB node datasets such as ``ogbn-arxiv`` and
-  ``ogbn-products``): read from OGB's raw layout under ``root/<name with _>/``, always
-  symmetrised, official split; parsed arrays are cached in ``adaqp_cache.npz``.
+* ``ogbn-*`` (homogeneous OGB node datasets: ``ogbn-arxiv``, ``ogbn-products``,
+  ``ogbn-papers100M``): read from OGB's raw layout under ``root/<name with _>/``, always
+  symmetrised, official split; the csv layout's parsed arrays are cached in
+  ``adaqp_cache.npz``, the binary layout's (``raw/data.npz``) are read mapped or in blocks,
+  features in their stored float16.
 * ``npz``: a user file given by ``path``, in the format documented in ``npz.py``;
   :func:`save_npz` writes it.
 
@@ -25,7 +27,11 @@ Modules, one job each:
   :func:`random_split` and the shared array-to-GraphData assembly;
 * ``synthetic``: :class:`SyntheticSpec` and :func:`generate_synthetic`;
 * ``builtin``: the embedded ``cora`` / ``citeseer`` files next to this one;
-* ``ogb``: OGB node-property datasets: OGB's on-disk layout, download and parse cache;
+* ``ogb``: OGB node-property datasets: which layout, download and parse cache;
+* ``ogb_csv``: OGB's csv layout, parsed in blocks (and the pieces both layouts share);
+* ``ogb_binary``: OGB's binary layout (``ogbn-papers100M``), read without a second copy;
+* ``npz_members``: ``.npz`` members read mapped or in blocks, and written in blocks;
+* ``ogb_fixture``: any graph written in OGB's layout, marked synthetic;
 * ``npz``: the ``npz`` file format, :func:`save_npz` and its reader;
 * ``adapters``: :func:`from_pyg` and :func:`from_dgl`;
 * ``load``: :func:`load_dataset`, dispatching a name to the loaders above.

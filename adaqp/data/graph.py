@@ -28,6 +28,10 @@ GRAPH_ARRAYS = ("indptr", "indices", "features", "labels", "train_mask", "val_ma
 """The names of :class:`GraphData`'s arrays, in its field order (and the npz file's keys)."""
 MASK_ARRAYS = GRAPH_ARRAYS[4:]
 """The names of the train/val/test masks, in that order."""
+FEATURE_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+"""The dtypes ``GraphData.features`` may have: float32, or float16 where a dataset stores
+its features so (OGB's ``ogbn-papers100M``), kept at half the bytes through partitioning
+and made float32 only where a worker builds its tensors (``adaqp.graph.local``)."""
 # Bounds the temporaries of validate() to a few hundred MB even for 100M+ edge graphs.
 _VALIDATE_CHUNK = 1 << 24
 
@@ -40,7 +44,8 @@ class GraphData:
         name: Dataset name.
         indptr: int64 [N+1] CSR of in-edges: row ``u`` lists the sources ``v`` of ``v -> u``.
         indices: int64 [E], sorted within each row, no duplicates, no self-loops.
-        features: float32 [N, F], C-contiguous.
+        features: float32 or float16 [N, F] (:data:`FEATURE_DTYPES`), C-contiguous;
+            possibly a copy-on-write map of a file (OGB's binary layout).
         labels: int64 [N] (``-1`` = unlabelled), or float32 [N, C] of 0/1 if ``multilabel``.
         train_mask, val_mask, test_mask: bool [N], pairwise disjoint.
         num_classes: Number of classes (columns of ``labels`` when multilabel).
@@ -109,7 +114,7 @@ class GraphData:
         problem = csr_problem(self.indptr, self.indices)
         if problem is not None:
             raise ValueError(f"indices: {problem}")
-        _check_array("features", self.features, np.float32, 2, rows=n)
+        _check_array("features", self.features, FEATURE_DTYPES, 2, rows=n)
         if not self.features.flags.c_contiguous:
             raise ValueError("features must be C-contiguous")
         # min and max propagate NaN and expose +-Inf without an [N, F] temporary.
@@ -167,7 +172,8 @@ class GraphData:
         of bag-of-words features in Kipf & Welling's GCN); rows of zeros stay zero."""
         for start in range(0, self.num_nodes, 1 << 16):  # bounded scratch on large graphs
             block = self.features[start : start + (1 << 16)]
-            norms = np.abs(block).sum(axis=1, keepdims=True)
+            # Summed in float32: float16 sums of many values lose digits or overflow.
+            norms = np.abs(block).sum(axis=1, keepdims=True, dtype=np.float32)
             np.divide(block, norms, out=block, where=norms > 0)
         self.info = {**self.info, "feature_norm": "row"}
 
@@ -182,13 +188,14 @@ class GraphData:
         return graph
 
 
-def _check_array(key: str, arr: Any, dtype: type, ndim: int, rows: int | None = None) -> None:
+def _check_array(key: str, arr: Any, dtype: Any, ndim: int, rows: int | None = None) -> None:
+    """``dtype``: one dtype, or a tuple of the dtypes allowed."""
     if not isinstance(arr, np.ndarray):
         raise ValueError(f"{key} must be a numpy array, got {type(arr).__name__}")
-    if arr.dtype != dtype or arr.ndim != ndim:
-        raise ValueError(
-            f"{key} must be {np.dtype(dtype).name} with {ndim} dims, got {arr.dtype} {arr.shape}"
-        )
+    allowed = [np.dtype(d) for d in (dtype if isinstance(dtype, tuple) else (dtype,))]
+    if arr.dtype not in allowed or arr.ndim != ndim:
+        names = " or ".join(d.name for d in allowed)
+        raise ValueError(f"{key} must be {names} with {ndim} dims, got {arr.dtype} {arr.shape}")
     if rows is not None and arr.shape[0] != rows:
         raise ValueError(f"{key} has {arr.shape[0]} rows, expected num_nodes={rows}")
 

@@ -92,7 +92,9 @@ class LocalGraph:
             indptr=indptr,
             indices=new_cols[order].astype(_id_dtype(num_inner + num_halo)),
             in_degree=np.concatenate([part.in_degree[new_to_old], part.halo_degree]),
-            features=tensor(part.features),
+            # A part may keep float16 features (adaqp.partitioning.schema); the model
+            # computes in float32, converted here on the device (half the transfer).
+            features=tensor(part.features).float(),
             labels=tensor(part.labels),
             train_mask=tensor(part.train_mask),
             val_mask=tensor(part.val_mask),

@@ -16,8 +16,10 @@ Layout of a partition directory::
   other field; an edited count or edge cut is refused.
 - ``dataset``: ``spec`` (what identifies the graph: name, split seed, generator
   parameters; matched against the run's config), ``fingerprint`` (content hash of the
-  input graph), ``num_nodes``, ``num_edges``, ``feature_dim``, ``num_classes``,
-  ``multilabel``, ``info`` (the loader's provenance record).
+  input graph), ``num_nodes``, ``num_edges``, ``feature_dim``, ``feature_dtype``
+  (``float32``, or ``float16`` as OGB stores ogbn-papers100M's; absent counts as
+  ``float32``), ``num_classes``, ``multilabel``, ``info`` (the loader's provenance
+  record).
 - ``params``: ``method``, ``num_parts``, ``seed``, ``balance_train``, ``objective``
   (METIS objective, ``cut`` or ``volume``; absent counts as ``cut``).
 - ``edge_cut``: directed in-edges whose source lives on another part.
@@ -34,8 +36,10 @@ Layout of a partition directory::
 Arrays in ``part-NNNNN.npz`` (local ids: inner nodes 0..I-1, halo nodes I..I+H-1):
 
 - ``global_ids`` int64 [I]: global id of each inner node (ascending).
-- ``features`` float32 [I, F]; ``labels`` int64 [I] (or float32 [I, C] if multilabel);
-  ``train_mask``, ``val_mask``, ``test_mask`` bool [I].
+- ``features`` [I, F] of the dataset's ``feature_dtype`` (a worker makes them float32
+  when it builds its tensors); ``labels`` int64 [I], -1 for an unlabelled node (or
+  float32 [I, C] if multilabel); ``train_mask``, ``val_mask``, ``test_mask`` bool [I],
+  which never select an unlabelled node.
 - ``in_degree`` int64 [I]: global in-degree (no self-loop) of each inner node.
 - ``indptr`` int64 [I+1], ``indices`` int64 [E]: CSR of the inner nodes' in-edges,
   sources as local ids (inner or halo).
@@ -69,7 +73,7 @@ PART_FILE_NAME = re.compile(r"part-\d{5}\.npz")
 
 PART_ARRAYS = {
     "global_ids": (np.int64, 1),
-    "features": (np.float32, 2),
+    "features": (None, 2),
     "labels": (None, None),
     "train_mask": (np.bool_, 1),
     "val_mask": (np.bool_, 1),
@@ -85,7 +89,8 @@ PART_ARRAYS = {
     "send_counts": (np.int64, 1),
     "recv_counts": (np.int64, 1),
 }
-"""Every array a part file must hold: name -> (dtype or None if free, ndim or None)."""
+"""Every array a part file must hold: name -> (dtype or None if free, ndim or None); the
+free ones are set by the metadata (:func:`check_part_arrays`)."""
 
 _PART_ENTRY_KEYS = ("file", "sha256", "num_inner", "num_halo", "num_edges", "num_train", "num_send")
 
@@ -255,6 +260,7 @@ def check_part_arrays(
     multilabel = bool(dataset.get("multilabel"))
     expected = dict(PART_ARRAYS)
     expected["labels"] = (np.float32, 2) if multilabel else (np.int64, 1)
+    expected["features"] = (np.dtype(dataset.get("feature_dtype", "float32")), 2)
     for name, (dtype, ndim) in expected.items():
         if name not in arrays:
             fail(f"it lacks the array {name!r}")
@@ -282,6 +288,9 @@ def check_part_arrays(
         fail(f"labels have {arrays['labels'].shape[1]} columns, not {dataset['num_classes']}")
     if int(arrays["train_mask"].sum()) != entry["num_train"]:
         fail(f"train_mask holds {int(arrays['train_mask'].sum())} nodes, not {entry['num_train']}")
+    for name in ("train_mask", "val_mask", "test_mask"):
+        if not multilabel and (arrays["labels"][arrays[name]] < 0).any():
+            fail(f"{name} selects an unlabelled node (label -1): it would be trained or scored")
 
     num_nodes = dataset["num_nodes"]
     if (

@@ -7,9 +7,9 @@ while each part is built. A lean input (:meth:`GraphSource.take`, what
 needs:
 
 - node ids as int32 where they fit (half the adjacency's bytes);
-- the features spilled to a scratch file beside the partition, and read back block by
-  block for one part at a time, so the ``[N, F]`` matrix is never resident during the
-  cut or the build.
+- the features spilled to a scratch file beside the partition, in their own dtype
+  (float16 stays float16), and read back block by block for one part at a time, so the
+  ``[N, F]`` matrix is never resident during the cut or the build.
 
 A source made with :meth:`GraphSource.of` reads the graph as it is and changes nothing: the
 graph stays usable, for callers that keep it (tests, benchmarks).
@@ -39,7 +39,7 @@ class GraphSource:
     """What the cut and the build read: CSR, per-node columns, and the dataset record.
 
     ``indices`` may be int32 (a lean source); ``features`` is None when spilled to
-    ``features_file`` (raw float32 rows, C order).
+    ``features_file`` (raw rows of ``feature_dtype``, C order).
     """
 
     indptr: np.ndarray
@@ -53,6 +53,8 @@ class GraphSource:
     """The dataset fields of a partition's metadata (fingerprint, sizes, provenance),
     taken from the graph before anything changed."""
     feature_dim: int
+    feature_dtype: np.dtype
+    """The features' dtype (``adaqp.data.graph.FEATURE_DTYPES``), which the parts keep."""
     features_file: Path | None = None
     scratch: Path | None = None
     """The directory this source owns for its scratch files (removed by ``close``)."""
@@ -78,6 +80,7 @@ class GraphSource:
             graph.test_mask,
             _record(graph),
             graph.feature_dim,
+            graph.features.dtype,
         )
 
     @classmethod
@@ -97,11 +100,11 @@ class GraphSource:
         scratch_parent.mkdir(parents=True, exist_ok=True)
         scratch = make_owned_dir(scratch_parent, SCRATCH)
         try:
-            features_file = scratch / "features.f32"
+            feature_dim, feature_dtype = graph.feature_dim, graph.features.dtype
+            features_file = scratch / f"features.{feature_dtype.name}"
             with open(features_file, "wb") as fh:  # scratch: no fsync, it never outlives us
-                np.ascontiguousarray(graph.features, dtype=np.float32).tofile(fh)
-            feature_dim = graph.feature_dim
-            graph.features = np.zeros((0, feature_dim), dtype=np.float32)
+                graph.features.tofile(fh)  # C-contiguous (GraphData's rule): no copy
+            graph.features = np.zeros((0, feature_dim), dtype=feature_dtype)
             indices = narrow_ids(graph.indices, graph.num_nodes)
             graph.indices = np.zeros(0, dtype=np.int64)
         except BaseException:
@@ -117,17 +120,18 @@ class GraphSource:
             graph.test_mask,
             record,
             feature_dim,
+            feature_dtype,
             features_file,
             scratch,
         )
 
     def feature_rows(self, ids: np.ndarray) -> np.ndarray:
-        """float32 [len(ids), F], C-contiguous: the features of the nodes ``ids`` (global,
-        ascending), read block by block from the spill where there is one."""
+        """``feature_dtype`` [len(ids), F], C-contiguous: the features of the nodes ``ids``
+        (global, ascending), read block by block from the spill where there is one."""
         if self.features is not None:
-            return np.ascontiguousarray(self.features[ids], dtype=np.float32)
-        out = np.empty((len(ids), self.feature_dim), dtype=np.float32)
-        row_bytes = 4 * self.feature_dim
+            return np.ascontiguousarray(self.features[ids])
+        out = np.empty((len(ids), self.feature_dim), dtype=self.feature_dtype)
+        row_bytes = self.feature_dtype.itemsize * self.feature_dim
         bounds = np.searchsorted(ids, np.arange(0, self.num_nodes + _ROWS_PER_READ, _ROWS_PER_READ))
         with open(self.features_file, "rb") as fh:
             for block, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=False)):
@@ -136,7 +140,7 @@ class GraphSource:
                 first = block * _ROWS_PER_READ
                 count = min(_ROWS_PER_READ, self.num_nodes - first)
                 fh.seek(first * row_bytes)
-                rows = np.fromfile(fh, dtype=np.float32, count=count * self.feature_dim)
+                rows = np.fromfile(fh, dtype=self.feature_dtype, count=count * self.feature_dim)
                 if rows.shape[0] != count * self.feature_dim:
                     raise OSError(f"{self.features_file} is shorter than its {self.num_nodes} rows")
                 out[lo:hi] = rows.reshape(count, self.feature_dim)[ids[lo:hi] - first]
@@ -171,6 +175,7 @@ def _record(graph: GraphData) -> dict[str, Any]:
         "num_nodes": graph.num_nodes,
         "num_edges": graph.num_edges,
         "feature_dim": graph.feature_dim,
+        "feature_dtype": graph.features.dtype.name,
         "num_classes": graph.num_classes,
         "multilabel": graph.multilabel,
         "info": graph.info,

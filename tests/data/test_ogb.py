@@ -63,7 +63,7 @@ def test_ogb_layout_load_and_cache(tmp_path: Path, monkeypatch, caplog) -> None:
         raise AssertionError("raw files parsed although a valid cache exists")
 
     with monkeypatch.context() as m:
-        m.setattr(ogb_data, "_parse_ogb_raw", no_parse)
+        m.setattr(ogb_data, "parse_csv_layout", no_parse)
         assert load_dataset("ogbn-arxiv", root=tmp_path).fingerprint() == g.fingerprint()
 
     cache.write_bytes(b"not a zip file")

@@ -14,6 +14,7 @@ from adaqp.data import GraphData, SyntheticSpec, csr_from_edges, generate_synthe
 from adaqp.data import ogb as ogb_data
 from adaqp.data.graph import GRAPH_ARRAYS
 from adaqp.data.load import check_source
+from adaqp.data.ogb_csv import parse_csv_layout
 from adaqp.data.ogb_fixture import write_ogb_fixture
 from adaqp.ogb_fixture import main
 
@@ -124,9 +125,9 @@ def test_block_parse_equals_one_shot(tmp_path: Path) -> None:
     )
     lines = (f"{s},{d}\n" for s, d in zip(src, dst, strict=True))
     _write_gz(folder / "raw" / "edge.csv.gz", "".join(lines))
-    meta, directory, files = ogb_data.ogb_source("ogbn-products", tmp_path)
-    one_shot = ogb_data._parse_ogb_raw(directory, meta, files, block_values=1 << 30)
-    blocks = ogb_data._parse_ogb_raw(directory, meta, files, block_values=5)
+    _, directory, files = ogb_data.ogb_source("ogbn-products", tmp_path)
+    one_shot = parse_csv_layout(directory, files, block_values=1 << 30)
+    blocks = parse_csv_layout(directory, files, block_values=5)
     assert one_shot.keys() == blocks.keys()
     for key, value in one_shot.items():
         assert value.dtype == blocks[key].dtype and np.array_equal(value, blocks[key]), key

@@ -7,7 +7,8 @@ line (peak resident memory is the process's ``ru_maxrss``, so each run needs a f
 
 ``load`` parses the raw files where ``DIR/ogbn_products`` holds no cache (and writes it),
 else reads the cache. ``--parser-from`` takes ``_parse_ogb_raw`` from another copy of
-``adaqp/data/ogb.py`` (e.g. ``git show COMMIT:adaqp/data/ogb.py``): the baseline.
+``adaqp/data/ogb.py`` (e.g. ``git show COMMIT:adaqp/data/ogb.py``, from before the csv
+parse moved to ``adaqp/data/ogb_csv.py``): the baseline.
 """
 
 from __future__ import annotations
@@ -69,7 +70,11 @@ def load(root: Path, parser_from: str | None) -> dict:
         spec = importlib.util.spec_from_file_location("ogb_baseline", parser_from)
         baseline = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(baseline)
-        ogb._parse_ogb_raw = baseline._parse_ogb_raw
+        # The csv parse is ogb.parse_csv_layout(directory, files) now; the baseline's
+        # _parse_ogb_raw(directory, meta, files) never read its meta.
+        ogb.parse_csv_layout = lambda directory, files: baseline._parse_ogb_raw(
+            directory, None, files
+        )
     cached = (root / "ogbn_products" / ogb._CACHE_NAME).is_file()
     before = _peak_mib()
     t0 = time.perf_counter()
