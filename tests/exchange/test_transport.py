@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -249,3 +252,29 @@ def test_a_training_exchange_full_in_one_direction_moves_its_selection(bits, tmp
         assert result["train_backward"].shape == (6 if rank == 0 else 3, DIM)
         assert result["eval_backward"].shape == (6, DIM)
         np.testing.assert_allclose(result["train_backward"], peer + 1)
+
+
+def _release_worker(rank: int, world_size: int, init_method: str, bits: int):
+    init_distributed(CommConfig(timeout_s=60), init_method, rank, world_size)
+    try:
+        send_idx, send_counts, recv_counts = _layout(rank, world_size)
+        transport = HaloTransport(rank, send_counts, recv_counts, timeout_s=60, seed=1)
+        plan = BitPlan.uniform(bits, len(send_idx), sum(recv_counts), "cpu")
+        rows = _rows(rank)[send_idx]
+        sent = weakref.ref(rows)
+        pending = transport.start(rows, ExchangeKey.forward(1), plan)
+        del rows
+        gc.collect()
+        in_flight = sent() is not None  # before the exchange lands
+        pending.wait()
+        return {"alive_in_flight": np.array(in_flight)}
+    finally:
+        shutdown()
+
+
+def test_a_quantized_exchange_lets_its_float_rows_go_once_encoded(tmp_path):
+    """The rows sent are encoded at once: a quantized exchange keeps only the payload while
+    it travels (its decoder once kept the float rows alive until it landed, an ``[S, D]``
+    float32 tensor beside the landed rows)."""
+    results = run_workers(_release_worker, 2, tmp_path, 2)
+    assert [bool(result["alive_in_flight"]) for result in results] == [False, False]
