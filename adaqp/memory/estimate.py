@@ -51,6 +51,7 @@ from adaqp.config.modes import OVERLAP_MODES, QUANTIZED_MODES, STALE_MODES
 from adaqp.memory.layer_rows import LayerCounts, modelled_layer_counts, partition_layer_counts
 from adaqp.memory.shapes import Shapes, WorkerShape, counted, worker_shapes
 from adaqp.memory.step import FLOAT, LayerShape, Peak, evaluation, training_step
+from adaqp.model.first import transforms_first
 from adaqp.process.allocator import planned
 
 RUNTIME_BYTES = 395 * 2**20
@@ -175,8 +176,13 @@ def predict(
     bits = _exchange_bits(config, workers_per_host or world_size)
     orders = _overlap_orders(config, workers_per_host or world_size)
     keeps = planned(config.train.allocator).threshold_bytes is None  # glibc keeps freed blocks
+    # Every worker decides alike whether a layer transforms first, on the rows of all.
+    totals = [
+        (sum(c[layer].num_in for c, _ in rows), sum(c[layer].num_out for c, _ in rows))
+        for layer in range(config.model.layers)
+    ]
     workers = [
-        _estimate(shape, config, training, whole, bits, orders, keeps)
+        _estimate(shape, config, training, whole, bits, orders, keeps, totals)
         for shape, (training, whole) in zip(shapes.workers, rows, strict=True)
     ]
     note = LOWER_BOUND_MODELS.get(config.model.name, "")
@@ -254,14 +260,24 @@ def _num_params(config: Config, widths: list[int]) -> int:
     return weights + norms
 
 
-def layer_shapes(config: Config, shape: WorkerShape, counts: list[LayerCounts]) -> list[LayerShape]:
-    """The walk's layers (``adaqp.memory.step``) for one worker and its rows per layer."""
+def layer_shapes(
+    config: Config,
+    shape: WorkerShape,
+    counts: list[LayerCounts],
+    totals: list[tuple[int, int]] | None = None,
+) -> list[LayerShape]:
+    """The walk's layers (``adaqp.memory.step``) for one worker and its rows per layer;
+    ``totals``: each layer's input and output rows over every worker, which decide whether
+    it transforms first (None: this worker's)."""
     widths = _widths(config, shape)
     cached = _cached(config, shape.world_size)
     gat = config.model.name == "gat"
     out = []
     for layer, (count, a, b) in enumerate(zip(counts, widths[:-1], widths[1:], strict=True)):
-        first = gat or (config.comm.transform_first and b <= a and not (layer == 0 and cached))
+        allowed = config.comm.transform_first and b <= a and not (layer == 0 and cached)
+        num_in, num_out = totals[layer] if totals else (count.num_in, count.num_out)
+        rows_first = transforms_first(a, b, num_in, num_out)
+        first = gat or (allowed and rows_first)
         local = shape.world_size == 1 or (layer == 0 and cached)
         out.append(
             LayerShape(
@@ -288,6 +304,7 @@ def _estimate(
     bits: int,
     orders: tuple[bool, ...],
     glibc_keeps: bool,
+    totals: list[tuple[int, int]] | None = None,
 ) -> WorkerEstimate:
     """One worker's predicted peak, by term (see the module docstring)."""
     i, h, e, s = shape.num_inner, shape.num_halo, shape.num_edges, shape.num_send
@@ -297,7 +314,9 @@ def _estimate(
     mode = config.comm.mode
     model = config.model.name
     dropout = config.model.dropout > 0
-    step = training_step(layer_shapes(config, shape, training), model, dropout, bits, orders)
+    step = training_step(
+        layer_shapes(config, shape, training, totals), model, dropout, bits, orders
+    )
     evaluated = evaluation(layer_shapes(config, shape, whole), model)
     peak: Peak = max(step, evaluated, key=lambda p: p.bytes)
     entries = e + (i if model in ("gcn", "gat") else 0)

@@ -50,6 +50,7 @@ from adaqp.graph.attention import attend
 from adaqp.graph.local import LocalGraph
 from adaqp.graph.loss_rows import LayerRows
 from adaqp.model.dropout import Dropout
+from adaqp.model.first import transforms_first
 from adaqp.model.flight import DeferredLinear, ExchangeLand, ExchangeStart, InFlight
 from adaqp.model.transform import Handoff, transform
 
@@ -114,6 +115,11 @@ class Propagation:
         self.linear = linear
         self.adjacency: SparseAdjacency | None = adjacency
         """The whole ``[I, I + H]`` matrix; None where only the column blocks are kept."""
+        self.global_rows: tuple[int, int] | None = None
+        """The layer's input and output rows summed over the workers, which decide whether
+        it transforms first: every worker decides alike (one that transforms first sends
+        ``h W``, one that does not ``h``). None: this worker's rows (every row, or one
+        worker)."""
         if blocks is not None:
             if not (linear and policy is not None):
                 raise ValueError("column blocks are for a policy's linear Propagation")
@@ -131,6 +137,12 @@ class Propagation:
         if linear and policy is not None:
             self._column_blocks = self._split_columns(adjacency)
             self.adjacency = None
+
+    def transforms_first(self, layer: int, in_dim: int, out_dim: int) -> bool:
+        """Whether a layer allowed to transform first does (``adaqp/model/first.py``), on
+        ``global_rows`` where set, else on this worker's rows."""
+        num_in, num_out = self.global_rows or (self.rows.num_in, self.rows.num_out)
+        return transforms_first(in_dim, out_dim, num_in, num_out)
 
     def prepare_backward(self) -> None:
         """Builds now the transposes backward reads (``SparseAdjacency.transpose``), which
@@ -306,6 +318,20 @@ class Propagation:
         return finish(sum_OF, every)
 
 
+def _first_here(conv: nn.Module, propagate, layer: int, linear: nn.Linear) -> bool:
+    """Whether ``conv``, allowed to transform first, does on ``propagate``'s rows for
+    ``layer`` (a propagation that does not say: it does)."""
+    if not conv.transform_first:
+        return False
+    decide = getattr(propagate, "transforms_first", None)
+    return decide is None or decide(layer, linear.in_features, linear.out_features)
+
+
+def _taken(h) -> torch.Tensor:
+    """The input itself, where it was handed off to a layer that aggregates first."""
+    return h.take() if isinstance(h, Handoff) else h
+
+
 def _params(linear: nn.Linear) -> tuple[nn.Parameter, ...]:
     return (linear.weight,) if linear.bias is None else (linear.weight, linear.bias)
 
@@ -327,11 +353,11 @@ class GCNConv(nn.Module):
 
     def forward(self, h: torch.Tensor, propagate, layer: int, key=None) -> torch.Tensor:
         """``key``: the base key of the layer's own draws (GAT's); unused here."""
-        if self.transform_first:
+        if _first_here(self, propagate, layer, self.linear):
             weight = self.linear.weight
             out = propagate(h, layer, first=lambda h, num_out: (transform(h, weight), None))
             return out.add_(self.linear.bias)
-        return propagate(h, layer, transform=self.linear)
+        return propagate(_taken(h), layer, transform=self.linear)
 
 
 class SAGEConv(nn.Module):
@@ -352,7 +378,7 @@ class SAGEConv(nn.Module):
 
     def forward(self, h: torch.Tensor, propagate, layer: int, key=None) -> torch.Tensor:
         """``key``: the base key of the layer's own draws (GAT's); unused here."""
-        if self.transform_first:
+        if _first_here(self, propagate, layer, self.root):
             # The root term over the output rows is the sum the aggregation adds into.
             neigh, root = self.neigh.weight, self.root
 
@@ -363,6 +389,7 @@ class SAGEConv(nn.Module):
         # h may carry halo rows after the inner ones (cached input): the root term is
         # taken over the inner rows, row range by row range with the aggregation. The sum
         # goes into the root term's rows (no third [rows, out_dim] tensor).
+        h = _taken(h)
         return propagate(h, layer, lambda z, rows: self.root(h[rows]).add_(z), transform=self.neigh)
 
 

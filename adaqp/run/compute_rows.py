@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from adaqp.exchange.transport import SETUP_KEY, HaloTransport
 from adaqp.graph.local import LocalGraph
@@ -34,6 +35,9 @@ class LayerPropagations:
 
     def __call__(self, h_RD: torch.Tensor, layer: int, *args, **kwargs) -> torch.Tensor:
         return self.propagations[layer](h_RD, layer, *args, **kwargs)
+
+    def transforms_first(self, layer: int, in_dim: int, out_dim: int) -> bool:
+        return self.propagations[layer].transforms_first(layer, in_dim, out_dim)
 
 
 def flag_exchange(transport: HaloTransport | None, device: torch.device) -> ExchangeFlags:
@@ -82,12 +86,30 @@ def select_rows(
     return rows
 
 
+def global_rows(
+    rows: list[LayerRows], device: torch.device, distributed: bool
+) -> list[tuple[int, int]]:
+    """Each layer's input and output rows summed over the workers (``select_rows``' rows;
+    collective where ``distributed``): what decides whether a layer transforms first, so
+    that every worker decides alike (``adaqp/model/first.py``)."""
+    counts = torch.tensor([[r.num_in, r.num_out] for r in rows], dtype=torch.int64)
+    if distributed:
+        counts = counts.to(device)
+        dist.all_reduce(counts)
+    return [(int(a), int(b)) for a, b in counts.cpu().tolist()]
+
+
 def training_propagation(
-    graph: LocalGraph, rows: list[LayerRows] | None, whole: Propagation, num_layers: int
+    graph: LocalGraph,
+    rows: list[LayerRows] | None,
+    whole: Propagation,
+    num_layers: int,
+    totals: list[tuple[int, int]] | None = None,
 ) -> tuple[Propagation | LayerPropagations, list[int]]:
     """What a training step propagates with, and each layer's rows: with ``rows``
     (``select_rows``'), a ``Propagation`` per layer over its rows, cut from ``whole``
-    (every row's, which evaluation runs: the cuts share its arrays where they can); else
+    (every row's, which evaluation runs: the cuts share its arrays where they can), each
+    told its layer's rows over every worker (``totals``, ``global_rows``'); else
     ``whole``."""
     if rows is None:
         whole.prepare_backward()
@@ -107,5 +129,7 @@ def training_propagation(
             cut = Propagation(graph, adjacency, whole.policy, rows=layer_rows_, **options)
         if layer > 0 or not whole.cached_input:  # a cached layer 0 has no input gradient
             cut.prepare_backward()
+        if totals is not None:
+            cut.global_rows = totals[layer]
         propagations.append(cut)
     return LayerPropagations(propagations), [r.num_out for r in rows]

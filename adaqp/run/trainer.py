@@ -40,7 +40,12 @@ from adaqp.model.layers import Propagation
 from adaqp.quant.kernels import compile_pending, use_compiled, warm_up
 from adaqp.run.adam import Adam
 from adaqp.run.checkpoint import Checkpointer
-from adaqp.run.compute_rows import order_by_loss, select_rows, training_propagation
+from adaqp.run.compute_rows import (
+    global_rows,
+    order_by_loss,
+    select_rows,
+    training_propagation,
+)
 from adaqp.run.failure import TrainingError, epoch_failure
 from adaqp.run.gradsync import GradientBuckets, gnn_layer_groups
 from adaqp.run.metrics import EpochRecord, RunWriter
@@ -149,8 +154,9 @@ class Trainer:
             "linear": self.model.aggregates_linearly,
         }
         self.propagation = Propagation(graph, adjacency, self.policy, **options)  # every row
+        totals = None if layer_rows is None else global_rows(layer_rows, world.device, distributed)
         self.train_propagation, self.rows_by_layer = training_propagation(
-            graph, layer_rows, self.propagation, config.model.layers
+            graph, layer_rows, self.propagation, config.model.layers, totals
         )
         del adjacency  # held as the propagations' blocks
         self.optimizer = Adam(  # torch's update; not torch's class (adaqp/run/adam.py)

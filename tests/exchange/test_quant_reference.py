@@ -101,6 +101,9 @@ def _config(model: str, part_dir: str, bits: int, dropout: bool):
         f"quant.bits={bits}",
         "quant.full_precision=never",  # quantized over loopback too
         f"quant.seed={SEED}",
+        # Every row computed: a layer as wide out as in then transforms first, as the
+        # reference's does (on the loss's rows it may not: adaqp/model/first.py).
+        "train.compute_rows=all",
     )
     return exact_config(model, part_dir, extra, dropout=dropout)
 

@@ -72,8 +72,10 @@ STALE = (
 
 
 def _config(model: str, part_dir: str, extra: tuple[str, ...] = ()):
-    """The exactness test's config (dropout 0, 3 layers), trained stale."""
-    return exact_config(model, part_dir, (*STALE, *extra))
+    """The exactness test's config (dropout 0, 3 layers), trained stale, every row
+    computed (a layer as wide out as in then transforms first, as the reference's does;
+    on the loss's rows it may not: adaqp/model/first.py)."""
+    return exact_config(model, part_dir, (*STALE, *extra, "train.compute_rows=all"))
 
 
 # Per direction, the epochs after its start at which the exchange started at epoch s

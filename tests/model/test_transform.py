@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from adaqp.model.first import transforms_first
 from adaqp.model.recompute import SavedTensors
 from adaqp.model.transform import Handoff, transform
 
@@ -85,3 +86,10 @@ def test_more_output_rows_than_input_rows_are_refused():
     h, weight, root, bias = _inputs()
     with pytest.raises(ValueError, match="output rows"):
         transform(h, weight, root, bias, R + 1)
+
+
+def test_a_layer_transforms_first_where_it_narrows_or_keeps_its_width_on_as_many_rows():
+    assert transforms_first(8, 4, num_in=100, num_out=10)  # narrows: always
+    assert transforms_first(8, 8, num_in=105, num_out=100)  # as wide, about as many rows
+    assert not transforms_first(8, 8, num_in=200, num_out=100)  # twice the dense work
+    assert not transforms_first(4, 8, num_in=100, num_out=100)  # widens

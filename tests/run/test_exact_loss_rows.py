@@ -126,9 +126,16 @@ def _worker(rank: int, world_size: int, init_method: str, runs: list[tuple]):
 
 
 def _overrides(mode: str, cache: bool, rows: str) -> tuple[str, ...]:
+    # A layer as wide out as in transforms first only where it computes about as many
+    # rows as it reads (adaqp/model/first.py), which can differ between computing the
+    # loss's rows and every row: a quantized mode would then round other rows (h W, not
+    # h) in the two runs. There every layer aggregates first, so that both round alike;
+    # the exact modes keep the default and are equal either way.
+    same_rows = () if mode in EXACT else ("comm.transform_first=false",)
     return (
         f"comm.mode={mode}",
         *MODE_OVERRIDES[mode],
+        *same_rows,
         f"comm.cache_input_halo={str(cache).lower()}",
         f"train.compute_rows={rows}",
     )
