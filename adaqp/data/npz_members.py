@@ -113,8 +113,9 @@ class NpzMember:
         except _READ_ERRORS as exc:
             raise ValueError(f"cannot read {self.describe()}: {exc}") from exc
 
-    def read(self, block_values: int = 1 << 22) -> np.ndarray:
-        """The whole array in memory, filled block by block (one copy, C order).
+    def read(self, block_values: int = 1 << 22, dtype: np.dtype | None = None) -> np.ndarray:
+        """The whole array in memory, filled block by block (one copy, C order), in
+        ``dtype`` (None: the stored one; each block converted as it is copied in).
 
         Raises:
             ValueError: the member is in Fortran order and not one-dimensional, or cannot
@@ -122,7 +123,7 @@ class NpzMember:
         """
         if self.fortran_order and len(self.shape) > 1:
             raise ValueError(f"{self.describe()} is stored in Fortran order; save it C-ordered")
-        out = np.empty(self.shape, dtype=self.dtype)
+        out = np.empty(self.shape, dtype=self.dtype if dtype is None else dtype)
         flat = out.reshape(-1)
         lo = 0
         for block in self.blocks(0, self.size, block_values):

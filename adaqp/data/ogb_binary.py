@@ -101,13 +101,7 @@ def _features(member: NpzMember, n: int, block_values: int) -> np.ndarray:
         raise ValueError(f"{member.describe()} is stored in Fortran order; save it C-ordered")
     if member.dtype in FEATURE_DTYPES_KEPT and member.dtype.isnative:
         return member.mapped() if member.stored else member.read(block_values)
-    features = np.empty(member.shape, dtype=np.float32)
-    flat = features.reshape(-1)
-    lo = 0
-    for block in member.blocks(0, member.size, block_values):
-        flat[lo : lo + block.shape[0]] = block
-        lo += block.shape[0]
-    return features
+    return member.read(block_values, dtype=np.float32)
 
 
 def _labels(member: NpzMember, n: int, block_values: int) -> np.ndarray:

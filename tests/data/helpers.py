@@ -36,3 +36,10 @@ class _FakeDGLGraph:
 
     def num_nodes(self) -> int:
         return len(self.ndata["label"])
+
+
+TINY_CONFIG = (
+    '[data]\ndataset = "synthetic"\n\n[data.synthetic]\nnum_nodes = 120\nnum_classes = 4\n'
+    "feature_dim = 3\navg_degree = 4.0\n"
+)
+"""A run config naming a 120-node synthetic graph (the fixture commands' tests)."""

@@ -20,6 +20,7 @@ from adaqp.data.ogb import ogb_source, supported_ogb_names
 from adaqp.data.ogb_binary import parse_binary_layout
 from adaqp.data.ogb_fixture import write_ogb_fixture
 from adaqp.ogb_fixture import main
+from tests.data.helpers import TINY_CONFIG
 
 NAME = "ogbn-papers100M"
 SPEC = SyntheticSpec(num_nodes=300, num_classes=5, avg_degree=6.0, feature_dim=7, seed=3)
@@ -204,10 +205,7 @@ def test_a_missing_label_file_is_named(fixture_root: Path) -> None:
 
 def test_command_line_writes_the_binary_layout(tmp_path: Path, capsys) -> None:
     config = tmp_path / "tiny.toml"
-    config.write_text(
-        '[data]\ndataset = "synthetic"\n\n[data.synthetic]\nnum_nodes = 120\nnum_classes = 4\n'
-        "feature_dim = 3\navg_degree = 4.0\n"
-    )
+    config.write_text(TINY_CONFIG)
     root = tmp_path / "root"
     args = ["--config", str(config), "--root", str(root), "--name", NAME, "--compresslevel", "2"]
     assert main([*args, "--set", "data.synthetic.seed=5"]) == 0

@@ -17,6 +17,7 @@ from adaqp.data.load import check_source
 from adaqp.data.ogb_csv import parse_csv_layout
 from adaqp.data.ogb_fixture import write_ogb_fixture
 from adaqp.ogb_fixture import main
+from tests.data.helpers import TINY_CONFIG
 
 SPEC = SyntheticSpec(num_nodes=300, num_classes=5, avg_degree=6.0, feature_dim=7, seed=3)
 
@@ -166,10 +167,7 @@ def test_corrupt_raw_file_is_named(tmp_path: Path, rel: str, damage: str, messag
 
 def test_command_line(tmp_path: Path, capsys) -> None:
     config = tmp_path / "tiny.toml"
-    config.write_text(
-        '[data]\ndataset = "synthetic"\n\n[data.synthetic]\nnum_nodes = 120\nnum_classes = 4\n'
-        "feature_dim = 3\navg_degree = 4.0\n"
-    )
+    config.write_text(TINY_CONFIG)
     root = tmp_path / "root"
     args = ["--config", str(config), "--root", str(root), "--set", "data.synthetic.seed=5"]
     assert main(args) == 0

@@ -159,12 +159,18 @@ def test_exchange_exact_or_within_one_step(bits, kernels, tmp_path):
             assert err.mean() > 0.05 * step.mean()
 
 
+def _uniform_transport(rank: int, world_size: int, bits: int):
+    """This rank's transport over ``_layout``, a uniform plan of ``bits``, the send list."""
+    send_idx, send_counts, recv_counts = _layout(rank, world_size)
+    transport = HaloTransport(rank, send_counts, recv_counts, timeout_s=60, seed=1)
+    plan = BitPlan.uniform(bits, len(send_idx), sum(recv_counts), "cpu")
+    return transport, plan, send_idx, recv_counts
+
+
 def _blend_worker(rank: int, world_size: int, init_method: str, bits: int):
     init_distributed(CommConfig(timeout_s=60), init_method, rank, world_size)
     try:
-        send_idx, send_counts, recv_counts = _layout(rank, world_size)
-        transport = HaloTransport(rank, send_counts, recv_counts, timeout_s=60, seed=1)
-        plan = BitPlan.uniform(bits, len(send_idx), sum(recv_counts), "cpu")
+        transport, plan, send_idx, recv_counts = _uniform_transport(rank, world_size, bits)
         pending = transport.start(_rows(rank)[send_idx], ExchangeKey.forward(1), plan)
         average = torch.randn(sum(recv_counts), DIM, generator=torch.Generator().manual_seed(7))
         before = average.clone()
@@ -257,9 +263,7 @@ def test_a_training_exchange_full_in_one_direction_moves_its_selection(bits, tmp
 def _release_worker(rank: int, world_size: int, init_method: str, bits: int):
     init_distributed(CommConfig(timeout_s=60), init_method, rank, world_size)
     try:
-        send_idx, send_counts, recv_counts = _layout(rank, world_size)
-        transport = HaloTransport(rank, send_counts, recv_counts, timeout_s=60, seed=1)
-        plan = BitPlan.uniform(bits, len(send_idx), sum(recv_counts), "cpu")
+        transport, plan, send_idx, _ = _uniform_transport(rank, world_size, bits)
         rows = _rows(rank)[send_idx]
         sent = weakref.ref(rows)
         pending = transport.start(rows, ExchangeKey.forward(1), plan)
