@@ -21,7 +21,8 @@ from torch import nn
 
 from adaqp.config import ModelConfig
 from adaqp.model.dropout import Dropout
-from adaqp.model.layers import GATConv, GCNConv, SAGEConv
+from adaqp.model.gat import GATConv
+from adaqp.model.layers import GCNConv, SAGEConv
 from adaqp.model.recompute import Observer, SavedTensors, norm_relu, norm_relu_again
 from adaqp.model.transform import Handoff
 from adaqp.quant.draws import Draw, RowKeys, draw_key

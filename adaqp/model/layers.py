@@ -45,11 +45,16 @@ import torch
 from torch import nn
 
 from adaqp.exchange.policy import ExchangePolicy
-from adaqp.graph.aggregate import PRODUCT, LinearAggregation, SparseAdjacency, add_spmm_, spmm
-from adaqp.graph.attention import attend
+from adaqp.graph.aggregate import (
+    PRODUCT,
+    GradHand,
+    LinearAggregation,
+    SparseAdjacency,
+    add_spmm_,
+    spmm,
+)
 from adaqp.graph.local import LocalGraph
 from adaqp.graph.loss_rows import LayerRows
-from adaqp.model.dropout import Dropout
 from adaqp.model.first import transforms_first
 from adaqp.model.flight import DeferredLinear, ExchangeLand, ExchangeStart, InFlight
 from adaqp.model.transform import Handoff, transform
@@ -286,22 +291,12 @@ class Propagation:
             h_RD = h_RD.take()
         hw_IF, sum_OF = first(h_RD, rows.num_out)
         del h_RD  # transformed: kept, if at all, by the transform's node
-
-        def add(block: SparseAdjacency, x_MF: torch.Tensor, hand=None) -> torch.Tensor:
-            if hand is not None and aggregate is PRODUCT:  # its gradient handed (flight.py)
-                if sum_OF is None:
-                    return spmm(block, x_MF, hand)
-                return add_spmm_(sum_OF, 0, block, x_MF, hand)
-            if sum_OF is None:
-                return aggregate(block, x_MF, every)
-            return aggregate.add_(sum_OF, 0, block, x_MF, every)
-
         if self.policy is None or (layer == 0 and self.cached_input):
             if self.adjacency is not None:
-                sum_OF = add(self.adjacency, hw_IF)
+                sum_OF = _add_inner(aggregate, self.adjacency, hw_IF, every, sum_OF)
                 return finish(sum_OF, every)
             inner_block, halo_block = self._column_blocks
-            sum_OF = add(inner_block, hw_IF[: rows.num_in])
+            sum_OF = _add_inner(aggregate, inner_block, hw_IF[: rows.num_in], every, sum_OF)
             halo_HF = hw_IF[rows.num_in :]
         else:
             flight = InFlight(self.policy, layer, selected=rows.send_keep is not None)
@@ -310,12 +305,33 @@ class Propagation:
             flight.hold_launch = not (self.overlap and self.policy.waits(layer))
             ticket = ExchangeStart.apply(hw_IF, rows.send_idx, flight)
             inner_block, halo_block = self._column_blocks
-            sum_OF = add(inner_block, hw_IF, flight.hand_inner_grad)
+            sum_OF = _add_inner(
+                aggregate, inner_block, hw_IF, every, sum_OF, flight.hand_inner_grad
+            )
             del hw_IF  # aggregated: let go before the halo rows land
             flight.launch()
             halo_HF = ExchangeLand.apply(ticket, flight)
         sum_OF = aggregate.add_(sum_OF, marginal.start, halo_block, halo_HF, marginal)
         return finish(sum_OF, every)
+
+
+def _add_inner(
+    aggregate: LinearAggregation,
+    block: SparseAdjacency,
+    x_MD: torch.Tensor,
+    rows: slice,
+    into: torch.Tensor | None = None,
+    hand: GradHand | None = None,
+) -> torch.Tensor:
+    """``aggregate``'s aggregation of ``x_MD`` over ``block`` for ``rows``, added into
+    ``into`` where given. The product hands its input gradient to ``hand`` (the exchange,
+    which adds the landed gradients into it: ``adaqp/model/flight.py``); another linear
+    aggregation leaves it to autograd."""
+    if hand is not None and aggregate is PRODUCT:
+        return spmm(block, x_MD, hand) if into is None else add_spmm_(into, 0, block, x_MD, hand)
+    if into is None:
+        return aggregate(block, x_MD, rows)
+    return aggregate.add_(into, 0, block, x_MD, rows)
 
 
 def _first_here(conv: nn.Module, propagate, layer: int, linear: nn.Linear) -> bool:
@@ -391,54 +407,3 @@ class SAGEConv(nn.Module):
         # goes into the root term's rows (no third [rows, out_dim] tensor).
         h = _taken(h)
         return propagate(h, layer, lambda z, rows: self.root(h[rows]).add_(z), transform=self.neigh)
-
-
-class GATConv(nn.Module):
-    """GAT layer: per head k, out_uk = sum_v alpha_uvk W_k h_v over u's in-edges and u
-    itself, alpha the softmax of LeakyReLU(a_src_k . W_k h_v + a_dst_k . W_k h_u)
-    (``adaqp/graph/attention.py``); heads concatenated, or averaged (``concat=False``,
-    the output layer), then a bias.
-
-    Rows are transformed first: the exchanged rows are the ``heads x out_dim`` transformed
-    ones, so a halo neighbour's score and message both come from its row as received
-    (quantized or stale in those modes). Attention dropout keys each edge's weights by the
-    edge's global ids (the block's ``edge_keys``), head by head.
-    """
-
-    norm = "gat"
-    aggregates_linearly = False
-
-    def __init__(
-        self,
-        in_dim: int,
-        out_dim: int,
-        heads: int = 1,
-        concat: bool = True,
-        attn_dropout: float = 0.0,
-        kernels: str = "auto",
-    ):
-        super().__init__()
-        self.heads, self.out_dim, self.concat = heads, out_dim, concat
-        self.linear = nn.Linear(in_dim, heads * out_dim, bias=False)
-        self.att_src = nn.Parameter(torch.empty(heads, out_dim))
-        self.att_dst = nn.Parameter(torch.empty(heads, out_dim))
-        self.bias = nn.Parameter(torch.zeros(heads * out_dim if concat else out_dim))
-        self.attn_dropout = Dropout(attn_dropout, kernels)
-        for weight in (self.linear.weight, self.att_src, self.att_dst):
-            nn.init.xavier_uniform_(weight)
-
-    def forward(self, h: torch.Tensor, propagate, layer: int, key=None) -> torch.Tensor:
-        """``key``: the base key of the attention dropout's draws (None outside training)."""
-        hw = nn.functional.linear(h, self.linear.weight)
-        out = propagate(hw, layer, aggregate=lambda *block: self._attend(*block, key))
-        if not self.concat:
-            out = out.view(out.shape[0], self.heads, self.out_dim).mean(1)
-        return out + self.bias
-
-    def _attend(self, block: SparseAdjacency, x_MD: torch.Tensor, rows: slice, key):
-        # Explicit shapes: a block may have no rows (a part without central or marginal
-        # nodes), and -1 cannot be inferred from 0 elements.
-        x_MKF = x_MD.view(x_MD.shape[0], self.heads, self.out_dim)
-        args = (block, x_MKF, self.att_src, self.att_dst, rows, self.attn_dropout, key)
-        out = attend(*args)
-        return out.view(out.shape[0], self.heads * self.out_dim)

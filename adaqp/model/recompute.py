@@ -203,7 +203,7 @@ class SavedTensors:
         saved as itself)."""
         key = _storage_key(tensor)
         if recipe is None or key is None or not tensor.is_contiguous():
-            del tensor
+            del tensor  # neither held here while the layer runs
             yield
             return
         # Not held here: the layer may let it go inside (``adaqp/model/transform.py``), and

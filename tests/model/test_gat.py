@@ -9,8 +9,8 @@ import torch
 
 from adaqp.config import ModelConfig, load_config
 from adaqp.graph.attention import attend, attention_weights
+from adaqp.model.gat import GATConv
 from adaqp.model.gnn import GNN
-from adaqp.model.layers import GATConv
 from tests.model.gat_reference import dense_gat, edge_mask
 from tests.model.tiny_graph import C, F, N, propagation, tiny_graph
 
