@@ -23,7 +23,8 @@ names the tensor of ``adaqp/model/`` it stands for; the walk follows:
   only its input, handed off and computed again; SAGE's root term is the sum the
   aggregation adds into); in backward the transform's input gradient, the inner rows'
   gradient, the halo rows' gradients sent and the sent rows' gradients received (added in
-  place, as a sparse gradient), the weight gradient settled while they travel;
+  place where the layer transforms first, ``adaqp/model/flight.py``), the weight gradient
+  settled while they travel;
 - SAGE's root term (a second ``[rows, out]`` product), and its recomputed input in backward
   (the root weight's gradient reads it).
 
@@ -181,7 +182,9 @@ def _training_step(
             led.drop(grad + _norm_kept(layer))
             grad = grad_out
         if layer.transform_first:
-            grad = _narrowing_backward(led, layer, index, where, bits, dropout, sage, overlap, grad)
+            grad = _transforming_first_backward(
+                led, layer, index, where, bits, dropout, sage, overlap, grad
+            )
         else:
             grad = _backward(
                 led, layer, index, where, bits, sage and (dropout or index > 0), overlap, grad
@@ -290,7 +293,8 @@ def _backward(
         led.drop(deferred + _transform_kept(layer))
     if overlap:
         buffer = _add(led, buffer, FLOAT * n * a, f"{where}, inner rows' gradient")
-    # The landed gradients come as a sparse gradient: added into the buffer in place.
+    # The landed gradients come as a sparse gradient, which autograd adds out of place.
+    buffer = _add(led, buffer, FLOAT * n * a, f"{where}, landed gradients added")
     led.drop(landed + sent + grad)
     return buffer
 
@@ -305,7 +309,7 @@ def _add(led: _Ledger, buffer: int, nbytes: int, where: str) -> int:
     return buffer
 
 
-def _narrowing_backward(
+def _transforming_first_backward(
     led: _Ledger,
     layer: LayerShape,
     index: int,

@@ -4,12 +4,12 @@ and the transform whose weight gradients wait for the halo gradients to travel.
 ``Propagation`` (``adaqp/model/layers.py``) puts ``ExchangeStart`` before a layer's
 local work and ``ExchangeLand`` after it; autograd, which runs the nodes recorded last
 first, then sends the halo gradients (``ExchangeLand.backward``) before the local work's
-gradients are made and waits for its own (``ExchangeStart.backward``) after them. The
-landed gradients come back as a sparse gradient of the rows sent (their rows' ids and
-values), or, where the layer's inner rows' product handed its input gradient to the
-flight (``InFlight.hand_inner_grad``), added into that one where it is: never a second
-``[I, D]`` tensor (``index_select``'s backward scatters into zeros, and autograd adds a
-sparse gradient into a dense one out of place).
+gradients are made and waits for its own (``ExchangeStart.backward``) after them. Where
+the layer's inner rows' product handed its input gradient to the flight
+(``InFlight.hand_inner_grad``, a layer that transforms first), the landed gradients are
+added into it where it is, with no second ``[I, D]`` tensor; elsewhere they come back as
+a sparse gradient of the rows sent (their rows' ids and values), which autograd adds into
+the input's other gradients out of place, as it did ``index_select``'s scattered rows.
 
 Shapes: I inner rows, S rows sent to peers, H halo rows, D features, O output features.
 """
@@ -81,9 +81,10 @@ class InFlight:
 
 class ExchangeStart(torch.autograd.Function):
     """Sends the rows ``send_idx`` of ``h_RD``; returns an empty ticket for ``ExchangeLand``.
-    Its backward returns the landed gradients as a sparse gradient of ``h_RD``: autograd
-    adds them into the input's gradient in place (no ``[R, D]`` tensor of zeros with the
-    landed rows scattered in, as ``index_select``'s backward makes)."""
+    Its backward adds the landed gradients into the inner rows' gradient the layer handed
+    it (``InFlight.hand_inner_grad``: a layer that transforms first) and returns that;
+    where none was handed it returns them as a sparse gradient of ``h_RD``, which autograd
+    adds into the input's other gradients out of place."""
 
     @staticmethod
     def forward(ctx, h_RD: torch.Tensor, send_idx, flight: InFlight, *params) -> torch.Tensor:
@@ -108,8 +109,6 @@ class ExchangeStart(torch.autograd.Function):
         inner, flight.inner_grad = flight.inner_grad, None
         if inner is not None:  # added where the inner rows' gradient is
             return inner.index_add_(0, ctx.send_idx, grad_SD), None, None, *grads
-        # A sparse gradient, which autograd adds into the input's (in place where it comes
-        # first, as here, where no gradient was handed).
         grad_RD = torch.sparse_coo_tensor(
             ctx.send_idx.unsqueeze(0), grad_SD, ctx.shape, check_invariants=False
         )
