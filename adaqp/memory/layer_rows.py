@@ -27,14 +27,13 @@ Shapes: I inner rows, H halo rows, S rows sent (the send list), L layers.
 from __future__ import annotations
 
 import math
-import struct
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from adaqp.config.sections import COMPUTE_ROWS
+from adaqp.data.npz_members import NpzMember, npz_members
 from adaqp.graph.loss_rows import mark_reads
 from adaqp.partitioning.schema import PartitionError, read_metadata
 
@@ -73,30 +72,12 @@ def _check(num_layers: int, compute_rows: str) -> None:
         raise ValueError(f"compute_rows must be one of {choices}, got {compute_rows!r}")
 
 
-def _stored_array(path: Path, archive: zipfile.ZipFile, name: str) -> np.ndarray:
-    """``name`` of the ``.npz`` at ``path``: memory-mapped where the member is stored
-    uncompressed and 1-D (nothing is read until used), else read."""
-    info = archive.getinfo(f"{name}.npy")
-    if info.compress_type == zipfile.ZIP_STORED:
-        with open(path, "rb") as fh:
-            fh.seek(info.header_offset)
-            local = fh.read(30)  # the member's local header; its data follows name and extra
-            name_len, extra_len = struct.unpack("<HH", local[26:30])
-            fh.seek(info.header_offset + 30 + name_len + extra_len)
-            version = np.lib.format.read_magic(fh)
-            read_header = {
-                (1, 0): np.lib.format.read_array_header_1_0,
-                (2, 0): np.lib.format.read_array_header_2_0,
-            }.get(version)
-            if read_header is not None:
-                shape, _, dtype = read_header(fh)
-                offset = fh.tell()
-                if len(shape) == 1 and not dtype.hasobject:
-                    if shape[0] == 0:
-                        return np.zeros(0, dtype=dtype)
-                    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
-    with archive.open(info) as fh:
-        return np.lib.format.read_array(fh, allow_pickle=False)
+def _stored_array(member: NpzMember) -> np.ndarray:
+    """A part file's array: mapped where the member is stored uncompressed and 1-D
+    (nothing is read until used), else read."""
+    if member.stored and len(member.shape) == 1:
+        return member.mapped()
+    return member.read()
 
 
 def _part_arrays(part_dir: Path, meta: dict, rank: int) -> dict[str, np.ndarray]:
@@ -104,9 +85,9 @@ def _part_arrays(part_dir: Path, meta: dict, rank: int) -> dict[str, np.ndarray]
     entry = meta["parts"][rank]
     path = part_dir / entry["file"]
     try:
-        with zipfile.ZipFile(path) as archive:
-            arrays = {name: _stored_array(path, archive, name) for name in _PART_ARRAYS}
-    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        members = npz_members(path)
+        arrays = {name: _stored_array(members[name]) for name in _PART_ARRAYS}
+    except (OSError, KeyError, ValueError) as exc:  # npz_members names what is wrong
         raise PartitionError(f"cannot read {path}: {exc}; re-create the partition") from None
     sizes = {
         "indptr": entry["num_inner"] + 1,

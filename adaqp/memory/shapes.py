@@ -12,13 +12,13 @@ dataset's from its cache's array headers. Without a partition a worker is assume
 
 from __future__ import annotations
 
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from adaqp.config import Config
+from adaqp.data.npz_members import npz_members
 from adaqp.partitioning.schema import METADATA_FILE, PartitionError, read_metadata
 from adaqp.run.preflight import partition_dir
 
@@ -97,7 +97,7 @@ def graph_sizes(config: Config) -> GraphSizes:
             f"it first (python -m partition --config ... --num-parts P), and the estimate "
             "reads the partition"
         )
-    shapes = _npz_shapes(cache)
+    shapes = {key: member.shape for key, member in npz_members(cache).items()}
     with np.load(cache, allow_pickle=False) as arrays:  # one [N] member, not the graph
         labels = arrays["labels"]
     multilabel = labels.ndim == 2
@@ -115,18 +115,6 @@ def _cache_file(config: Config) -> Path | None:
         path = Path(data.root) / data.dataset.replace("-", "_") / "adaqp_cache.npz"
         return path if path.is_file() else None
     return None
-
-
-def _npz_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """Array shapes of an ``.npz``, read from each member's header (no data loaded)."""
-    shapes = {}
-    with zipfile.ZipFile(path) as archive:
-        for name in archive.namelist():
-            with archive.open(name) as fh:
-                version = np.lib.format.read_magic(fh)
-                shape, _, _ = np.lib.format._read_array_header(fh, version)
-            shapes[name.removesuffix(".npy")] = shape
-    return shapes
 
 
 def worker_shapes(config: Config, world_size: int, halo_per_inner: float | None = None) -> Shapes:
