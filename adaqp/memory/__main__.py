@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SIZE",
         help="instead of one P: the fewest hosts of SIZE memory (e.g. 64g), one worker each, "
         f"whose every worker is predicted within {USABLE_FRACTION:.0%}% of SIZE, trying P = 1, "
-        "2, 4, ... 1024; prints each try and the first that fits",
+        "2, 4, ... 1024, then the numbers between the first that fits and the power of two "
+        "before it; prints each try and the fewest that fits",
     )
     parser.add_argument("--mode", help="training mode (default: the config's comm.mode)")
     parser.add_argument(
@@ -109,19 +110,34 @@ MAX_HOSTS = 1024
 
 
 def _fewest_hosts(config, args: argparse.Namespace, host_bytes: int) -> int:
-    """``--hosts-of``: each power of two's largest worker, until one fits a host."""
+    """``--hosts-of``: each power of two's largest worker, until one fits a host; then the
+    numbers between it and the power of two before it, halving the range (a partition
+    may have any number of parts), taking a worker's peak to fall as hosts are added."""
     from adaqp.memory.estimate import predict
 
     usable = int(host_bytes * USABLE_FRACTION)
-    tries, fits = [], None
-    nproc = 1
-    while nproc <= MAX_HOSTS and fits is None:
-        per_host = args.nproc_per_host or 1
+    per_host = args.nproc_per_host or 1
+    tries: list = []
+
+    def fits_at(nproc: int):
         prediction = predict(config, nproc, args.halo_per_inner, args.config, per_host)
         tries.append(prediction)
-        if prediction.peak_memory_bytes <= usable:
-            fits = prediction
+        return prediction if prediction.peak_memory_bytes <= usable else None
+
+    fits, nproc = None, 1
+    while nproc <= MAX_HOSTS and fits is None:
+        fits = fits_at(nproc)
         nproc *= 2
+    if fits is not None:
+        lo, hi = len(fits.workers) // 2, len(fits.workers)  # lo does not fit (or is 0)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            found = fits_at(mid)
+            if found is None:
+                lo = mid
+            else:
+                fits, hi = found, mid
+    tries.sort(key=lambda p: len(p.workers))
     if args.json:
         out = {
             "config": args.config,

@@ -170,6 +170,20 @@ def test_hosts_of_finds_the_fewest_hosts_that_fit(tmp_path, capsys) -> None:
     assert exited.value.code == 2 and "--hosts-of" in capsys.readouterr().err
 
 
+def test_hosts_of_finds_a_number_between_powers_of_two(tmp_path, capsys) -> None:
+    """Parts may be any number: a host that 3 workers fit and 2 do not gives 3, not 4."""
+    where = f"partition.dir={tmp_path / 'none'}"
+    scaling = "configs/scaling-synthetic-signal-gcn.toml"  # its peak falls with workers
+    config = load_config(scaling, [where])
+    two, three = (predict(config, p, None, scaling, 1).peak_memory_bytes for p in (2, 3))
+    assert three < two
+    host = int((two + three) / 2 / 0.9)  # --hosts-of counts 90% of a host usable
+    assert memory_main(["--config", scaling, "--set", where, "--hosts-of", str(host), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fewest_hosts"] == 3
+    assert [t["nproc"] for t in out["tries"]] == [1, 2, 3, 4]
+
+
 def test_a_quantized_mode_is_walked_as_float_rows_where_a_host_holds_two(cora_parts) -> None:
     def bits(mode: str, per_host: int, *overrides: str) -> int:
         return _exchange_bits(load_config(CONFIG, [f"comm.mode={mode}", *overrides]), per_host)
