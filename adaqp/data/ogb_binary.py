@@ -116,6 +116,24 @@ def _labels(member: NpzMember, n: int, block_values: int) -> np.ndarray:
     return labels
 
 
+def binary_sizes(directory: Path) -> tuple[int, int, int]:
+    """``(N, E, F)`` of the binary layout under ``directory``: nodes, edges as published
+    (directed as stored) and features, from ``raw/data.npz``'s member headers and its two
+    count arrays; nothing else is read (``python -m adaqp.memory`` sizes papers100M so).
+
+    Raises:
+        ValueError: naming the file, where it is not a readable ``.npz`` of one graph.
+    """
+    data_path = directory / DATA_FILE
+    data = _members(data_path, ("num_nodes_list", "num_edges_list", "node_feat"))
+    num_nodes_list = _small_ints(data["num_nodes_list"])
+    num_edges_list = _small_ints(data["num_edges_list"])
+    features = data["node_feat"]
+    if num_nodes_list.shape != (1,) or num_edges_list.shape != (1,) or len(features.shape) != 2:
+        raise ValueError(f"{data_path} must hold one graph with [N, F] node_feat")
+    return int(num_nodes_list[0]), int(num_edges_list[0]), int(features.shape[1])
+
+
 def parse_binary_layout(
     directory: Path, files: list[str], block_values: int = PARSE_BLOCK_VALUES
 ) -> dict[str, np.ndarray]:

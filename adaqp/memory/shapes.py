@@ -4,7 +4,8 @@ Where the run's partition exists (``partition.dir``, or the directory training w
 make), every worker's inner rows, halo rows, edges and send rows come from its metadata.
 Otherwise they are estimated from the graph's sizes, without loading it: a synthetic
 graph's from its generator's parameters, a built-in dataset's from its file, an OGB
-dataset's from its cache's array headers. Without a partition a worker is assumed to hold
+dataset's from its cache's array headers, or in the binary layout (ogbn-papers100M) from
+its raw files' headers and its training split. Without a partition a worker is assumed to hold
 1.03 N / P inner rows (the cut's balance bound), as many halo rows and send rows as
 ``halo_per_inner`` times that (1.0 unless told; what partitions give: docs/memory.md), and
 1.03 E / P edges.
@@ -45,6 +46,9 @@ class GraphSizes:
     feature_dim: int
     num_classes: int
     multilabel: bool = False
+    train_fraction: float | None = None
+    """The training nodes' share where the sizes say it (an OGB split); None: the
+    config's (a synthetic graph's), else unknown."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,9 @@ def graph_sizes(config: Config) -> GraphSizes:
 
         graph = load_dataset(data.dataset)
         return GraphSizes(graph.num_nodes, graph.num_edges, graph.feature_dim, graph.num_classes)
+    binary = _binary_sizes(config)
+    if binary is not None:
+        return binary
     cache = _cache_file(config)
     if cache is None:
         raise ValueError(
@@ -105,6 +112,26 @@ def graph_sizes(config: Config) -> GraphSizes:
     return GraphSizes(
         shapes["indptr"][0] - 1, shapes["indices"][0], shapes["features"][1], classes, multilabel
     )
+
+
+def _binary_sizes(config: Config) -> GraphSizes | None:
+    """An OGB dataset in the binary layout (ogbn-papers100M), from its files' headers, its
+    class count and its training split's length; None for another dataset or layout, or
+    where the files are not there. Its edges are taken as twice the published ones (the
+    symmetric graph's at most: the load drops duplicates and self-loops)."""
+    data = config.data
+    if not data.dataset.startswith("ogbn-"):
+        return None
+    from adaqp.data.ogb import is_binary, ogb_source
+    from adaqp.data.ogb_binary import DATA_FILE, binary_sizes
+    from adaqp.data.ogb_csv import PARSE_BLOCK_VALUES, read_csv
+
+    meta, directory, files = ogb_source(data.dataset, Path(data.root))
+    if not is_binary(meta) or not (directory / DATA_FILE).is_file():
+        return None
+    n, published, f = binary_sizes(directory)
+    train = read_csv(directory / files[-3], np.int64, PARSE_BLOCK_VALUES).size
+    return GraphSizes(n, 2 * published, f, int(meta["num classes"]), False, train / max(n, 1))
 
 
 def _cache_file(config: Config) -> Path | None:
@@ -159,7 +186,7 @@ def worker_shapes(config: Config, world_size: int, halo_per_inner: float | None 
     inner = min(sizes.num_nodes, int(np.ceil(BALANCE * sizes.num_nodes / world_size)))
     halo = min(sizes.num_nodes - inner, int(round(ratio * inner)))
     edges = min(sizes.num_edges, int(np.ceil(BALANCE * sizes.num_edges / world_size)))
-    train = int(np.ceil(inner * _train_fraction(config)))
+    train = int(np.ceil(inner * _train_fraction(config, sizes)))
     workers = [
         WorkerShape(r, world_size, inner, halo, edges, halo, train, sizes)
         for r in range(world_size)
@@ -169,8 +196,10 @@ def worker_shapes(config: Config, world_size: int, halo_per_inner: float | None 
     return Shapes(workers, how)
 
 
-def _train_fraction(config: Config) -> float:
+def _train_fraction(config: Config, sizes: GraphSizes) -> float:
     data = config.data
+    if sizes.train_fraction is not None:
+        return sizes.train_fraction
     if data.dataset == "synthetic":
         return data.synthetic.train_fraction
     return 1.0  # unknown: the training rows' share only bounds the loss's rows
