@@ -178,7 +178,9 @@ def test_hosts_of_finds_a_number_between_powers_of_two(tmp_path, capsys) -> None
     two, three = (predict(config, p, None, scaling, 1).peak_memory_bytes for p in (2, 3))
     assert three < two
     host = int((two + three) / 2 / 0.9)  # --hosts-of counts 90% of a host usable
-    assert memory_main(["--config", scaling, "--set", where, "--hosts-of", str(host), "--json"]) == 0
+    assert (
+        memory_main(["--config", scaling, "--set", where, "--hosts-of", str(host), "--json"]) == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["fewest_hosts"] == 3
     assert [t["nproc"] for t in out["tries"]] == [1, 2, 3, 4]
