@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from adaqp.data.pages import row_blocks
+
 logger = logging.getLogger(__name__)
 
 GRAPH_ARRAYS = ("indptr", "indices", "features", "labels", "train_mask", "val_mask", "test_mask")
@@ -43,7 +45,9 @@ class GraphData:
     Attributes:
         name: Dataset name.
         indptr: int64 [N+1] CSR of in-edges: row ``u`` lists the sources ``v`` of ``v -> u``.
-        indices: int64 [E], sorted within each row, no duplicates, no self-loops.
+        indices: int64 [E], sorted within each row, no duplicates, no self-loops; int32
+            where a loader builds it so (OGB's binary layout, every id fitting: half the
+            bytes), which the fingerprint hashes as int64.
         features: float32 or float16 [N, F] (:data:`FEATURE_DTYPES`), C-contiguous;
             possibly a copy-on-write map of a file (OGB's binary layout).
         labels: int64 [N] (``-1`` = unlabelled), or float32 [N, C] of 0/1 if ``multilabel``.
@@ -109,7 +113,7 @@ class GraphData:
     def _check(self) -> None:
         _check_array("indptr", self.indptr, np.int64, 1)
         n = self.num_nodes
-        _check_array("indices", self.indices, np.int64, 1)
+        _check_array("indices", self.indices, (np.int64, np.int32), 1)
         check_csr_structure(self.indptr, self.indices, n)
         problem = csr_problem(self.indptr, self.indices)
         if problem is not None:
@@ -117,12 +121,12 @@ class GraphData:
         _check_array("features", self.features, FEATURE_DTYPES, 2, rows=n)
         if not self.features.flags.c_contiguous:
             raise ValueError("features must be C-contiguous")
-        # min and max propagate NaN and expose +-Inf without an [N, F] temporary.
-        if self.features.size and not (
-            np.isfinite(self.features.min()) and np.isfinite(self.features.max())
-        ):
-            row = _first_nonfinite_row(self.features)
-            raise ValueError(f"features hold NaN or Inf (first at node {row})")
+        # min and max propagate NaN and expose +-Inf without an [N, F] temporary; block
+        # by block, so that mapped features are not left resident (adaqp.data.pages).
+        for block in row_blocks(self.features):
+            if block.size and not (np.isfinite(block.min()) and np.isfinite(block.max())):
+                row = _first_nonfinite_row(self.features)
+                raise ValueError(f"features hold NaN or Inf (first at node {row})")
         if not isinstance(self.num_classes, int | np.integer) or self.num_classes < 1:
             raise ValueError(f"num_classes must be a positive int, got {self.num_classes!r}")
         if self.multilabel:
@@ -158,13 +162,18 @@ class GraphData:
             raise ValueError(f"info is not JSON-serialisable: {exc}") from exc
 
     def fingerprint(self) -> str:
-        """Returns a 32-hex-digit content hash of name, num_classes and all arrays."""
+        """Returns a 32-hex-digit content hash of name, num_classes and all arrays:
+        int32 ``indices`` hashed as the int64 they stand for, and every array block by
+        block (mapped features are not left resident: ``adaqp.data.pages``)."""
         h = hashlib.blake2b(digest_size=16)
         h.update(f"{self.name}\0{int(self.num_classes)}\0{bool(self.multilabel)}".encode())
         for key in GRAPH_ARRAYS:
-            arr = np.ascontiguousarray(getattr(self, key))
-            h.update(f"\0{key}:{arr.dtype.str}:{arr.shape}\0".encode())
-            h.update(arr.data)  # raw buffer: hashing runs at memory speed
+            arr = getattr(self, key)
+            dtype = np.dtype(np.int64) if key == "indices" else arr.dtype
+            h.update(f"\0{key}:{dtype.str}:{arr.shape}\0".encode())
+            for block in row_blocks(arr):
+                # Raw buffers: hashing runs at memory speed.
+                h.update(np.ascontiguousarray(block, dtype=dtype).data)
         return h.hexdigest()
 
     def normalize_rows(self) -> None:

@@ -171,6 +171,7 @@ def parse_binary_layout(
         _edge_blocks(edge_index, n, block_rows),
         n,
         block_values,
+        edge_id_dtype(n),  # int32 where the ids fit: the CSR's largest array halved
     )
     out = {"indptr": indptr, "indices": indices, "features": features, "labels": labels}
     return {**out, **masks, "num_raw_edges": np.int64(num_edges)}

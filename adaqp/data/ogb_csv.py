@@ -78,10 +78,12 @@ def csr_from_edge_blocks(
     place_pass: Iterable[np.ndarray],
     n: int,
     block_entries: int,
+    id_dtype: type[np.integer] = np.int64,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The canonical symmetric in-edge CSR of an edge list given as [rows, 2] ``(src, dst)``
     blocks: the arrays ``csr_from_edges(src, dst, n, symmetrize=True)`` returns, built in
-    place in one ``indices`` array instead of sorting every edge's key at once.
+    place in one ``indices`` array instead of sorting every edge's key at once; its ids
+    of ``id_dtype`` (int32 where every id fits, :func:`edge_id_dtype`: half the bytes).
 
     The edges are read twice, as two iterables of the same blocks: ``degree_pass`` counts
     each row's entries, ``place_pass`` places them. Neither needs to hold the edge list:
@@ -95,7 +97,9 @@ def csr_from_edge_blocks(
     np.cumsum(degree, out=start[1:])
     del degree
     # Scatter both directions of every edge into its row, in any order within the row.
-    indices = np.empty(int(start[-1]), dtype=np.int64)
+    if np.dtype(id_dtype) != np.int64 and n > np.iinfo(id_dtype).max:
+        raise ValueError(f"{n} nodes do not fit {np.dtype(id_dtype).name} ids")
+    indices = np.empty(int(start[-1]), dtype=id_dtype)
     cursor = start[:-1].copy()
     for block in place_pass:
         rows = np.concatenate([block[:, 1], block[:, 0]])

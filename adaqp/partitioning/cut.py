@@ -13,6 +13,7 @@ import numpy as np
 
 from adaqp.cli.deps import extra_fix
 from adaqp.config import METIS_OBJECTIVES, PARTITION_METHODS
+from adaqp.data.pages import row_blocks
 from adaqp.process.stop import redelivering_trapped_signals
 
 logger = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ def _kaminpar(indptr, indices, num_parts, seed, train_mask, threads, scratch) ->
     each alone may exceed the bound by more than ``IMBALANCE`` (the sum stays within it).
 
     Its Python API reads graphs from files only, so the CSR goes to a temporary ParHIP
-    binary file (32-bit ids and offsets where they fit). ``kaminpar.reseed`` sets a
+    binary file (32-bit ids, offsets and weights, each where it fits). ``kaminpar.reseed`` sets a
     process-wide seed; a multi-threaded run may still differ from run to run. Even on one
     thread the same blocks have come back under other numbers (two blocks' labels swapped,
     once in a test suite's run): the blocks are numbered by their smallest node id
@@ -175,30 +176,44 @@ def write_parhip(
     weights: np.ndarray | None = None,
     *,
     wide: bool = False,
+    wide_offsets: bool = False,
 ) -> None:
     """Writes a symmetric CSR graph in the ParHIP binary format KaMinPar reads.
 
     Layout: a header of three uint64 (version, N, E), then N+1 offsets (bytes from the
     start of the file to each row's first neighbour), E neighbour ids, and N node weights
     if given. The version's bits say what is there: 1 no edge weights, 2 no node weights,
-    4 / 8 / 16 32-bit offsets / ids / node weights. Ids go out in chunks, so no full-size
-    copy of ``indices`` is made. ``wide``: 64 bits even where 32 fit.
+    4 / 8 / 16 32-bit offsets / ids / node weights, each as narrow as its values allow
+    on its own: a graph whose file outgrows 4 GiB (papers100M's 3.2B entries) needs
+    64-bit offsets, but its ids still fit 32 bits, half of its largest array. Ids go out
+    in chunks, so no full-size copy of ``indices`` is made. ``wide``: 64 bits everywhere,
+    even where 32 fit; ``wide_offsets``: the offsets only (tests).
     """
     num_nodes, num_edges = len(indptr) - 1, len(indices)
-    end = 24 + (num_nodes + 1) * 4 + num_edges * 4
-    narrow = not wide and end < 2**32 and (weights is None or int(weights.max()) < 2**31)
-    id_t = np.uint32 if narrow else np.uint64
-    size = np.dtype(id_t).itemsize
-    version = 1 | (0 if weights is not None else 2) | (4 | 8 | 16 if narrow else 0)
-    chunk = 1 << 24
+    narrow_ids = not wide and num_nodes < 2**32
+    narrow_weights = not wide and (weights is None or int(weights.max()) < 2**31)
+    id_t = np.uint32 if narrow_ids else np.uint64
+    weight_t = np.uint32 if narrow_weights else np.uint64
+    id_size = np.dtype(id_t).itemsize
+    end = 24 + (num_nodes + 1) * 4 + num_edges * id_size
+    narrow_offsets = not (wide or wide_offsets) and end < 2**32
+    offset_t = np.uint32 if narrow_offsets else np.uint64
+    version = (
+        1
+        | (0 if weights is not None else 2)
+        | (4 if narrow_offsets else 0)
+        | (8 if narrow_ids else 0)
+        | (16 if narrow_weights else 0)
+    )
+    chunk = 1 << 24  # ids a block
     with open(path, "wb") as f:
         np.array([version, num_nodes, num_edges], dtype=np.uint64).tofile(f)
-        base = 24 + (num_nodes + 1) * size
-        (base + indptr.astype(np.uint64) * size).astype(id_t).tofile(f)
-        for start in range(0, num_edges, chunk):
-            indices[start : start + chunk].astype(id_t).tofile(f)
+        base = 24 + (num_nodes + 1) * np.dtype(offset_t).itemsize
+        (base + indptr.astype(np.uint64) * id_size).astype(offset_t).tofile(f)
+        for block in row_blocks(indices, chunk * indices.itemsize):
+            block.astype(id_t).tofile(f)  # mapped ids (a lean source's) are let go
         if weights is not None:
-            weights.astype(id_t).tofile(f)
+            weights.astype(weight_t).tofile(f)
 
 
 def _check_nonempty(parts: np.ndarray, num_parts: int, who: str) -> np.ndarray:

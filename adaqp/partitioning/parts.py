@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from adaqp.data.pages import is_mapped, release
 from adaqp.partitioning.source import GraphSource
 
 
@@ -64,7 +65,10 @@ class PartBuilder:
         """(inner ids, local indptr [I+1], global source id of every in-edge [E_p])."""
         inner = self.inner(p)
         edge_pos, local_indptr = _gather_rows(self.source.indptr, inner)
-        return inner, local_indptr, self.source.indices[edge_pos]
+        src = self.source.indices[edge_pos]
+        if is_mapped(self.source.indices):  # a lean source's spilled ids: let them go
+            release(self.source.indices)
+        return inner, local_indptr, src
 
     def _remote_keys(self, src: np.ndarray, remote: np.ndarray) -> np.ndarray:
         """``owner * N + owner-local id`` of the remote sources, int64."""

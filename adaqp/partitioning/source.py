@@ -9,7 +9,11 @@ needs:
 - node ids as int32 where they fit (half the adjacency's bytes);
 - the features spilled to a scratch file beside the partition, in their own dtype
   (float16 stays float16), and read back block by block for one part at a time, so the
-  ``[N, F]`` matrix is never resident during the cut or the build.
+  ``[N, F]`` matrix is never resident during the cut or the build;
+- the adjacency's ids (``indices``, the graph's largest array: 4 bytes a directed edge)
+  spilled too, narrowed as they are written, and mapped back: a stage reads the rows it
+  needs and hands their pages back when done (``adaqp.data.pages``), so that the
+  partitioner, which holds its own copy of the graph, runs beside none of it.
 
 A source made with :meth:`GraphSource.of` reads the graph as it is and changes nothing: the
 graph stays usable, for callers that keep it (tests, benchmarks).
@@ -25,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from adaqp.data import GraphData
+from adaqp.data.pages import row_blocks
 from adaqp.partitioning.scratch import SCRATCH, make_owned_dir
 
 _ROWS_PER_READ = 1 << 16
@@ -103,9 +108,12 @@ class GraphSource:
             feature_dim, feature_dtype = graph.feature_dim, graph.features.dtype
             features_file = scratch / f"features.{feature_dtype.name}"
             with open(features_file, "wb") as fh:  # scratch: no fsync, it never outlives us
-                graph.features.tofile(fh)  # C-contiguous (GraphData's rule): no copy
+                # C-contiguous (GraphData's rule): no copy; mapped features (OGB's binary
+                # layout) are not left resident as they are read (adaqp.data.pages).
+                for block in row_blocks(graph.features):
+                    block.tofile(fh)
             graph.features = np.zeros((0, feature_dim), dtype=feature_dtype)
-            indices = narrow_ids(graph.indices, graph.num_nodes)
+            indices = _spill_ids(graph.indices, graph.num_nodes, scratch)
             graph.indices = np.zeros(0, dtype=np.int64)
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -157,6 +165,19 @@ class GraphSource:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _spill_ids(ids: np.ndarray, num_nodes: int, scratch: Path) -> np.ndarray:
+    """``ids`` written to ``scratch`` as int32 where every node id fits (block by block,
+    never a second copy in memory), mapped back read-only; an empty array as it is."""
+    dtype = np.dtype(np.int32 if num_nodes <= np.iinfo(np.int32).max else ids.dtype)
+    if ids.size == 0:
+        return ids.astype(dtype)
+    path = scratch / f"indices.{dtype.name}"
+    with open(path, "wb") as fh:  # scratch: no fsync, it never outlives us
+        for start in range(0, ids.shape[0], _IDS_PER_CAST):
+            ids[start : start + _IDS_PER_CAST].astype(dtype).tofile(fh)
+    return np.memmap(path, dtype, "r", 0, ids.shape)
 
 
 def narrow_ids(ids: np.ndarray, num_nodes: int) -> np.ndarray:

@@ -76,6 +76,7 @@ def test_loader_equals_ogbs_own_loader(fixture_root: Path, tmp_path: Path, ogb_d
     src, dst = ogb_graph["edge_index"]
     indptr, indices = csr_from_edges(src, dst, n, symmetrize=True)
     assert np.array_equal(graph.indptr, indptr) and np.array_equal(graph.indices, indices)
+    assert graph.indices.dtype == np.int32  # every id fits: half of int64's bytes
     assert graph.info["num_raw_edges"] == src.size and not graph.info["add_inverse_edge"]
     assert ogb_graph["node_feat"].dtype == np.float16 and graph.features.dtype == np.float16
     assert np.array_equal(graph.features, ogb_graph["node_feat"])

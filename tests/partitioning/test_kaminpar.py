@@ -103,11 +103,12 @@ def test_cuts_far_fewer_edges_than_random(graph):
     assert cut_edges(_kaminpar(graph, 4)) < 0.7 * cut_edges(random)
 
 
-@pytest.mark.parametrize("wide", [False, True])
-def test_parhip_file_holds_the_graph(graph, tmp_path, wide):
+@pytest.mark.parametrize("wide, wide_offsets", [(False, False), (True, False), (False, True)])
+def test_parhip_file_holds_the_graph(graph, tmp_path, wide, wide_offsets):
+    """Each width on its own: 64-bit offsets (a file over 4 GiB) beside 32-bit ids."""
     weights = 1 + 3 * graph.train_mask.astype(np.int64)
     path = tmp_path / "g.parhip"
-    write_parhip(path, graph.indptr, graph.indices, weights, wide=wide)
+    write_parhip(path, graph.indptr, graph.indices, weights, wide=wide, wide_offsets=wide_offsets)
     loaded = kaminpar.load_graph(str(path), kaminpar.GraphFileFormat.PARHIP)
     assert (loaded.n(), loaded.m()) == (graph.num_nodes, graph.num_edges)
     assert loaded.is_node_weighted()
@@ -118,6 +119,8 @@ def test_parhip_file_holds_the_graph(graph, tmp_path, wide):
     assert weights.min() != weights.max()  # the weight check can fail
     header = int(np.fromfile(path, dtype=np.uint64, count=1)[0])
     assert bool(header & 8) is not wide  # 32-bit ids unless asked for 64
+    assert bool(header & 4) is not (wide or wide_offsets)
+    assert bool(header & 16) is not wide
 
 
 def test_volume_objective_is_refused_naming_the_key(graph):

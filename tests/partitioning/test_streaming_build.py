@@ -8,6 +8,7 @@ import pytest
 
 from adaqp.config import DataConfig, PartitionConfig
 from adaqp.data import SyntheticSpec, load_dataset
+from adaqp.data.pages import is_mapped
 from adaqp.partitioning import schema, store
 from adaqp.partitioning import source as source_module
 from adaqp.partitioning.build import build_parts, ensure_partition, make_partition
@@ -116,8 +117,10 @@ def test_a_lean_source_builds_the_same_parts(tmp_path, monkeypatch) -> None:
     parts = assign_parts(graph.indptr, graph.indices, 4, method="metis", seed=0)
     want = _reference_parts(graph, parts)
     fingerprint = graph.fingerprint()
+    indices = graph.indices.copy()
     source = GraphSource.take(graph, tmp_path)
-    assert source.indices.dtype == np.int32
+    assert source.indices.dtype == np.int32 and np.array_equal(source.indices, indices)
+    assert is_mapped(source.indices)  # spilled: not resident beside the partitioner
     assert source.features is None and source.features_file.is_file()
     assert graph.indices.size == 0 and graph.features.size == 0  # taken over
     assert source.record["fingerprint"] == fingerprint
