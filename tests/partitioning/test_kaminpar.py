@@ -15,6 +15,7 @@ import pytest
 
 from adaqp.config import ConfigError, load_config
 from adaqp.data import SyntheticSpec, load_dataset
+from adaqp.partitioning import cut as cut_module
 from adaqp.partitioning import schema
 from adaqp.partitioning.cut import (
     IMBALANCE,
@@ -58,6 +59,27 @@ def test_same_seed_gives_the_same_parts_and_every_part_is_used(graph, num_parts)
     # Another seed is a real input: some seed among a few gives another assignment.
     others = [_kaminpar(graph, num_parts, seed=s, train_mask=graph.train_mask) for s in (6, 7, 8)]
     assert any(not np.array_equal(first, other) for other in others)
+
+
+def test_a_large_graph_is_held_compressed_and_cut_as_well(graph, monkeypatch, caplog):
+    """From ``COMPRESS_EDGES`` on KaMinPar holds the graph compressed (here: every graph):
+    a seed still gives the same parts, balanced, cutting about as many edges."""
+
+    def cut_edges(parts):
+        src = np.repeat(np.arange(graph.num_nodes), np.diff(graph.indptr))
+        return int((parts[src] != parts[graph.indices]).sum())
+
+    plain = _kaminpar(graph, 4, seed=2, train_mask=graph.train_mask)
+    monkeypatch.setattr(cut_module, "COMPRESS_EDGES", 0)
+    with caplog.at_level("INFO", logger="adaqp.partitioning.cut"):
+        compressed = _kaminpar(graph, 4, seed=2, train_mask=graph.train_mask)
+    assert "KaMinPar holds the graph compressed" in caplog.text
+    np.testing.assert_array_equal(
+        compressed, _kaminpar(graph, 4, seed=2, train_mask=graph.train_mask)
+    )
+    bound = math.ceil((1 + IMBALANCE) * math.ceil(graph.num_nodes / 4))
+    assert np.bincount(compressed, minlength=4).max() <= bound + graph.train_mask.sum()
+    assert cut_edges(compressed) <= 1.2 * cut_edges(plain)
 
 
 def test_two_threads_give_a_valid_balanced_partition(graph):
