@@ -99,10 +99,16 @@ def graph_sizes(config: Config) -> GraphSizes:
         return binary
     cache = _cache_file(config)
     if cache is None:
+        folder = Path(data.root) / data.dataset.replace("-", "_")
+        looked = (
+            f" (no cache and no raw files under {folder})"
+            if data.dataset.startswith("ogbn-")
+            else ""
+        )
         raise ValueError(
-            f"the sizes of {data.dataset} are not known before it is loaded once: partition "
-            f"it first (python -m partition --config ... --num-parts P), and the estimate "
-            "reads the partition"
+            f"the sizes of {data.dataset} are not known before it is loaded once{looked}: "
+            "partition it first (python -m partition --config ... --num-parts P), and the "
+            "estimate reads the partition"
         )
     shapes = {key: member.shape for key, member in npz_members(cache).items()}
     with np.load(cache, allow_pickle=False) as arrays:  # one [N] member, not the graph
