@@ -257,12 +257,15 @@ def _backward(
     """A layer that aggregates, then transforms (``root``: SAGE's root term, whose weight
     reads the layer's input computed again): from its output's gradient ``grad`` to its
     input's (bytes; 0 at layer 0, whose features need none). The input's gradient gathers
-    in one buffer, each part added into it as it comes: SAGE's root term first (its weight
-    reads the input, computed again), then the inner rows' and the landed rows'. With an
-    exchange the transform's weight gradient waits for the halo gradients to travel; which
-    comes first, the exchange or the inner rows' gradient, follows autograd's order:
-    the exchange where the layer ``overlap``s (its land node is the later one), else the
-    inner rows'."""
+    in one buffer: SAGE's root term first (its weight reads the input, computed again),
+    then the inner rows' gradient, made after the halo gradients are sent and handed to
+    the exchange, which adds the landed gradients into it where it is
+    (``adaqp/model/flight.py``) before autograd adds it into the buffer. Where the layer
+    ``overlap``s the transform's weight gradient is made at once and the landed
+    gradients are waited for after the inner rows' gradient is made; else the weight
+    gradient is made while the halo gradients travel, and they are waited for at once,
+    before the inner rows' gradient (the exchange then starts after the inner rows'
+    aggregation in forward, ``Propagation``)."""
     o, n, a = layer.num_out, layer.num_in, layer.width_in
     buffer = 0
     if root and index > 0:  # the root term's weight and input gradient
@@ -277,6 +280,7 @@ def _backward(
     grad = led.make(FLOAT * o * a, f"{where}, transform's gradient")
     if index == 0 or not layer.exchanges or overlap:  # the weight's gradient at once
         led.drop(deferred + _transform_kept(layer))
+        deferred = 0
         if index == 0:
             led.drop(grad)
             return 0
@@ -284,18 +288,17 @@ def _backward(
             buffer = _add(led, buffer, FLOAT * n * a, f"{where}, inner rows' gradient")
             led.drop(grad)
             return buffer
-        deferred = 0
-    else:
-        buffer = _add(led, buffer, FLOAT * n * a, f"{where}, inner rows' gradient")
     sent = _send(led, layer.num_halo, a, bits, f"{where}, halo gradients sent")
+    led.drop(deferred + (_transform_kept(layer) if deferred else 0))  # while they travel
     landed = led.make(FLOAT * layer.num_send * a, f"{where}, gradients landed")
-    if deferred:  # the weight gradient, while they travel
-        led.drop(deferred + _transform_kept(layer))
-    if overlap:
-        buffer = _add(led, buffer, FLOAT * n * a, f"{where}, inner rows' gradient")
-    # The landed gradients come as a sparse gradient, which autograd adds out of place.
-    buffer = _add(led, buffer, FLOAT * n * a, f"{where}, landed gradients added")
-    led.drop(landed + sent + grad)
+    if not overlap:  # waited for at once: the rows sent are let go
+        led.drop(sent)
+        sent = 0
+    inner = led.make(FLOAT * n * a, f"{where}, inner rows' gradient")
+    led.drop(grad + landed + sent)  # the landed gradients added where it is
+    if not buffer:
+        return inner
+    led.drop(inner)  # added into the buffer (autograd accumulates in place)
     return buffer
 
 

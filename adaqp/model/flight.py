@@ -6,10 +6,11 @@ local work and ``ExchangeLand`` after it; autograd, which runs the nodes recorde
 first, then sends the halo gradients (``ExchangeLand.backward``) before the local work's
 gradients are made and waits for its own (``ExchangeStart.backward``) after them. Where
 the layer's inner rows' product handed its input gradient to the flight
-(``InFlight.hand_inner_grad``, a layer that transforms first), the landed gradients are
-added into it where it is, with no second ``[I, D]`` tensor; elsewhere they come back as
-a sparse gradient of the rows sent (their rows' ids and values), which autograd adds into
-the input's other gradients out of place, as it did ``index_select``'s scattered rows.
+(``InFlight.hand_inner_grad``: the product, in any layer that exchanges), the landed
+gradients are added into it where it is, with no second ``[I, D]`` tensor; elsewhere
+(another linear aggregation) they come back as a sparse gradient of the rows sent (their
+rows' ids and values), which autograd adds into the input's other gradients out of
+place, as it did ``index_select``'s scattered rows.
 
 Shapes: I inner rows, S rows sent to peers, H halo rows, D features, O output features.
 """
@@ -82,7 +83,7 @@ class InFlight:
 class ExchangeStart(torch.autograd.Function):
     """Sends the rows ``send_idx`` of ``h_RD``; returns an empty ticket for ``ExchangeLand``.
     Its backward adds the landed gradients into the inner rows' gradient the layer handed
-    it (``InFlight.hand_inner_grad``: a layer that transforms first) and returns that;
+    it (``InFlight.hand_inner_grad``: the product's) and returns that;
     where none was handed it returns them as a sparse gradient of ``h_RD``, which autograd
     adds into the input's other gradients out of place."""
 
@@ -131,14 +132,14 @@ class ExchangeLand(torch.autograd.Function):
         flight = ctx.flight
         key = ExchangeKey.backward(flight.layer)
         flight.pending = flight.policy.start(key, grad_HD.contiguous(), flight.selected)
-        if flight.hold_launch:
-            # Not overlapped: landed now, before the inner rows' gradient is made, so that
-            # the rows sent and the receive buffer are never beside it.
-            flight.pending = _Landed(flight.pending.wait())
         # While they travel: the transform's weight gradients, first of the work autograd
         # runs before ExchangeStart.backward waits, so that its rows are let go before
-        # the inner rows' gradients are made.
+        # the inner rows' gradients are made (and before the landed rows' buffer is).
         flight.settle_deferred()
+        if flight.hold_launch:
+            # Not overlapped: landed now, before the inner rows' gradient is made, so that
+            # the rows sent are never beside it.
+            flight.pending = _Landed(flight.pending.wait())
         return grad_HD.new_empty(0), None
 
 

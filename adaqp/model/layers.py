@@ -237,18 +237,21 @@ class Propagation:
         # Every rank joins every exchange, also one whose part has no halo rows: its
         # peers may still need its rows.
         flight = InFlight(self.policy, layer, selected=rows.send_keep is not None)
+        # A linear aggregation's inner rows come first. Not overlapped, the exchange starts
+        # only after them, and in backward its halo gradients land before the inner rows'
+        # gradient is made: their buffers are never beside it.
+        flight.hold_launch = linear and not in_flight
         params = () if transform is None else _params(transform)
         ticket = ExchangeStart.apply(h_RD, rows.send_idx, flight, *params)
         central = slice(0, rows.num_central)
         marginal = slice(rows.num_central, rows.num_out)
         if linear:
             inner_block, halo_block = self._column_blocks
-            if in_flight:
-                agg_ID = aggregate(inner_block, h_RD, every)
-                halo_HD = ExchangeLand.apply(ticket, flight)
-            else:
-                halo_HD = ExchangeLand.apply(ticket, flight)
-                agg_ID = aggregate(inner_block, h_RD, every)
+            # The product hands its input gradient to the exchange, which adds the landed
+            # gradients into it where it is (adaqp/model/flight.py).
+            agg_ID = _add_inner(aggregate, inner_block, h_RD, every, None, flight.hand_inner_grad)
+            flight.launch()
+            halo_HD = ExchangeLand.apply(ticket, flight)
             agg_ID = aggregate.add_(agg_ID, marginal.start, halo_block, halo_HD, marginal)
             del halo_HD  # added: not kept while the transform runs
             if transform is not None:

@@ -165,11 +165,19 @@ def test_inner_columns_are_aggregated_and_differentiated_while_the_exchange_trav
     gradient, computed between sending and waiting, hides the exchange)."""
     prop, events, policy, dense, halo, _ = _setup(overlap=True)
 
-    def logged_spmm(block, x):
+    def logged_spmm(block, x, hand=None):
         events.append(f"aggregate {block.shape[0]}x{block.shape[1]}")
-        return spmm(block, _Logged.apply(x, events, "inner"))
+        if hand is None:
+            return spmm(block, _Logged.apply(x, events, "inner"))
+
+        def logged_hand(grad):  # the inner rows' gradient, handed to the exchange
+            events.append("grad inner")
+            return hand(grad)
+
+        return spmm(block, x, logged_hand)
 
     monkeypatch.setattr(aggregate_module, "spmm", logged_spmm)
+    monkeypatch.setattr(layers, "spmm", logged_spmm)
     _log_deferred_grads(monkeypatch, events)
     linear = torch.nn.Linear(DIM, 5)
     h = torch.randn(NUM_INNER, DIM, requires_grad=True)
@@ -195,6 +203,47 @@ def test_inner_columns_are_aggregated_and_differentiated_while_the_exchange_trav
         "grad inner",  # inside the window
         "wait layer1/backward",
     ]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_the_landed_gradients_are_added_where_the_inner_rows_gradient_is(monkeypatch, overlap):
+    """A layer that aggregates first hands its inner rows' product's input gradient to
+    the exchange, which adds the landed gradients into that tensor: the input's gradient
+    is it, dense, with no second [I, D] tensor made. Not overlapped, the halo gradients
+    land (and the weight gradient is made) before the inner rows' gradient is."""
+    prop, events, policy, dense, halo, grad_sent = _setup(overlap)
+    _log_deferred_grads(monkeypatch, events)
+    handed: list[torch.Tensor] = []
+    hand = flight.InFlight.hand_inner_grad
+
+    def logged_hand(self, grad):
+        events.append("grad inner")
+        handed.append(grad)
+        return hand(self, grad)
+
+    monkeypatch.setattr(flight.InFlight, "hand_inner_grad", logged_hand)
+    linear = torch.nn.Linear(DIM, 5)
+    h = torch.randn(NUM_INNER, DIM, requires_grad=True)
+    reached: list[torch.Tensor] = []
+    h.register_hook(reached.append)
+    out = prop(h, 1, transform=linear)
+    events.clear()
+    upstream = torch.randn(NUM_INNER, 5)
+    out.backward(upstream)
+    if overlap:
+        assert events == ["start layer1/backward", "grad inner", "wait layer1/backward"]
+    else:
+        assert events == [
+            "start layer1/backward",
+            "weight gradients",
+            "wait layer1/backward",
+            "grad inner",
+        ]
+    (grad,) = reached
+    assert not grad.is_sparse and grad.data_ptr() == handed[0].data_ptr()
+    grad_inner = (dense.T @ (upstream @ linear.weight.detach()))[:NUM_INNER]
+    expected = grad_inner.index_add(0, torch.tensor([1, 3]), grad_sent)
+    torch.testing.assert_close(h.grad, expected)
 
 
 def _spmm_by_another_name(block, x, rows):
@@ -306,19 +355,21 @@ def test_an_input_without_a_gradient_sends_no_gradient_back(overlap, bias):
 def test_another_linear_aggregation_splits_by_columns_and_defers_the_weights(monkeypatch, overlap):
     """The path follows what an aggregation declares, not which one it is: a scaled
     product (a LinearAggregation) aggregates every row's inner columns (in flight where the
-    layer overlaps) and adds the marginal rows' halo columns after landing; its transform's
-    weight gradients are computed in the backward window where the layer does not overlap,
-    as the product's are, and at once where it does."""
+    layer overlaps; where it does not, the exchange starts after them) and adds the
+    marginal rows' halo columns after landing; its transform's weight gradients are
+    computed in the backward window where the layer does not overlap, as the product's
+    are, and at once where it does."""
     prop, events, _, dense, halo, _ = _setup(overlap=overlap)
     _log_deferred_grads(monkeypatch, events)
     linear = torch.nn.Linear(DIM, 5)
     h = torch.randn(NUM_INNER, DIM, requires_grad=True)
     out = prop(h, 1, aggregate=_Scaled(0.5, events), transform=linear)
     inner = f"aggregate {NUM_INNER}x{NUM_INNER}"
-    window = [inner, "wait layer1/forward"] if overlap else ["wait layer1/forward", inner]
+    start = "start layer1/forward"
+    window = [start, inner] if overlap else [inner, start]
     assert events == [
-        "start layer1/forward",
         *window,
+        "wait layer1/forward",
         f"aggregate {NUM_INNER - 2}x{NUM_HALO}",  # the marginal rows' halo block
     ]
     torch.testing.assert_close(out, linear(0.5 * dense @ torch.cat([h.detach(), halo])))
