@@ -317,7 +317,7 @@ def _estimate(
     step = training_step(
         layer_shapes(config, shape, training, totals), model, dropout, bits, orders
     )
-    evaluated = evaluation(layer_shapes(config, shape, whole), model)
+    evaluated = evaluation(layer_shapes(config, shape, whole), model, orders)
     peak: Peak = max(step, evaluated, key=lambda p: p.bytes)
     entries = e + (i if model in ("gcn", "gat") else 0)
     blocks = 8 * (i + 1) + (8 * (i + 1) if shape.world_size > 1 else 0)

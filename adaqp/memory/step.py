@@ -355,9 +355,21 @@ def _transforming_first_backward(
     return grad_x
 
 
-def evaluation(layers: list[LayerShape], model: str) -> Peak:
+def evaluation(
+    layers: list[LayerShape], model: str, overlap: tuple[bool, ...] = (False, True)
+) -> Peak:
     """An evaluation's peak above what the worker holds (bytes): every row, no autograd,
-    the exchanges in float32 (``layers`` are the whole graph's)."""
+    the exchanges in float32 (``layers`` are the whole graph's); the largest over the
+    orders a layer that exchanges may run in (``overlap``, as ``training_step``'s)."""
+    return max(
+        (_evaluation(layers, model, order) for order in overlap), key=lambda peak: peak.bytes
+    )
+
+
+def _evaluation(layers: list[LayerShape], model: str, overlap: bool) -> Peak:
+    """``evaluation``'s walk in one order. A layer that transforms first and exchanges
+    without overlapping lets its transformed rows go before its exchange starts (its
+    receive buffer made then); overlapping, the buffer is made at once."""
     led = _Ledger("eval")
     sage = model == "sage"
     hidden_in = 0
@@ -370,6 +382,9 @@ def evaluation(layers: list[LayerShape], model: str) -> Peak:
             led.drop(hidden_in)
             hidden_in = 0
             sent = led.make(FLOAT * layer.num_send * b, f"{where}, rows sent")
+            if not overlap:  # aggregated: let go before the exchange starts
+                led.drop(transformed)
+                transformed = 0
             halo = led.make(FLOAT * layer.num_halo * b, f"{where}, halo rows' buffer")
             led.drop(transformed + sent + halo)
         else:

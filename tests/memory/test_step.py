@@ -68,3 +68,18 @@ def test_an_exchange_adds_its_buffers_and_a_quantized_one_lets_its_float_rows_go
     # (the quantized payloads are small enough here not to set the peak)
     assert training_step(alone, "gcn", True).bytes <= quantized.bytes < float_rows.bytes
     assert evaluation(exchanging, "gcn").bytes > evaluation(alone, "gcn").bytes
+
+
+def test_an_evaluation_that_does_not_overlap_lets_the_transformed_rows_go_first():
+    """A layer that transforms first and exchanges without overlapping starts its
+    exchange once its inner rows are aggregated: its transformed rows are gone before the
+    receive buffer is made. Overlapping, both are held; the walk takes the larger."""
+    layers = [
+        LayerShape(**{**vars(layer), "num_halo": 8_000, "num_send": 7_000, "exchanges": True})
+        for layer in _layers(10_000)
+    ]
+    assert any(layer.transform_first for layer in layers)
+    apart = evaluation(layers, "gcn", overlap=(False,))
+    together = evaluation(layers, "gcn", overlap=(True,))
+    assert apart.bytes < together.bytes
+    assert evaluation(layers, "gcn").bytes == together.bytes  # both orders: the larger
