@@ -26,7 +26,10 @@ COMPRESS_EDGES = 1 << 26
 """KaMinPar holds a graph of this many directed edges or more compressed. Measured on a
 papers-like graph of 400M directed edges cut into 8 parts: 2.90 GB instead of 5.04 GB
 resident, the same cut within 0.03% (5,248,028 against 5,249,614 edges), 36% more time
-(results/bench/partition/papers-stages/). Below it the graph takes under 1 GB either way."""
+(results/bench/partition/papers-stages/). Below it the graph takes under 1 GB either way.
+A compressed cut gives the same parts for a seed in a fresh process, as the tool and a
+training run cut (once a process); a second one in the same process may differ (KaMinPar
+keeps state between compressed runs that ``reseed`` does not reset)."""
 
 
 def assign_parts(
