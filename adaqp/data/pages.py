@@ -53,8 +53,9 @@ def is_mapped(array: np.ndarray) -> bool:
 def release(block: np.ndarray) -> bool:
     """Hands the pages of ``block``, part of an array mapped from a file, back to the
     kernel (see the module docstring). Returns whether the kernel took the advice (False:
-    an older kernel or another platform; nothing changes then)."""
-    if _MADVISE is None or block.nbytes == 0:
+    an array not mapped from a file, whose memory is its only copy; an older kernel or
+    another platform; nothing changes then)."""
+    if _MADVISE is None or block.nbytes == 0 or not is_mapped(block):
         return False
     page = mmap.PAGESIZE
     start = block.ctypes.data // page * page
@@ -69,9 +70,7 @@ def row_blocks(array: np.ndarray, block_bytes: int = BLOCK_BYTES) -> Iterator[np
     rows = array.shape[0] if array.ndim else 0
     row_bytes = max(1, array.nbytes // max(rows, 1))
     step = max(1, block_bytes // row_bytes)
-    mapped = is_mapped(array)
     for start in range(0, rows, step):
         block = array[start : start + step]
         yield block
-        if mapped:
-            release(block)
+        release(block)

@@ -22,8 +22,8 @@ names the tensor of ``adaqp/model/`` it stands for; the walk follows:
   rows) where a layer widens the rows, or before it (``adaqp/model/transform.py``: keeps
   only its input, handed off and computed again; SAGE's root term is the sum the
   aggregation adds into); in backward the transform's input gradient, the inner rows'
-  gradient, the halo rows' gradients sent and the sent rows' gradients received (added in
-  place where the layer transforms first, ``adaqp/model/flight.py``), the weight gradient
+  gradient, the halo rows' gradients sent and the sent rows' gradients received (added
+  where the inner rows' gradient is, ``adaqp/model/flight.py``), the weight gradient
   settled while they travel;
 - SAGE's root term (a second ``[rows, out]`` product), and its recomputed input in backward
   (the root weight's gradient reads it).
@@ -289,7 +289,8 @@ def _backward(
             led.drop(grad)
             return buffer
     sent = _send(led, layer.num_halo, a, bits, f"{where}, halo gradients sent")
-    led.drop(deferred + (_transform_kept(layer) if deferred else 0))  # while they travel
+    if deferred:  # the weight gradient, while they travel
+        led.drop(deferred + _transform_kept(layer))
     landed = led.make(FLOAT * layer.num_send * a, f"{where}, gradients landed")
     if not overlap:  # waited for at once: the rows sent are let go
         led.drop(sent)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from adaqp.data.pages import is_mapped, release
+from adaqp.data.pages import release
 from adaqp.partitioning.source import GraphSource
 
 
@@ -66,8 +66,7 @@ class PartBuilder:
         inner = self.inner(p)
         edge_pos, local_indptr = _gather_rows(self.source.indptr, inner)
         src = self.source.indices[edge_pos]
-        if is_mapped(self.source.indices):  # a lean source's spilled ids: let them go
-            release(self.source.indices)
+        release(self.source.indices)  # a lean source's spilled ids: let them go
         return inner, local_indptr, src
 
     def _remote_keys(self, src: np.ndarray, remote: np.ndarray) -> np.ndarray:

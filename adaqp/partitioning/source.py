@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from adaqp.data import GraphData
+from adaqp.data.ogb_csv import edge_id_dtype
 from adaqp.data.pages import row_blocks
 from adaqp.partitioning.scratch import SCRATCH, make_owned_dir
 
@@ -170,7 +171,7 @@ class GraphSource:
 def _spill_ids(ids: np.ndarray, num_nodes: int, scratch: Path) -> np.ndarray:
     """``ids`` written to ``scratch`` as int32 where every node id fits (block by block,
     never a second copy in memory), mapped back read-only; an empty array as it is."""
-    dtype = np.dtype(np.int32 if num_nodes <= np.iinfo(np.int32).max else ids.dtype)
+    dtype = np.dtype(edge_id_dtype(num_nodes))
     if ids.size == 0:
         return ids.astype(dtype)
     path = scratch / f"indices.{dtype.name}"
@@ -178,16 +179,6 @@ def _spill_ids(ids: np.ndarray, num_nodes: int, scratch: Path) -> np.ndarray:
         for start in range(0, ids.shape[0], _IDS_PER_CAST):
             ids[start : start + _IDS_PER_CAST].astype(dtype).tofile(fh)
     return np.memmap(path, dtype, "r", 0, ids.shape)
-
-
-def narrow_ids(ids: np.ndarray, num_nodes: int) -> np.ndarray:
-    """``ids`` as int32 when every node id fits, else unchanged; copied block by block."""
-    if ids.dtype == np.int32 or num_nodes > np.iinfo(np.int32).max:
-        return ids
-    out = np.empty(ids.shape[0], dtype=np.int32)
-    for start in range(0, ids.shape[0], _IDS_PER_CAST):
-        out[start : start + _IDS_PER_CAST] = ids[start : start + _IDS_PER_CAST]
-    return out
 
 
 def _record(graph: GraphData) -> dict[str, Any]:

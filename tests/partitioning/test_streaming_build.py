@@ -14,7 +14,7 @@ from adaqp.partitioning import source as source_module
 from adaqp.partitioning.build import build_parts, ensure_partition, make_partition
 from adaqp.partitioning.cut import assign_parts
 from adaqp.partitioning.parts import PartBuilder
-from adaqp.partitioning.source import GraphSource, narrow_ids
+from adaqp.partitioning.source import GraphSource
 
 
 def _reference_parts(graph, parts):
@@ -130,11 +130,15 @@ def test_a_lean_source_builds_the_same_parts(tmp_path, monkeypatch) -> None:
     assert not any(tmp_path.iterdir())  # the scratch directory is gone
 
 
-def test_narrow_ids_keeps_every_value_and_leaves_wide_graphs_alone() -> None:
+def test_spilled_ids_keep_every_value_and_a_wide_graph_its_width(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(source_module, "_IDS_PER_CAST", 100)  # written in many blocks
     ids = np.arange(0, 5000, 7, dtype=np.int64)
-    narrow = narrow_ids(ids, 5000)
+    (tmp_path / "narrow").mkdir()
+    (tmp_path / "wide").mkdir()
+    narrow = source_module._spill_ids(ids, 5000, tmp_path / "narrow")
     assert narrow.dtype == np.int32 and np.array_equal(narrow, ids)
-    assert narrow_ids(ids, 2**31) is ids
+    wide = source_module._spill_ids(ids, 2**31, tmp_path / "wide")
+    assert wide.dtype == np.int64 and np.array_equal(wide, ids)
 
 
 def test_python_m_partition_path_writes_what_make_partition_writes(tmp_path) -> None:
